@@ -1,0 +1,118 @@
+package sqlrewrite
+
+import (
+	"strings"
+	"unicode/utf8"
+)
+
+const (
+	codeForgedEpoch = "42501" // insufficient_privilege
+	codeUnsupported = "0A000" // feature_not_supported
+	codeSyntax      = "42601" // syntax_error
+	codeNoToken     = "55000" // object_not_in_prerequisite_state
+	codeBadToken    = "22023" // invalid_parameter_value
+
+	hintForgedEpoch = "pgfence sets it to the session's token itself; remove it from the statement"
+	hintUnsupported = "write guarded tables with top-level INSERT, UPDATE or DELETE statements"
+)
+
+func forgedEpoch(g *guardInfo) *Refusal {
+	return &Refusal{
+		Code:    codeForgedEpoch,
+		Message: "pgfence: column " + quoteIdent(g.Column) + " of guarded table \"" + g.name + "\" holds the fencing epoch; no statement may assign it",
+		Hint:    hintForgedEpoch,
+	}
+}
+
+// unsupported refuses a form of write pgfence cannot fence.
+func unsupported(form string, g *guardInfo, hint string) *Refusal {
+	return &Refusal{
+		Code:    codeUnsupported,
+		Message: "pgfence: " + form + " on guarded table \"" + g.name + "\" cannot be fenced yet",
+		Hint:    hint,
+	}
+}
+
+// syntaxError refuses text the parser rejected. The parser's message may
+// quote invalid UTF-8 from the input, which the refusal must not repeat.
+func syntaxError(msg string) *Refusal {
+	return &Refusal{Code: codeSyntax, Message: "pgfence: " + strings.ToValidUTF8(msg, "\uFFFD")}
+}
+
+// refusalSQL makes Postgres raise the refusal as 22P02 while it analyses
+// the statement, which in the extended protocol is already at Parse time.
+func refusalSQL(ref *Refusal) string {
+	msg := strings.TrimPrefix(ref.Message, "pgfence: ")
+	return "SELECT (" + quoteLiteral("pgfence "+ref.Code+": "+msg) + ")::pg_catalog.int8"
+}
+
+// markerPrefix starts the text pgfence casts to int8 to raise its errors.
+const markerPrefix = "pgfence "
+
+// ParseErrorMarker recognises the error Postgres raises for a pgfence marker
+// (SQLSTATE 22P02, `invalid input syntax for type bigint: "pgfence CODE:
+// MESSAGE"`) and returns the refusal it stands for.
+func ParseErrorMarker(code, message string) (Refusal, bool) {
+	if code != "22P02" {
+		return Refusal{}, false
+	}
+	// The marker is the first one in the message: Postgres's own prefix
+	// comes before it and whatever follows is pgfence text or the token.
+	for from := 0; ; {
+		i := strings.Index(message[from:], markerPrefix)
+		if i < 0 {
+			return Refusal{}, false
+		}
+		rest := message[from+i+len(markerPrefix):]
+		if len(rest) >= 7 && isSQLState(rest[:5]) && rest[5:7] == ": " {
+			sqlstate, text := rest[:5], trimClosingQuote(rest[7:])
+			return Refusal{Code: sqlstate, Message: "pgfence: " + text, Hint: markerHint(sqlstate, text)}, true
+		}
+		from += i + len(markerPrefix)
+	}
+}
+
+func isSQLState(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !('0' <= c && c <= '9' || 'A' <= c && c <= 'Z') {
+			return false
+		}
+	}
+	return true
+}
+
+// trimClosingQuote drops the quote Postgres puts after the value: '"' in
+// English, another quotation mark in some translations.
+func trimClosingQuote(s string) string {
+	r, n := utf8.DecodeLastRuneInString(s)
+	if strings.ContainsRune(`"'»«”“’」』`, r) {
+		return s[:len(s)-n]
+	}
+	return s
+}
+
+// markerHint gives the hint for a marker's code. The token setting's name is
+// taken from the message text, which pgfence wrote.
+func markerHint(code, text string) string {
+	switch code {
+	case codeNoToken:
+		// "no fencing token is set ... table "T"; set S first"
+		if i := strings.LastIndex(text, "; set "); i >= 0 && strings.HasSuffix(text, " first") {
+			if s := text[i+len("; set ") : len(text)-len(" first")]; validSettingName(s) {
+				return "SET " + s + " = '<token>' (or SET LOCAL inside a transaction) before writing"
+			}
+		}
+		return "SET the fencing token setting (or SET LOCAL inside a transaction) before writing"
+	case codeBadToken:
+		// "S must be an integer fencing token ..."
+		if s, _, ok := strings.Cut(text, " must be an integer"); ok && validSettingName(s) {
+			return "the token must be a whole number, e.g. SET " + s + " = '42'"
+		}
+		return "the fencing token must be a whole number, e.g. '42'"
+	case codeForgedEpoch:
+		return hintForgedEpoch
+	case codeUnsupported:
+		return hintUnsupported
+	}
+	return ""
+}

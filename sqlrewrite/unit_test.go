@@ -1,0 +1,270 @@
+package sqlrewrite
+
+import (
+	"strings"
+	"testing"
+
+	pg_query "github.com/pganalyze/pg_query_go/v6"
+)
+
+func mustNew(t testing.TB, setting string, specs ...string) *Rewriter {
+	t.Helper()
+	cfg := Config{TokenSetting: setting}
+	for _, s := range specs {
+		g, err := ParseGuard(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Guards = append(cfg.Guards, g)
+	}
+	r, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func TestParseGuard(t *testing.T) {
+	ok := []struct {
+		spec string
+		want Guard
+		name string
+	}{
+		{"accounts", Guard{Table: "accounts", Column: "fence_epoch"}, "accounts"},
+		{"  Accounts  ", Guard{Table: "accounts", Column: "fence_epoch"}, "accounts"},
+		{"public.accounts", Guard{Schema: "public", Table: "accounts", Column: "fence_epoch"}, "public.accounts"},
+		{"Public.Accounts:Epoch", Guard{Schema: "public", Table: "accounts", Column: "epoch"}, "public.accounts"},
+		{`"Accounts"`, Guard{Table: "Accounts", Column: "fence_epoch"}, `"Accounts"`},
+		{`"odd ""name""":"my:col"`, Guard{Table: `odd "name"`, Column: "my:col"}, `"odd ""name"""`},
+		{`"my.schema"."t.1":e`, Guard{Schema: "my.schema", Table: "t.1", Column: "e"}, `"my.schema"."t.1"`},
+		{"user", Guard{Table: "user", Column: "fence_epoch"}, `"user"`}, // reserved keyword
+		{"name", Guard{Table: "name", Column: "fence_epoch"}, "name"},   // unreserved keyword
+		{"t$1", Guard{Table: "t$1", Column: "fence_epoch"}, "t$1"},
+		{"café", Guard{Table: "café", Column: "fence_epoch"}, "café"},
+		{"ÉTÉ", Guard{Table: "ÉtÉ", Column: "fence_epoch"}, "ÉtÉ"}, // only ASCII folds
+	}
+	for _, c := range ok {
+		g, err := ParseGuard(c.spec)
+		if err != nil {
+			t.Errorf("ParseGuard(%q): %v", c.spec, err)
+			continue
+		}
+		if g != c.want {
+			t.Errorf("ParseGuard(%q) = %+v, want %+v", c.spec, g, c.want)
+		}
+		if n := g.Name(); n != c.name {
+			t.Errorf("ParseGuard(%q).Name() = %q, want %q", c.spec, n, c.name)
+		}
+	}
+	bad := []string{"", "   ", ":", "accounts:", ":epoch", "a.b.c", "a..b", ".a", "a.", `"unterminated`, `""`,
+		"1accounts", "acc ounts", "accounts:a:b", "accounts;drop", `"a"x`, strings.Repeat("a", 64)}
+	for _, spec := range bad {
+		_, err := ParseGuard(spec)
+		if err == nil {
+			t.Errorf("ParseGuard(%q) succeeded", spec)
+			continue
+		}
+		if msg := err.Error(); !strings.Contains(msg, strings.TrimSpace(spec)) || !strings.Contains(msg, "TABLE[:COLUMN]") {
+			t.Errorf("ParseGuard(%q) error %q does not name the spec and the expected form", spec, msg)
+		}
+	}
+	if _, err := ParseGuard(strings.Repeat("a", 63)); err != nil {
+		t.Errorf("63-byte name: %v", err)
+	}
+}
+
+func TestNewValidation(t *testing.T) {
+	acc := []Guard{{Table: "accounts", Column: "fence_epoch"}}
+	for _, s := range []string{"fence.token", "a.b.c", "_x.y_1", "App.Token"} {
+		if _, err := New(Config{Guards: acc, TokenSetting: s}); err != nil {
+			t.Errorf("New with setting %q: %v", s, err)
+		}
+	}
+	for _, s := range []string{"", "token", "fence.", ".token", "fence..token", "1fence.token", "fence.1token",
+		"fence.to-ken", "fence.to ken", "fence.tok'en", "pgfence.stale", "PGFENCE.STALE"} {
+		_, err := New(Config{Guards: acc, TokenSetting: s})
+		if err == nil || !strings.Contains(err.Error(), "setting") {
+			t.Errorf("New with setting %q: err = %v", s, err)
+		}
+	}
+	for _, g := range []Guard{{Column: "e"}, {Table: "t"}, {Table: strings.Repeat("t", 64), Column: "e"},
+		{Schema: strings.Repeat("s", 64), Table: "t", Column: "e"}, {Table: "t\x00", Column: "e"}, {Table: "t\xff", Column: "e"}} {
+		if _, err := New(Config{Guards: []Guard{g}, TokenSetting: "fence.token"}); err == nil {
+			t.Errorf("New accepted guard %+v", g)
+		}
+	}
+	if _, err := New(Config{TokenSetting: "fence.token"}); err != nil {
+		t.Errorf("New without guards: %v", err)
+	}
+}
+
+func TestMayTouch(t *testing.T) {
+	r := mustNew(t, "fence.token", "accounts", `public."Odd ""Q"""`)
+	cases := []struct {
+		sql  string
+		want bool
+	}{
+		{"SELECT 1", false},
+		{"UPDATE orders SET x = 1", false},
+		{"", false},
+		{"UPDATE accounts SET x = 1", true},
+		{"update ACCOUNTS set x = 1", true},
+		{"UPDATE \"AcCoUnTs\" SET x = 1", true}, // when in doubt
+		{"select 'accounts'", true},
+		{"UPDATE U&\"\\0061ccounts\" SET x = 1", true},
+		{"UPDATE u&\"x\" SET x = 1", true},
+		{`UPDATE "Odd ""Q""" SET x = 1`, true},
+		{`UPDATE "Odd "Q"" SET x = 1`, false}, // not how that name can be written
+		{"accounts", true},
+		{"accounts_x", true},
+		{"accountz", false},
+	}
+	for _, c := range cases {
+		if got := r.MayTouch(c.sql); got != c.want {
+			t.Errorf("MayTouch(%q) = %v, want %v", c.sql, got, c.want)
+		}
+	}
+	if none := mustNew(t, "fence.token"); none.MayTouch("UPDATE u&\"x\" SET accounts = 1") {
+		t.Error("a Rewriter without guards touched something")
+	}
+	if res, err := r.Rewrite("SELEC garbage", Simple); err != nil || res.SQL != "SELEC garbage" || res.Refusal != nil {
+		t.Errorf("Rewrite of untouchable text = %+v, %v", res, err)
+	}
+}
+
+func TestTokenExpression(t *testing.T) {
+	r := mustNew(t, "fence.token", "accounts")
+	want := `(SELECT CASE WHEN v OPERATOR(pg_catalog.~) E'^\\s*[-+]?[0-9]{1,19}\\s*$' THEN v::pg_catalog.int8 WHEN coalesce(v, E'') OPERATOR(pg_catalog.=) E'' THEN (E'pgfence 55000: no fencing token is set for this write to guarded table "accounts"; set fence.token first' OPERATOR(pg_catalog.||) coalesce(v, E''))::pg_catalog.int8 ELSE (E'pgfence 22023: fence.token must be an integer fencing token for a write to guarded table "accounts", got: ' OPERATOR(pg_catalog.||) v)::pg_catalog.int8 END FROM pg_catalog.current_setting(E'fence.token', true) AS pgfence_token(v))`
+	if got := r.guards[0].token; got != want {
+		t.Errorf("TOK:\n%s\nwant:\n%s", got, want)
+	}
+	if _, err := pg_query.Parse("SELECT " + want); err != nil {
+		t.Errorf("TOK does not parse: %v", err)
+	}
+	// Names with quotes and backslashes stay inside their literals.
+	odd := mustNew(t, "fence.token", `"it's \ ""odd"""`)
+	if _, err := pg_query.Parse("SELECT " + odd.guards[0].token); err != nil {
+		t.Errorf("TOK for an odd name does not parse: %v\n%s", err, odd.guards[0].token)
+	}
+}
+
+func TestRewriteExample(t *testing.T) {
+	r := mustNew(t, "fence.token", "accounts")
+	res, err := r.Rewrite("UPDATE accounts SET balance = 10 WHERE id = 1", Simple)
+	if err != nil || res.Refusal != nil {
+		t.Fatalf("Rewrite: %v %v", err, res.Refusal)
+	}
+	tok := r.guards[0].token
+	want := `UPDATE accounts SET "fence_epoch" = ` + tok + `, balance = 10 WHERE (id = 1) AND ("accounts"."fence_epoch" OPERATOR(pg_catalog.<=) ` + tok +
+		` OR ((id = 1) AND pg_catalog.set_config(E'pgfence.stale', E'1', true) IS NULL)) AND ` + tok + ` IS NOT NULL;` +
+		`SELECT pg_catalog.current_setting(E'pgfence.stale', true) AS stale, pg_catalog.current_setting(E'fence.token', true) AS token, pg_catalog.set_config(E'pgfence.stale', E'', true)`
+	if res.SQL != want {
+		t.Errorf("got:\n%s\nwant:\n%s", res.SQL, want)
+	}
+	if len(res.Fenced) != 1 || res.Fenced[0] != (Fenced{Table: "accounts", Kind: "UPDATE", ProbeIndex: 1}) {
+		t.Errorf("Fenced = %+v", res.Fenced)
+	}
+}
+
+func TestUnchangedIsSameString(t *testing.T) {
+	r := mustNew(t, "fence.token", "accounts")
+	in := "SELECT * FROM accounts"
+	res, _ := r.Rewrite(in, Simple)
+	if res.SQL != in || res.Refusal != nil || res.Fenced != nil {
+		t.Errorf("Rewrite(%q) = %+v", in, res)
+	}
+}
+
+func TestNULRefused(t *testing.T) {
+	r := mustNew(t, "fence.token", "accounts")
+	res, err := r.Rewrite("SELECT 1;\x00UPDATE accounts SET x = 1", Simple)
+	if err != nil || res.Refusal == nil || res.Refusal.Code != codeSyntax {
+		t.Errorf("NUL byte: %+v, %v", res, err)
+	}
+}
+
+func TestParseErrorMarker(t *testing.T) {
+	const pre = `invalid input syntax for type bigint: "`
+	cases := []struct {
+		code, msg string
+		want      Refusal
+		ok        bool
+	}{
+		{"22P02", pre + `pgfence 55000: no fencing token is set for this write to guarded table "accounts"; set fence.token first"`,
+			Refusal{"55000", `pgfence: no fencing token is set for this write to guarded table "accounts"; set fence.token first`,
+				"SET fence.token = '<token>' (or SET LOCAL inside a transaction) before writing"}, true},
+		{"22P02", pre + `pgfence 22023: app.tok must be an integer fencing token for a write to guarded table "a"": b", got: 12x"`,
+			Refusal{"22023", `pgfence: app.tok must be an integer fencing token for a write to guarded table "a"": b", got: 12x`,
+				"the token must be a whole number, e.g. SET app.tok = '42'"}, true},
+		// The token itself may look like a marker or end in a quote.
+		{"22P02", pre + `pgfence 22023: fence.token must be an integer fencing token for a write to guarded table "t", got: pgfence 55000: x""`,
+			Refusal{"22023", `pgfence: fence.token must be an integer fencing token for a write to guarded table "t", got: pgfence 55000: x"`,
+				"the token must be a whole number, e.g. SET fence.token = '42'"}, true},
+		{"22P02", pre + `pgfence 42501: column "fence_epoch" of guarded table "accounts" holds the fencing epoch; no statement may assign it"`,
+			Refusal{"42501", `pgfence: column "fence_epoch" of guarded table "accounts" holds the fencing epoch; no statement may assign it`, hintForgedEpoch}, true},
+		{"22P02", pre + `pgfence 0A000: MERGE on guarded table "accounts" cannot be fenced yet"`,
+			Refusal{"0A000", `pgfence: MERGE on guarded table "accounts" cannot be fenced yet`, hintUnsupported}, true},
+		{"22P02", pre + `pgfence 42601: syntax error at or near "x""`,
+			Refusal{"42601", `pgfence: syntax error at or near "x"`, ""}, true},
+		// A translated message with other quotation marks.
+		{"22P02", `ungültige Eingabesyntax für Typ bigint: »pgfence 55000: no fencing token is set for this write to guarded table "t"; set fence.token first«`,
+			Refusal{"55000", `pgfence: no fencing token is set for this write to guarded table "t"; set fence.token first`,
+				"SET fence.token = '<token>' (or SET LOCAL inside a transaction) before writing"}, true},
+		{"22P02", pre + `pgfence is great"`, Refusal{}, false},
+		{"22P02", pre + `pgfence 5500: x"`, Refusal{}, false},
+		{"22P02", pre + `abc"`, Refusal{}, false},
+		{"22003", pre + `pgfence 55000: x"`, Refusal{}, false},
+		{"22P02", "", Refusal{}, false},
+	}
+	for _, c := range cases {
+		got, ok := ParseErrorMarker(c.code, c.msg)
+		if ok != c.ok || got != c.want {
+			t.Errorf("ParseErrorMarker(%q, %q) =\n%+v, %v\nwant\n%+v, %v", c.code, c.msg, got, ok, c.want, c.ok)
+		}
+	}
+}
+
+func TestConcurrentUse(t *testing.T) {
+	r := mustNew(t, "fence.token", "accounts")
+	done := make(chan string)
+	for i := 0; i < 8; i++ {
+		go func() {
+			res, _ := r.Rewrite("DELETE FROM accounts WHERE id = 1", Simple)
+			done <- res.SQL
+		}()
+	}
+	first := <-done
+	for i := 1; i < 8; i++ {
+		if s := <-done; s != first {
+			t.Error("concurrent rewrites differ")
+		}
+	}
+}
+
+func BenchmarkMayTouchMiss(b *testing.B) {
+	r := mustNew(b, "fence.token", "accounts", "public.orders")
+	sql := "SELECT u.id, u.name, p.total FROM users u JOIN payments p ON p.user_id = u.id WHERE u.id = $1 AND p.state = 'settled' ORDER BY p.created_at DESC LIMIT 50"
+	b.ReportAllocs()
+	for b.Loop() {
+		if r.MayTouch(sql) {
+			b.Fatal("hit")
+		}
+	}
+}
+
+func BenchmarkRewriteUpdate(b *testing.B) {
+	r := mustNew(b, "fence.token", "accounts")
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := r.Rewrite("UPDATE accounts SET balance = balance - $1 WHERE id = $2", Prepared); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func TestMayTouchMissAllocs(t *testing.T) {
+	r := mustNew(t, "fence.token", "accounts")
+	if n := testing.AllocsPerRun(100, func() { r.MayTouch("SELECT * FROM users WHERE id = 1") }); n != 0 {
+		t.Errorf("MayTouch allocates %v times", n)
+	}
+}
