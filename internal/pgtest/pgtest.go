@@ -1,0 +1,190 @@
+// Package pgtest runs a package's tests against a real Postgres through a
+// real pgfence proxy on loopback.
+package pgtest
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/pgfence/pgfence/fence"
+	"github.com/pgfence/pgfence/internal/pgserver"
+	"github.com/pgfence/pgfence/proxy"
+	"github.com/pgfence/pgfence/sqlrewrite"
+)
+
+var pg *pgserver.Server
+
+// Main starts one throwaway Postgres for the package, runs its tests and
+// cleans up. Call it from TestMain.
+func Main(m *testing.M) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	var err error
+	pg, err = pgserver.Start(ctx, pgserver.Options{})
+	cancel()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "pgtest: cannot start Postgres:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	pg.Stop()
+	os.Exit(code)
+}
+
+// Server is the package's Postgres.
+func Server() *pgserver.Server { return pg }
+
+// DirectURL connects straight to Postgres, bypassing the proxy.
+func DirectURL() string { return pg.URL("postgres") }
+
+// Proxy is a running pgfence in front of the package's Postgres.
+type Proxy struct {
+	Addr     string
+	Policy   *fence.Policy
+	Registry *prometheus.Registry
+	Server   *proxy.Server
+	Logs     *LogBuffer
+}
+
+// StartProxy starts a proxy guarding the tables named by guards
+// (TABLE[:COLUMN] specs); edit may adjust the proxy's configuration. It
+// stops when the test ends.
+func StartProxy(t testing.TB, guards []string, edit ...func(*proxy.Config, *fence.Config)) *Proxy {
+	t.Helper()
+	var gs []sqlrewrite.Guard
+	for _, spec := range guards {
+		g, err := sqlrewrite.ParseGuard(spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		gs = append(gs, g)
+	}
+	logs := &LogBuffer{}
+	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	fcfg := fence.Config{Guards: gs, TokenSetting: "fence.token"}
+	pcfg := proxy.Config{Upstream: pg.Addr(), Logger: log}
+	for _, e := range edit {
+		e(&pcfg, &fcfg)
+	}
+	reg := prometheus.NewRegistry()
+	policy, err := fence.New(fcfg, fence.NewMetrics(reg), log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pcfg.Interceptor = policy
+	srv, err := proxy.New(pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ln) }()
+	t.Cleanup(func() {
+		ln.Close()
+		srv.Close()
+		if err := <-done; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+	return &Proxy{Addr: ln.Addr().String(), Policy: policy, Registry: reg, Server: srv, Logs: logs}
+}
+
+// URL connects through the proxy; extra are added as query parameters
+// (e.g. "application_name=x").
+func (p *Proxy) URL(extra ...string) string {
+	u, _ := url.Parse(pg.URL("postgres"))
+	u.Host = p.Addr
+	q := u.Query()
+	for _, kv := range extra {
+		k, v, _ := strings.Cut(kv, "=")
+		q.Set(k, v)
+	}
+	u.RawQuery = strings.ReplaceAll(q.Encode(), "+", "%20") // pgx reads + literally
+	return u.String()
+}
+
+// Connect opens a pgx connection through the proxy, closed when the test ends.
+func (p *Proxy) Connect(t testing.TB, extra ...string) *pgx.Conn {
+	t.Helper()
+	return Connect(t, p.URL(extra...))
+}
+
+// Connect opens a pgx connection to url, closed when the test ends.
+func Connect(t testing.TB, url string) *pgx.Conn {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatalf("connect %s: %v", url, err)
+	}
+	t.Cleanup(func() { c.Close(context.Background()) })
+	return c
+}
+
+// Direct opens a pgx connection straight to Postgres.
+func Direct(t testing.TB) *pgx.Conn { t.Helper(); return Connect(t, DirectURL()) }
+
+// Exec runs sql on c and fails the test on error.
+func Exec(t testing.TB, c *pgx.Conn, sql string, args ...any) string {
+	t.Helper()
+	tag, err := c.Exec(context.Background(), sql, args...)
+	if err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+	return tag.String()
+}
+
+// Counter reads a counter's value; labels are name=value pairs.
+func (p *Proxy) Counter(t testing.TB, name string, labels ...string) float64 {
+	t.Helper()
+	mfs, err := p.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if matches(m, labels) {
+				switch {
+				case m.Counter != nil:
+					return m.Counter.GetValue()
+				case m.Gauge != nil:
+					return m.Gauge.GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
+
+func matches(m *dto.Metric, labels []string) bool {
+	for _, kv := range labels {
+		k, v, _ := strings.Cut(kv, "=")
+		found := false
+		for _, lp := range m.GetLabel() {
+			if lp.GetName() == k && lp.GetValue() == v {
+				found = true
+			}
+		}
+		if !found {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,126 @@
+package proxy
+
+import (
+	"sync/atomic"
+
+	"github.com/jackc/pgx/v5/pgproto3"
+)
+
+// Interceptor is where the proxy hands over everything that is not plain
+// byte forwarding. The proxy knows the wire protocol; the Interceptor knows
+// SQL. Its methods are called from a session's two relay goroutines at once,
+// so implementations must be safe for concurrent use.
+type Interceptor interface {
+	// SessionStart is called once a client's startup packet has been read.
+	SessionStart(c *Client)
+	// SessionEnd is called when the session is over; err is nil for a clean
+	// Terminate or disconnect.
+	SessionEnd(c *Client, err error)
+	// Query sees the text of a simple-protocol Query message.
+	Query(c *Client, sql string) Plan
+	// Parse sees the text of an extended-protocol Parse message.
+	Parse(c *Client, sql string) Plan
+	// Error sees every ErrorResponse from the server and may return a
+	// replacement; nil keeps the original bytes.
+	Error(c *Client, e *pgproto3.ErrorResponse) *pgproto3.ErrorResponse
+}
+
+// Plan says what to send in place of a Query or Parse text.
+type Plan struct {
+	// SQL replaces the client's text; "" forwards the original bytes.
+	SQL string
+	// Probes, for a Query, are statements of SQL whose results the proxy
+	// keeps from the client and hands to the Probe instead, by index among
+	// the statements of SQL. For a Parse, Probes[0] (if any) is run by the
+	// proxy right after each Execute of a portal bound to that statement, in
+	// the same transaction.
+	Probes []ProbeAt
+}
+
+// ProbeAt places a probe at a statement index of a simple Query.
+type ProbeAt struct {
+	Index int
+	Probe *Probe
+}
+
+// Probe is a statement the proxy runs on the client's session to learn
+// something (such as whether a fenced write was rejected) without the client
+// seeing it.
+type Probe struct {
+	sql  string
+	wire []byte // Parse/Bind/Execute/Close/Close, pre-encoded
+	done func(c *Client, row [][]byte)
+}
+
+// probeName names the statement and portal the proxy uses for probes.
+// Probes never outlive the message sequence that ran them.
+const probeName = "pgfence.probe"
+
+// NewProbe returns a probe running sql (a single-row SELECT without
+// parameters); done receives the row's text values (nil for NULL).
+func NewProbe(sql string, done func(c *Client, row [][]byte)) *Probe {
+	var b []byte
+	b, _ = (&pgproto3.Parse{Name: probeName, Query: sql}).Encode(b)
+	b, _ = (&pgproto3.Bind{DestinationPortal: probeName, PreparedStatement: probeName}).Encode(b)
+	b, _ = (&pgproto3.Execute{Portal: probeName}).Encode(b)
+	b, _ = (&pgproto3.Close{ObjectType: 'P', Name: probeName}).Encode(b)
+	b, _ = (&pgproto3.Close{ObjectType: 'S', Name: probeName}).Encode(b)
+	return &Probe{sql: sql, wire: b, done: done}
+}
+
+// probeReplies is how many replies the injected extended-protocol probe
+// produces: ParseComplete, BindComplete, DataRow, CommandComplete and two
+// CloseComplete.
+const probeReplies = 6
+
+// Client describes one client session, for logs and metrics.
+type Client struct {
+	ID         uint64
+	RemoteAddr string
+	User       string
+	Database   string
+	appName    atomic.Pointer[string]
+	// What the server reported last; both change how SQL text must be read.
+	nonStandardStrings atomic.Bool            // standard_conforming_strings = off
+	encoding           atomic.Pointer[string] // client_encoding, if not UTF8
+}
+
+// StandardConformingStrings reports whether backslashes in '...' literals
+// are plain characters in this session, as the parser assumes.
+func (c *Client) StandardConformingStrings() bool { return !c.nonStandardStrings.Load() }
+
+// ClientEncoding is the session's client_encoding ("UTF8" until the server
+// says otherwise).
+func (c *Client) ClientEncoding() string {
+	if p := c.encoding.Load(); p != nil {
+		return *p
+	}
+	return "UTF8"
+}
+
+// serverParam records a ParameterStatus the session cares about.
+func (c *Client) serverParam(name, value string) {
+	switch name {
+	case "application_name":
+		c.setApplicationName(value)
+	case "standard_conforming_strings":
+		c.nonStandardStrings.Store(value != "on")
+	case "client_encoding":
+		if value == "UTF8" {
+			c.encoding.Store(nil)
+		} else {
+			c.encoding.Store(&value)
+		}
+	}
+}
+
+// ApplicationName is the session's current application_name, as the server
+// last reported it.
+func (c *Client) ApplicationName() string {
+	if p := c.appName.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
+
+func (c *Client) setApplicationName(s string) { c.appName.Store(&s) }

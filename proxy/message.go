@@ -1,0 +1,105 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+)
+
+// ErrMalformed is wrapped by every error about bytes that are not a valid
+// protocol message.
+var ErrMalformed = errors.New("malformed message")
+
+// header peeks at the next message's type and body length without consuming
+// it, the way an interceptor decides whether a message matters before
+// touching its body. max bounds the body length.
+func header(r *bufio.Reader, max int) (typ byte, n int, err error) {
+	h, err := r.Peek(5)
+	if err != nil {
+		return 0, 0, err
+	}
+	l := int(binary.BigEndian.Uint32(h[1:5]))
+	if l < 4 {
+		return 0, 0, fmt.Errorf("%w: message %q has length %d, the minimum is 4", ErrMalformed, h[0], l)
+	}
+	if l-4 > max {
+		return 0, 0, fmt.Errorf("%w: message %q of %d bytes is over the %d-byte limit (--max-message-size)", ErrMalformed, h[0], l-4, max)
+	}
+	return h[0], l - 4, nil
+}
+
+// forward copies the next message (header and body of n bytes) from r to w
+// untouched, without an intermediate buffer or allocation.
+func forward(w *bufio.Writer, r *bufio.Reader, n int) error {
+	n += 5
+	for n > 0 {
+		if r.Buffered() == 0 {
+			if _, err := r.Peek(1); err != nil {
+				return err
+			}
+		}
+		k := min(n, r.Buffered())
+		b, _ := r.Peek(k)
+		if _, err := w.Write(b); err != nil {
+			return err
+		}
+		r.Discard(k)
+		n -= k
+	}
+	return nil
+}
+
+// skip drops the next message.
+func skip(r *bufio.Reader, n int) error {
+	_, err := r.Discard(n + 5)
+	return err
+}
+
+// body consumes the next message and returns its body in buf (grown as
+// needed and reused across calls).
+func body(r *bufio.Reader, n int, buf *[]byte) ([]byte, error) {
+	if _, err := r.Discard(5); err != nil {
+		return nil, err
+	}
+	if cap(*buf) < n {
+		*buf = make([]byte, n)
+	}
+	b := (*buf)[:n]
+	if _, err := readFull(r, b); err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+func readFull(r *bufio.Reader, b []byte) (int, error) {
+	n := 0
+	for n < len(b) {
+		k, err := r.Read(b[n:])
+		n += k
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+// cstring splits a NUL-terminated string off the front of b.
+func cstring(b []byte) (s, rest []byte, err error) {
+	i := bytes.IndexByte(b, 0)
+	if i < 0 {
+		return nil, nil, fmt.Errorf("%w: missing string terminator", ErrMalformed)
+	}
+	return b[:i], b[i+1:], nil
+}
+
+// writeMessage writes a message of type typ with body b.
+func writeMessage(w *bufio.Writer, typ byte, b []byte) error {
+	var h [5]byte
+	h[0] = typ
+	binary.BigEndian.PutUint32(h[1:], uint32(len(b)+4))
+	w.Write(h[:])
+	_, err := w.Write(b)
+	return err
+}

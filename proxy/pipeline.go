@@ -1,0 +1,93 @@
+package proxy
+
+import "sync"
+
+// The pipeline lets the server-side relay attribute each reply to the client
+// message that caused it, so that replies to probes the proxy injected can be
+// kept from the client. Only messages whose replies end a unit of work are
+// tracked: replies to Parse, Bind, Describe and Close have types of their own
+// and pass straight through.
+
+type waitKind uint8
+
+const (
+	waitReady   waitKind = iota // Sync, FunctionCall or startup: ends with ReadyForQuery
+	waitQuery                   // simple Query: statements, then ReadyForQuery
+	waitExecute                 // Execute: ends with CommandComplete, EmptyQueryResponse or PortalSuspended
+	waitProbe                   // an injected probe: probeReplies replies, all kept from the client
+)
+
+type wait struct {
+	kind   waitKind
+	probes []ProbeAt // waitQuery: statements whose replies are probes
+	stmt   int       // waitQuery: index of the statement now replying
+	probe  *Probe    // waitProbe
+	seen   int       // waitProbe: replies consumed
+	row    [][]byte  // probe row, once received
+}
+
+type pipeline struct {
+	mu sync.Mutex
+	q  []*wait
+	// skipping is set when the server reported an error in extended-protocol
+	// work and no Sync was queued yet: the server discards every message up
+	// to the next Sync, so waits pushed until then will get no reply.
+	skipping bool
+}
+
+func (p *pipeline) push(w *wait) {
+	p.mu.Lock()
+	if p.skipping && w.kind != waitReady {
+		p.mu.Unlock()
+		return
+	}
+	p.skipping = false
+	p.q = append(p.q, w)
+	p.mu.Unlock()
+}
+
+func (p *pipeline) head() *wait {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.q) == 0 {
+		return nil
+	}
+	return p.q[0]
+}
+
+func (p *pipeline) pop() {
+	p.mu.Lock()
+	if len(p.q) > 0 {
+		p.q[0] = nil
+		p.q = p.q[1:]
+	}
+	p.mu.Unlock()
+}
+
+// skipToSync drops the waits the server will skip after an error in
+// extended-protocol work.
+func (p *pipeline) skipToSync() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for len(p.q) > 0 && p.q[0].kind != waitReady {
+		p.q[0] = nil
+		p.q = p.q[1:]
+	}
+	if len(p.q) == 0 {
+		p.skipping = true
+	}
+}
+
+// ready drops waits up to and including the one a ReadyForQuery answers.
+func (p *pipeline) ready() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for len(p.q) > 0 {
+		k := p.q[0].kind
+		p.q[0] = nil
+		p.q = p.q[1:]
+		if k == waitReady || k == waitQuery {
+			return
+		}
+	}
+}

@@ -1,0 +1,289 @@
+// Package proxy is a Postgres wire-protocol proxy: one server connection per
+// client connection, bytes forwarded untouched unless a message matters, and
+// an Interceptor that decides what the messages that matter become.
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgproto3"
+)
+
+// Config configures a Server.
+type Config struct {
+	// Upstream is the Postgres server's address: host:port, or a socket
+	// path when UpstreamNetwork is "unix".
+	Upstream        string
+	UpstreamNetwork string // "tcp" (default) or "unix"
+	// Interceptor sees SQL and errors; required.
+	Interceptor Interceptor
+	// Logger receives connection-level events; nil discards them.
+	Logger *slog.Logger
+	// MaxMessageSize bounds one client message's body in bytes; a larger
+	// one ends that client's session. Default 256 MiB.
+	MaxMessageSize int
+	// StartupTimeout bounds how long a client may take to send its startup
+	// packet. Default 30s.
+	StartupTimeout time.Duration
+	// DialTimeout bounds connecting to Upstream. Default 5s.
+	DialTimeout time.Duration
+}
+
+// Server accepts clients and relays each to its own Postgres connection.
+type Server struct {
+	cfg    Config
+	log    *slog.Logger
+	nextID atomic.Uint64
+
+	mu       sync.Mutex
+	sessions map[net.Conn]struct{}
+	closed   bool
+	wg       sync.WaitGroup
+}
+
+// New returns a Server for cfg.
+func New(cfg Config) (*Server, error) {
+	if cfg.Interceptor == nil {
+		return nil, errors.New("proxy: Config.Interceptor is required")
+	}
+	if cfg.Upstream == "" {
+		return nil, errors.New("proxy: Config.Upstream is required")
+	}
+	if cfg.UpstreamNetwork == "" {
+		cfg.UpstreamNetwork = "tcp"
+	}
+	if cfg.MaxMessageSize <= 0 {
+		cfg.MaxMessageSize = 256 << 20
+	}
+	if cfg.StartupTimeout <= 0 {
+		cfg.StartupTimeout = 30 * time.Second
+	}
+	if cfg.DialTimeout <= 0 {
+		cfg.DialTimeout = 5 * time.Second
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Server{cfg: cfg, log: log, sessions: make(map[net.Conn]struct{})}, nil
+}
+
+// Serve accepts connections on ln until ln is closed or Close is called.
+func (s *Server) Serve(ln net.Listener) error {
+	var delay time.Duration
+	for {
+		conn, err := ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) || s.isClosed() {
+				return nil
+			}
+			// Out of file descriptors and the like: back off, keep serving.
+			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+			s.log.Error("accept failed", "err", err, "retry_in", delay)
+			time.Sleep(delay)
+			continue
+		}
+		delay = 0
+		if !s.track(conn) {
+			conn.Close()
+			return nil
+		}
+		go func() {
+			defer s.untrack(conn)
+			s.handle(conn)
+		}()
+	}
+}
+
+// Close ends every session and waits for them.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	s.closed = true
+	for c := range s.sessions {
+		c.Close()
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+	return nil
+}
+
+func (s *Server) isClosed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closed
+}
+
+func (s *Server) track(c net.Conn) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return false
+	}
+	s.sessions[c] = struct{}{}
+	s.wg.Add(1)
+	return true
+}
+
+func (s *Server) untrack(c net.Conn) {
+	c.Close()
+	s.mu.Lock()
+	delete(s.sessions, c)
+	s.mu.Unlock()
+	s.wg.Done()
+}
+
+// Startup packet codes (protocol 3 section "Message Formats").
+const (
+	codeSSLRequest    = 80877103
+	codeGSSENCRequest = 80877104
+	codeCancelRequest = 80877102
+	maxStartupPacket  = 10000 // Postgres's own MAX_STARTUP_PACKET_LENGTH
+)
+
+// handle runs one client connection from startup to the end.
+func (s *Server) handle(conn net.Conn) {
+	id := s.nextID.Add(1)
+	log := s.log.With("conn", id, "client", conn.RemoteAddr().String())
+	cr := bufio.NewReaderSize(conn, 32<<10)
+	cw := bufio.NewWriterSize(conn, 32<<10)
+
+	conn.SetDeadline(time.Now().Add(s.cfg.StartupTimeout))
+	packet, startup, err := s.readStartup(conn, cr, cw)
+	if err != nil {
+		if !isClosed(err) {
+			log.Info("startup failed", "err", err)
+			writeFatal(cw, codeProtocolViolation, err.Error(), "")
+			cw.Flush()
+		}
+		return
+	}
+	if startup == nil { // a cancel request, already handled
+		return
+	}
+	c := &Client{ID: id, RemoteAddr: conn.RemoteAddr().String(), User: startup.Parameters["user"], Database: startup.Parameters["database"]}
+	c.setApplicationName(startup.Parameters["application_name"])
+	ic := s.cfg.Interceptor
+	ic.SessionStart(c)
+
+	server, err := net.DialTimeout(s.cfg.UpstreamNetwork, s.cfg.Upstream, s.cfg.DialTimeout)
+	if err != nil {
+		log.Warn("cannot reach Postgres", "upstream", s.cfg.Upstream, "err", err)
+		writeFatal(cw, codeCannotConnect, fmt.Sprintf("cannot connect to Postgres at %s: %v", s.cfg.Upstream, err), "check that Postgres is running and --upstream is right; try again")
+		cw.Flush()
+		ic.SessionEnd(c, err)
+		return
+	}
+	defer server.Close()
+	if _, err := server.Write(packet); err != nil {
+		writeFatal(cw, codeConnectionFailure, fmt.Sprintf("lost the connection to Postgres at %s during startup: %v", s.cfg.Upstream, err), "")
+		cw.Flush()
+		ic.SessionEnd(c, err)
+		return
+	}
+	conn.SetDeadline(time.Time{})
+
+	sess := &session{
+		srv: s, c: c, log: log,
+		client: conn, server: server,
+		cr: cr, cw: cw,
+		sr: bufio.NewReaderSize(server, 32<<10),
+		sw: bufio.NewWriterSize(server, 32<<10),
+	}
+	err = sess.relay()
+	if err != nil {
+		log.Info("session ended", "err", err)
+	}
+	ic.SessionEnd(c, err)
+}
+
+// readStartup reads startup packets until a StartupMessage, answering
+// SSLRequest and GSSENCRequest with "no" and forwarding a CancelRequest. It
+// returns the raw StartupMessage packet to forward, and its decoded form
+// (nil after a CancelRequest).
+func (s *Server) readStartup(conn net.Conn, r *bufio.Reader, w *bufio.Writer) ([]byte, *pgproto3.StartupMessage, error) {
+	for {
+		var h [4]byte
+		if _, err := io.ReadFull(r, h[:]); err != nil {
+			return nil, nil, err
+		}
+		n := int(binary.BigEndian.Uint32(h[:]))
+		if n < 8 || n > maxStartupPacket {
+			return nil, nil, fmt.Errorf("%w: startup packet length %d is outside 8..%d", ErrMalformed, n, maxStartupPacket)
+		}
+		packet := make([]byte, n)
+		copy(packet, h[:])
+		if _, err := io.ReadFull(r, packet[4:]); err != nil {
+			return nil, nil, err
+		}
+		code := binary.BigEndian.Uint32(packet[4:8])
+		switch code {
+		case codeSSLRequest, codeGSSENCRequest:
+			// Encryption is not offered: the client may go on in plain text
+			// or give up, as it chooses.
+			if err := w.WriteByte('N'); err != nil {
+				return nil, nil, err
+			}
+			if err := w.Flush(); err != nil {
+				return nil, nil, err
+			}
+			continue
+		case codeCancelRequest:
+			s.forwardCancel(packet)
+			return nil, nil, nil
+		}
+		if major := code >> 16; major != 3 {
+			return nil, nil, fmt.Errorf("unsupported frontend protocol %d.%d: pgfence speaks protocol 3", major, code&0xffff)
+		}
+		var m pgproto3.StartupMessage
+		if code == pgproto3.ProtocolVersion30 || code == pgproto3.ProtocolVersion32 {
+			if err := m.Decode(packet[4:]); err != nil {
+				return nil, nil, fmt.Errorf("%w: startup message: %v", ErrMalformed, err)
+			}
+		} else {
+			// A newer 3.x minor: Postgres negotiates it down itself.
+			m.Parameters = map[string]string{}
+		}
+		return packet, &m, nil
+	}
+}
+
+// forwardCancel relays a CancelRequest to Postgres as is: sessions are
+// one-to-one, so the backend key the client holds is the server's own.
+func (s *Server) forwardCancel(packet []byte) {
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.DialTimeout)
+	defer cancel()
+	var d net.Dialer
+	c, err := d.DialContext(ctx, s.cfg.UpstreamNetwork, s.cfg.Upstream)
+	if err != nil {
+		s.log.Warn("cannot forward cancel request", "err", err)
+		return
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(s.cfg.DialTimeout))
+	c.Write(packet)
+	// Postgres closes the connection once it has read the request; waiting
+	// for that keeps the cancel ahead of whatever the client sends next.
+	io.Copy(io.Discard, c)
+}
+
+// CheckUpstream reports whether Postgres accepts connections at Upstream.
+func (s *Server) CheckUpstream(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.DialTimeout)
+	defer cancel()
+	var d net.Dialer
+	c, err := d.DialContext(ctx, s.cfg.UpstreamNetwork, s.cfg.Upstream)
+	if err != nil {
+		return err
+	}
+	return c.Close()
+}

@@ -1,0 +1,455 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+
+	"github.com/jackc/pgx/v5/pgproto3"
+)
+
+// Waits that carry no state are shared, so the common path allocates nothing.
+var (
+	readyWait   = &wait{kind: waitReady}
+	queryWait   = &wait{kind: waitQuery}
+	executeWait = &wait{kind: waitExecute}
+)
+
+// maxServerMessage bounds what the server may send in one message (Postgres
+// itself never sends more than 1 GiB).
+const maxServerMessage = 1 << 30
+
+// peekLimit is how much of a Bind, Execute or Close the proxy looks at to find
+// the statement and portal names before forwarding the bytes untouched.
+const peekLimit = 1024
+
+// session relays one client connection to its own server connection.
+type session struct {
+	srv    *Server
+	c      *Client
+	log    *slog.Logger
+	client net.Conn
+	server net.Conn
+	cr     *bufio.Reader
+	cw     *bufio.Writer
+	sr     *bufio.Reader
+	sw     *bufio.Writer
+	pipe   pipeline
+
+	// Owned by the client-to-server goroutine.
+	cbuf    []byte
+	out     []byte
+	stmts   map[string]*Probe // prepared statements that need a probe per Execute
+	portals map[string]*Probe // portals bound to such statements
+
+	// Owned by the server-to-client goroutine.
+	sbuf []byte
+}
+
+// clientError is a protocol violation by the client: the session ends, and
+// the client is told why.
+type clientError struct{ err error }
+
+func (e *clientError) Error() string { return e.err.Error() }
+func (e *clientError) Unwrap() error { return e.err }
+
+// relay runs both directions until either side ends, and reports why the
+// session ended (nil for a normal end).
+func (s *session) relay() error {
+	s.pipe.push(readyWait) // the ReadyForQuery that ends authentication
+	errc := make(chan error, 2)
+	go func() { errc <- s.serverToClient() }()
+	err := s.clientToServer()
+	// Unblock the other direction; it owns the client writer until it returns.
+	s.server.Close()
+	serr := <-errc
+	var ce *clientError
+	if errors.As(err, &ce) {
+		s.sendFatal(codeProtocolViolation, ce.Error(), "the connection was closed by pgfence; other sessions are not affected")
+		return err
+	}
+	if err == nil || isClosed(err) {
+		if serr != nil && !isClosed(serr) {
+			return serr
+		}
+		return nil
+	}
+	return err
+}
+
+func isClosed(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) || errors.Is(err, io.ErrUnexpectedEOF)
+}
+
+// clientToServer forwards the client's messages, handing the few that matter
+// to the Interceptor.
+func (s *session) clientToServer() error {
+	max := s.srv.cfg.MaxMessageSize
+	for {
+		if s.cr.Buffered() == 0 {
+			if err := s.sw.Flush(); err != nil {
+				return err
+			}
+		}
+		typ, n, err := header(s.cr, max)
+		if err != nil {
+			if errors.Is(err, ErrMalformed) {
+				return &clientError{err}
+			}
+			return err
+		}
+		switch typ {
+		case 'Q':
+			err = s.query(n)
+		case 'P':
+			err = s.parse(n)
+		case 'B':
+			err = s.bind(n)
+		case 'E':
+			err = s.execute(n)
+		case 'C':
+			err = s.close(n)
+		case 'S', 'F': // Sync and FunctionCall end with ReadyForQuery
+			s.pipe.push(readyWait)
+			err = forward(s.sw, s.cr, n)
+		case 'X':
+			if err = forward(s.sw, s.cr, n); err == nil {
+				err = s.sw.Flush()
+			}
+			if err == nil {
+				return io.EOF
+			}
+		default:
+			err = forward(s.sw, s.cr, n)
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+func (s *session) query(n int) error {
+	b, err := body(s.cr, n, &s.cbuf)
+	if err != nil {
+		return err
+	}
+	text, _, err := cstring(b)
+	if err != nil {
+		return &clientError{fmt.Errorf("Query: %w", err)}
+	}
+	plan := s.srv.cfg.Interceptor.Query(s.c, string(text))
+	// A simple Query destroys the unnamed statement and portal.
+	delete(s.stmts, "")
+	delete(s.portals, "")
+	if len(plan.Probes) > 0 {
+		s.pipe.push(&wait{kind: waitQuery, probes: plan.Probes})
+	} else {
+		s.pipe.push(queryWait)
+	}
+	if plan.SQL == "" {
+		return writeMessage(s.sw, 'Q', b)
+	}
+	s.out = append(append(s.out[:0], plan.SQL...), 0)
+	return writeMessage(s.sw, 'Q', s.out)
+}
+
+func (s *session) parse(n int) error {
+	b, err := body(s.cr, n, &s.cbuf)
+	if err != nil {
+		return err
+	}
+	name, rest, err := cstring(b)
+	if err != nil {
+		return &clientError{fmt.Errorf("Parse: %w", err)}
+	}
+	text, params, err := cstring(rest)
+	if err != nil {
+		return &clientError{fmt.Errorf("Parse: %w", err)}
+	}
+	plan := s.srv.cfg.Interceptor.Parse(s.c, string(text))
+	if len(plan.Probes) > 0 {
+		if s.stmts == nil {
+			s.stmts = make(map[string]*Probe)
+		}
+		s.stmts[string(name)] = plan.Probes[0].Probe
+	} else if len(s.stmts) > 0 {
+		delete(s.stmts, string(name))
+	}
+	if plan.SQL == "" {
+		return writeMessage(s.sw, 'P', b)
+	}
+	s.out = append(s.out[:0], name...)
+	s.out = append(s.out, 0)
+	s.out = append(s.out, plan.SQL...)
+	s.out = append(s.out, 0)
+	s.out = append(s.out, params...)
+	return writeMessage(s.sw, 'P', s.out)
+}
+
+// peek returns up to peekLimit bytes of the next message's body, leaving the
+// message in the reader.
+func (s *session) peek(n int) ([]byte, error) {
+	b, err := s.cr.Peek(5 + min(n, peekLimit))
+	if err != nil {
+		return nil, err
+	}
+	return b[5:], nil
+}
+
+func (s *session) bind(n int) error {
+	if len(s.stmts) == 0 && len(s.portals) == 0 {
+		return forward(s.sw, s.cr, n)
+	}
+	b, err := s.peek(n)
+	if err != nil {
+		return err
+	}
+	portal, rest, err1 := cstring(b)
+	stmt, _, err2 := cstring(rest)
+	if err1 != nil || err2 != nil {
+		// Names longer than peekLimit: Postgres limits names to 63 bytes, so
+		// the server will refuse this Bind; nothing to track.
+		return forward(s.sw, s.cr, n)
+	}
+	if p := s.stmts[string(stmt)]; p != nil {
+		if s.portals == nil {
+			s.portals = make(map[string]*Probe)
+		}
+		s.portals[string(portal)] = p
+	} else {
+		delete(s.portals, string(portal))
+	}
+	return forward(s.sw, s.cr, n)
+}
+
+func (s *session) execute(n int) error {
+	var p *Probe
+	if len(s.portals) > 0 {
+		b, err := s.peek(n)
+		if err != nil {
+			return err
+		}
+		if portal, _, err := cstring(b); err == nil {
+			p = s.portals[string(portal)]
+		}
+	}
+	s.pipe.push(executeWait)
+	if err := forward(s.sw, s.cr, n); err != nil {
+		return err
+	}
+	if p != nil {
+		// Run the probe right after the Execute, in the same transaction,
+		// before whatever the client sends next.
+		s.pipe.push(&wait{kind: waitProbe, probe: p})
+		_, err := s.sw.Write(p.wire)
+		return err
+	}
+	return nil
+}
+
+func (s *session) close(n int) error {
+	if len(s.stmts) == 0 && len(s.portals) == 0 {
+		return forward(s.sw, s.cr, n)
+	}
+	b, err := s.peek(n)
+	if err != nil {
+		return err
+	}
+	if len(b) > 1 {
+		if name, _, err := cstring(b[1:]); err == nil {
+			switch b[0] {
+			case 'S':
+				delete(s.stmts, string(name))
+			case 'P':
+				delete(s.portals, string(name))
+			}
+		}
+	}
+	return forward(s.sw, s.cr, n)
+}
+
+// serverToClient forwards the server's replies, keeping probe replies from
+// the client and letting the Interceptor see errors.
+func (s *session) serverToClient() error {
+	for {
+		if s.sr.Buffered() == 0 {
+			if err := s.cw.Flush(); err != nil {
+				return err
+			}
+		}
+		typ, n, err := header(s.sr, maxServerMessage)
+		if err != nil {
+			return err
+		}
+		w := s.pipe.head()
+		if w != nil && w.kind == waitProbe {
+			err = s.probeReply(w, typ, n)
+		} else if w != nil && w.kind == waitQuery && w.inProbe() {
+			err = s.queryProbeReply(w, typ, n)
+		} else {
+			err = s.reply(w, typ, n)
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// inProbe reports whether the statement now replying is a probe.
+func (w *wait) inProbe() bool {
+	return len(w.probes) > 0 && w.probes[0].Index == w.stmt
+}
+
+func (s *session) reply(w *wait, typ byte, n int) error {
+	switch typ {
+	case 'C', 'I', 's': // CommandComplete, EmptyQueryResponse, PortalSuspended
+		if w != nil {
+			switch w.kind {
+			case waitExecute:
+				s.pipe.pop()
+			case waitQuery:
+				if w.probes != nil {
+					w.stmt++
+				}
+			}
+		}
+	case 'Z':
+		s.pipe.ready()
+	case 'E':
+		return s.serverError(w, n)
+	case 'S':
+		return s.parameterStatus(n)
+	}
+	return forward(s.cw, s.sr, n)
+}
+
+// serverError forwards an ErrorResponse (or the Interceptor's replacement)
+// and notes what the server will skip because of it.
+func (s *session) serverError(w *wait, n int) error {
+	b, err := body(s.sr, n, &s.sbuf)
+	if err != nil {
+		return err
+	}
+	if w != nil {
+		switch w.kind {
+		case waitQuery:
+			if w.probes != nil {
+				w.probes = nil // the rest of the query string is not run
+			}
+		case waitExecute, waitProbe:
+			s.pipe.skipToSync()
+		}
+	}
+	var e pgproto3.ErrorResponse
+	if err := e.Decode(b); err != nil {
+		return fmt.Errorf("server sent a malformed ErrorResponse: %w", err)
+	}
+	if r := s.srv.cfg.Interceptor.Error(s.c, &e); r != nil {
+		out, err := r.Encode(s.out[:0:0])
+		if err != nil {
+			return err
+		}
+		_, err = s.cw.Write(out)
+		return err
+	}
+	return writeMessage(s.cw, 'E', b)
+}
+
+func (s *session) parameterStatus(n int) error {
+	b, err := body(s.sr, n, &s.sbuf)
+	if err != nil {
+		return err
+	}
+	if name, rest, err := cstring(b); err == nil {
+		if v, _, err := cstring(rest); err == nil {
+			s.c.serverParam(string(name), string(v))
+		}
+	}
+	return writeMessage(s.cw, 'S', b)
+}
+
+// probeReply handles a reply to an injected extended-protocol probe.
+func (s *session) probeReply(w *wait, typ byte, n int) error {
+	switch typ {
+	case '1', '2', 'C', '3': // ParseComplete, BindComplete, CommandComplete, CloseComplete
+	case 'D':
+		if err := s.captureRow(w, n); err != nil {
+			return err
+		}
+		w.seen++
+		return nil
+	case 'E':
+		s.log.Warn("probe failed; the client's transaction is aborted", "client", s.c.RemoteAddr)
+		return s.serverError(w, n)
+	default:
+		return s.reply(w, typ, n)
+	}
+	w.seen++
+	if w.seen == probeReplies {
+		s.pipe.pop()
+		w.probe.done(s.c, w.row)
+	}
+	return skip(s.sr, n)
+}
+
+// queryProbeReply handles a reply to a probe statement inside a simple Query.
+func (s *session) queryProbeReply(w *wait, typ byte, n int) error {
+	switch typ {
+	case 'T':
+		return skip(s.sr, n)
+	case 'D':
+		return s.captureRow(w, n)
+	case 'C':
+		p := w.probes[0].Probe
+		w.probes = w.probes[1:]
+		w.stmt++
+		p.done(s.c, w.row)
+		w.row = nil
+		return skip(s.sr, n)
+	default:
+		return s.reply(w, typ, n)
+	}
+}
+
+func (s *session) captureRow(w *wait, n int) error {
+	b, err := body(s.sr, n, &s.sbuf)
+	if err != nil {
+		return err
+	}
+	var row pgproto3.DataRow
+	if err := row.Decode(b); err != nil {
+		return fmt.Errorf("server sent a malformed DataRow: %w", err)
+	}
+	w.row = make([][]byte, len(row.Values))
+	for i, v := range row.Values {
+		if v != nil {
+			w.row[i] = bytes.Clone(v)
+		}
+	}
+	return nil
+}
+
+// SQLSTATEs the proxy itself raises.
+const (
+	codeProtocolViolation   = "08P01"
+	codeConnectionFailure   = "08006"
+	codeCannotConnect       = "08001"
+	codeFeatureNotSupported = "0A000"
+)
+
+// sendFatal tells the client why its session ends. Only called once the
+// server-to-client goroutine has stopped writing.
+func (s *session) sendFatal(code, msg, hint string) {
+	writeFatal(s.cw, code, msg, hint)
+	s.cw.Flush()
+}
+
+func writeFatal(w *bufio.Writer, code, msg, hint string) {
+	e := pgproto3.ErrorResponse{Severity: "FATAL", SeverityUnlocalized: "FATAL", Code: code, Message: "pgfence: " + msg, Hint: hint}
+	b, _ := e.Encode(nil)
+	w.Write(b)
+}
