@@ -3,11 +3,17 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pgfence/pgfence/internal/pgserver"
 )
 
 // The demo is the product's first impression: it must show the stale write
@@ -64,5 +70,47 @@ func TestConfigFileAndFlags(t *testing.T) {
 	os.WriteFile(path, []byte("upstrem: x\n"), 0o600)
 	if err := loadConfigFile(serveCmd(), path); err == nil || !strings.Contains(err.Error(), `unknown key "upstrem"`) {
 		t.Errorf("misspelt key: %v", err)
+	}
+}
+
+func TestHealthz(t *testing.T) {
+	get := func(inst *instance) (int, string) {
+		resp, err := http.Get("http://" + inst.MetricsAddr() + "/healthz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	opts := serveOptions{listen: "127.0.0.1:0", metricsListen: "127.0.0.1:0", tokenSetting: "fence.token", guards: []string{"accounts"}}
+
+	// Postgres unreachable: the proxy still starts and says so.
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	dead := ln.Addr().String()
+	ln.Close()
+	opts.upstream = "postgres://u@" + dead + "/db"
+	inst, err := start(opts, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code, body := get(inst); code != 503 || !strings.Contains(body, "unreachable") {
+		t.Errorf("unreachable upstream: %d %q", code, body)
+	}
+	inst.Close()
+
+	pg, err := pgserver.Start(context.Background(), pgserver.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pg.Stop()
+	opts.upstream = pg.URL("postgres")
+	inst, err = start(opts, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer inst.Close()
+	if code, body := get(inst); code != 200 || !strings.HasPrefix(body, "ok") {
+		t.Errorf("reachable upstream: %d %q", code, body)
 	}
 }
