@@ -7,18 +7,68 @@
 // the client wrote (comments, spacing, casing) stays exactly as written.
 package sqlrewrite
 
-// Guard names one guarded table and its epoch column. Names are already
-// normalised the way Postgres folds identifiers (see ParseGuard).
+// Guard names one guarded table and its epoch column, and how it is fenced.
+// Names are already normalised the way Postgres folds identifiers (see
+// ParseGuard).
 type Guard struct {
 	Schema string // "" matches the table in any schema (fail closed)
 	Table  string
 	Column string // bigint NOT NULL epoch column; default "fence_epoch"
+	// Rollout is how writes to the table are treated (default Enforce).
+	Rollout Rollout
+	// AllowMissingToken lets an Enforce write with no token set through
+	// unfenced (the probe reports it) instead of failing with 55000. A token
+	// that is set but not an integer still fails.
+	AllowMissingToken bool
+}
+
+// Rollout is a table's stage in adopting pgfence.
+type Rollout int
+
+const (
+	// Enforce rewrites writes so that stale ones change nothing.
+	Enforce Rollout = iota
+	// Shadow rewrites writes so that epochs are kept (never lowered) and
+	// stale rows are flagged, but every write lands: it shows what Enforce
+	// would reject.
+	Shadow
+	// Observe leaves writes untouched and only probes them for a token.
+	Observe
+)
+
+// String returns "enforce", "shadow" or "observe".
+func (r Rollout) String() string {
+	switch r {
+	case Shadow:
+		return "shadow"
+	case Observe:
+		return "observe"
+	}
+	return "enforce"
 }
 
 // Config is what a Rewriter needs to know.
 type Config struct {
 	Guards       []Guard
 	TokenSetting string // custom setting that holds the token, e.g. "fence.token"
+	// Allow lets through, unfenced, forms that cannot be fenced and are
+	// refused by default.
+	Allow Allow
+}
+
+// Allow names the unfenceable forms a configuration lets through.
+type Allow struct {
+	Truncate  bool // TRUNCATE of a guarded table
+	CopyFrom  bool // COPY ... FROM into a guarded table
+	CurrentOf bool // UPDATE/DELETE ... WHERE CURRENT OF on a guarded table
+}
+
+// Session tells the rewriter what a session has prepared with SQL-level
+// PREPARE, so that EXECUTE of a fenced write gets its probe.
+type Session interface {
+	// PreparedWrite returns the guarded tables the named prepared
+	// statement writes, or nil.
+	PreparedWrite(name string) []string
 }
 
 // Mode says where a SQL text came from.
@@ -29,7 +79,8 @@ const (
 	// statement is appended right after each fenced statement.
 	Simple Mode = iota
 	// Prepared is the text of an extended-protocol Parse: one statement, no
-	// probes appended (the proxy runs ProbeSQL itself after each Execute).
+	// probes appended (the proxy runs the Result.Probes SQL itself after
+	// each Execute).
 	Prepared
 )
 
@@ -38,21 +89,61 @@ type Result struct {
 	// SQL is the text to send in place of the input. It is the input itself,
 	// unchanged, when nothing was fenced and nothing refused.
 	SQL string
-	// Fenced lists the fenced statements in order.
+	// Fenced lists every guarded write found, in text order, nested ones
+	// included.
 	Fenced []Fenced
+	// Probes lists the probe statements, one per top-level statement that
+	// writes (or EXECUTEs a prepared write to) a guarded table; not after a
+	// PREPARE (its EXECUTEs are probed) nor after an EXPLAIN without
+	// ANALYZE (it runs nothing).
+	Probes []Probe
+	// Prepared lists SQL-level PREPAREs in this text whose statement writes a
+	// guarded table (the session should remember them for EXECUTE).
+	Prepared []PreparedWrite
+	// SessionDependent is true when the result depended on the Session
+	// (it was asked about an EXECUTE that the text does not PREPARE
+	// itself): it must not be cached by text.
+	SessionDependent bool
 	// Refusal is non-nil when the input was refused. SQL then is a statement
 	// that makes the server raise the refusal (see ParseErrorMarker), so the
 	// session's transaction state stays exactly what Postgres says it is.
 	Refusal *Refusal
 }
 
-// Fenced describes one fenced statement.
+// Fenced describes one guarded write.
 type Fenced struct {
-	Table string // the guarded table as configured, e.g. "accounts" or "public.accounts"
-	Kind  string // "UPDATE" or "DELETE"
-	// ProbeIndex is, in Simple mode, the 0-based index among the statements
-	// of Result.SQL of the probe that follows this statement; -1 in Prepared mode.
-	ProbeIndex int
+	Table   string // the guarded table as configured, e.g. "accounts" or "public.accounts"
+	Kind    string // "UPDATE", "DELETE", "INSERT", "UPSERT" (INSERT ... ON CONFLICT DO UPDATE), "EXECUTE", or an allowed unfenceable form ("TRUNCATE", "COPY FROM", "CURRENT OF"; also "MERGE" on an Observe table)
+	Rollout Rollout
+	Nested  bool // inside WITH, PREPARE, EXPLAIN or another statement
+}
+
+// Probe is a statement that reads, right after a guarded write and in the
+// same transaction, what the write left for pgfence: the token in force and,
+// per table, whether a row the write matched was stale. It returns one row:
+// column 0 is the token setting's text (NULL or "" when unset), then one
+// column per entry of Tables holding "1" if a stale row was skipped (Enforce)
+// or written (Shadow) in that table, else NULL or "". Its remaining columns
+// clear the flags and carry no information.
+type Probe struct {
+	// Index is, in Simple mode, the 0-based index among the statements of
+	// Result.SQL of this probe; -1 in Prepared mode, where the proxy runs SQL
+	// itself after each Execute.
+	Index  int
+	SQL    string
+	Tables []ProbeTable
+}
+
+// ProbeTable is one table a probe reports on.
+type ProbeTable struct {
+	Table   string
+	Rollout Rollout
+}
+
+// PreparedWrite is an SQL-level PREPARE of a statement writing guarded tables.
+type PreparedWrite struct {
+	Name   string
+	Tables []string
 }
 
 // Refusal is an error pgfence raises instead of running a statement.

@@ -1,6 +1,7 @@
 package sqlrewrite
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"strings"
@@ -8,214 +9,506 @@ import (
 	pg_query "github.com/pganalyze/pg_query_go/v6"
 )
 
-// edit inserts text into the client's SQL at byte offset at. Fencing only
-// ever inserts; the client's bytes all stay, in order.
+// edit replaces del bytes of the client's SQL at byte offset at with text.
+// Fencing inserts, except that DEFAULT VALUES loses its DEFAULT.
 type edit struct {
 	at   int
+	del  int
 	text string
 }
 
-// fence splices the fence into each target statement and, in Simple mode,
-// a probe after it.
-func (r *Rewriter) fence(sql string, stmts []*pg_query.RawStmt, targets []*target, mode Mode) (*Result, error) {
+// build fences the writes the plans found, adds the probes and fills in
+// res.
+func (r *Rewriter) build(res *Result, stmts []*pg_query.RawStmt, plans []*plan, mode Mode) (*Result, error) {
+	sql := res.SQL
 	scan, err := pg_query.Scan(sql)
 	if err != nil {
 		return nil, fmt.Errorf("sqlrewrite: scanning text that parsed: %w", err)
 	}
-	res := &Result{}
 	var edits []edit
-	for i, t := range targets {
-		if t == nil {
+	for i, p := range plans {
+		if len(p.writes) == 0 {
 			continue
 		}
 		st := stmtTokensOf(scan.Tokens, stmts[i], len(sql))
-		es, err := r.fenceEdits(sql, st, t)
-		if err != nil {
-			return nil, err
+		for _, w := range p.writes {
+			res.Fenced = append(res.Fenced, Fenced{Table: w.guard.name, Kind: w.kind, Rollout: w.guard.Rollout, Nested: w.nested})
 		}
-		edits = append(edits, es...)
-		f := Fenced{Table: t.guard.name, Kind: t.kind, ProbeIndex: -1}
+		tables := p.tables()
+		if p.prepare != "" {
+			pw := PreparedWrite{Name: p.prepare}
+			for _, g := range tables {
+				pw.Tables = append(pw.Tables, g.name)
+			}
+			res.Prepared = append(res.Prepared, pw)
+		}
+		if p.fence {
+			es, err := r.fenceStmt(sql, st, p.writes)
+			if err != nil {
+				return nil, err
+			}
+			edits = append(edits, es...)
+		}
+		if !p.probe {
+			continue
+		}
+		pr := Probe{Index: -1, SQL: r.probeSQL(tables)}
+		for _, g := range tables {
+			pr.Tables = append(pr.Tables, ProbeTable{Table: g.name, Rollout: g.Rollout})
+		}
 		if mode == Simple {
+			last := st.lastCode(len(st.toks))
+			if last < 0 {
+				return nil, fmt.Errorf("sqlrewrite: statement %d has no tokens", i)
+			}
 			// Right after the statement's last token: never after a
 			// trailing -- comment, and before the client's own ';'.
-			edits = append(edits, edit{int(st.toks[st.lastCode(len(st.toks))].End), ";" + r.probe})
-			f.ProbeIndex = i + len(res.Fenced) + 1
+			edits = append(edits, edit{at: st.end(last), text: ";" + pr.SQL})
+			pr.Index = i + len(res.Probes) + 1
 		}
-		res.Fenced = append(res.Fenced, f)
+		res.Probes = append(res.Probes, pr)
 	}
 	res.SQL = apply(sql, edits)
 	return res, nil
 }
 
-// fenceEdits returns the edits that fence one UPDATE or DELETE:
-//
-//	SET C = TOK, ...                       (UPDATE only)
-//	WHERE (COND) AND (REF.C <= TOK OR ((COND) AND <flag stale>)) AND TOK IS NOT NULL
-//	WHERE (REF.C <= TOK OR <flag stale>) AND TOK IS NOT NULL      (no WHERE)
-//
-// A row with an epoch above the token is left alone, and the stale flag is
-// raised only for rows the client's own COND matched. TOK IS NOT NULL is a
-// pseudo-constant qual, so a missing token errors even when no row matches.
-func (r *Rewriter) fenceEdits(sql string, st stmtTokens, t *target) ([]edit, error) {
-	c, err := st.clauses(t)
-	if err != nil {
-		return nil, err
-	}
-	g := t.guard
-	var edits []edit
-	if c.set >= 0 {
-		edits = append(edits, edit{c.set, " " + g.column + " = " + g.token + ","})
-	}
-	epochOK := t.ref() + "." + g.column + " OPERATOR(pg_catalog.<=) " + g.token
-	stale := "pg_catalog.set_config(" + quoteLiteral(staleSetting) + ", " + quoteLiteral("1") + ", true) IS NULL"
-	notNull := " AND " + g.token + " IS NOT NULL"
-	if c.glued {
-		notNull += " " // "... IS NOT NULL RETURNING", not "NULLRETURNING"
-	}
-	if c.condStart < 0 {
-		return append(edits, edit{c.condEnd, " WHERE (" + epochOK + " OR " + stale + ")" + notNull}), nil
-	}
-	cond := sql[c.condStart:c.condEnd]
-	return append(edits,
-		edit{c.condStart, "("},
-		edit{c.condEnd, ") AND (" + epochOK + " OR ((" + cond + ") AND " + stale + "))" + notNull},
-	), nil
-}
-
-// clauses are the byte offsets where a fence goes into one statement.
-type clauses struct {
-	set       int  // end of the SET keyword; -1 for DELETE
-	condStart int  // start of the WHERE condition; -1 without WHERE
-	condEnd   int  // end of the condition, or where a WHERE would end
-	glued     bool // RETURNING follows condEnd without a space
-}
-
-// clauses finds the SET, WHERE and RETURNING keywords of t at paren depth 0
-// after the target name, so subqueries and strings cannot mislead it, and
-// checks them against the parse tree.
-func (st stmtTokens) clauses(t *target) (clauses, error) {
-	relLoc := int(t.rel.Location)
-	c := clauses{set: -1, condStart: -1}
-	where := st.first(pg_query.Token_WHERE, relLoc)
-	ret := st.first(pg_query.Token_RETURNING, relLoc)
-	if (where >= 0) != t.hasWhere || (ret >= 0) != t.hasRet {
-		return c, fmt.Errorf("sqlrewrite: tokens disagree with the parse tree for %s at byte %d", t.kind, relLoc)
-	}
-	if t.kind == "UPDATE" {
-		// The last SET before the first target: an alias may be spelled set.
-		set := st.lastBefore(pg_query.Token_SET, relLoc, t.firstSet)
-		if set < 0 {
-			return c, fmt.Errorf("sqlrewrite: no SET keyword for UPDATE at byte %d", relLoc)
-		}
-		c.set = int(st.toks[set].End)
-	}
-	limit := len(st.toks) // COND ends before a top-level RETURNING
-	if ret >= 0 {
-		limit = ret
-	}
-	end := st.lastCode(limit)
-	if end < 0 || where >= 0 && end <= where {
-		return c, fmt.Errorf("sqlrewrite: no condition end for %s at byte %d", t.kind, relLoc)
-	}
-	c.condEnd = int(st.toks[end].End)
-	c.glued = ret >= 0 && int(st.toks[ret].Start) == c.condEnd
-	if where >= 0 {
-		c.condStart = int(st.toks[where+1].Start) // comments right after WHERE stay in COND
-	}
-	return c, nil
-}
-
-// ref is how the statement's WHERE names the target row: its alias, else
-// its (qualified, if the client qualified it) name.
-func (t *target) ref() string {
-	if a := t.rel.GetAlias().GetAliasname(); a != "" {
-		return quoteIdent(a)
-	}
-	if t.rel.Schemaname != "" {
-		return quoteIdent(t.rel.Schemaname) + "." + quoteIdent(t.rel.Relname)
-	}
-	return quoteIdent(t.rel.Relname)
-}
-
-// apply performs edits, in offset order (stable for equal offsets).
-func apply(sql string, edits []edit) string {
-	slices.SortStableFunc(edits, func(a, b edit) int { return a.at - b.at })
+// probeSQL reads the token and the stale flags of tables, and clears the
+// flags. Observe tables raise no flag: their column is NULL.
+func (r *Rewriter) probeSQL(tables []*guardInfo) string {
 	var b strings.Builder
-	n := len(sql)
-	for _, e := range edits {
-		n += len(e.text)
+	b.WriteString("SELECT pg_catalog.current_setting(" + quoteLiteral(r.setting) + ", true)")
+	for _, g := range tables {
+		if g.Rollout == Observe {
+			b.WriteString(", NULL::pg_catalog.text")
+		} else {
+			b.WriteString(", pg_catalog.current_setting(" + g.flag + ", true)")
+		}
 	}
-	b.Grow(n)
-	prev := 0
-	for _, e := range edits {
-		b.WriteString(sql[prev:e.at])
-		b.WriteString(e.text)
-		prev = e.at
+	for _, g := range tables {
+		if g.Rollout != Observe {
+			b.WriteString(", pg_catalog.set_config(" + g.flag + ", " + quoteLiteral("") + ", true)")
+		}
 	}
-	b.WriteString(sql[prev:])
 	return b.String()
 }
 
-// stmtTokens are the scanner tokens of one statement with the paren/bracket
-// depth at each, counted from the statement's start.
-type stmtTokens struct {
-	toks  []*pg_query.ScanToken
-	depth []int
+// fenceStmt returns the edits that fence the writes of one top-level
+// statement. The innermost go first: a fence repeats its statement's
+// condition, and a write nested in that condition must be fenced in the
+// copy too.
+func (r *Rewriter) fenceStmt(sql string, st stmtTokens, writes []*write) ([]edit, error) {
+	type job struct {
+		w  *write
+		sp span
+	}
+	var jobs []job
+	for _, w := range writes {
+		if w.node == nil {
+			continue
+		}
+		var rv *pg_query.RangeVar
+		switch n := w.node.(type) {
+		case *pg_query.UpdateStmt:
+			rv = n.Relation
+		case *pg_query.DeleteStmt:
+			rv = n.Relation
+		case *pg_query.InsertStmt:
+			rv = n.Relation
+		}
+		sp, err := st.spanOf(rv)
+		if err != nil {
+			return nil, err
+		}
+		jobs = append(jobs, job{w, sp})
+	}
+	slices.SortStableFunc(jobs, func(a, b job) int { return cmp.Compare(b.sp.level, a.sp.level) })
+	var edits []edit
+	for _, j := range jobs {
+		var es []edit
+		var err error
+		switch n := j.w.node.(type) {
+		case *pg_query.UpdateStmt:
+			es, err = r.fenceUpdate(sql, j.sp, n, j.w.guard, edits)
+		case *pg_query.DeleteStmt:
+			es, err = r.fenceDelete(sql, j.sp, n, j.w.guard, edits)
+		case *pg_query.InsertStmt:
+			es, err = r.fenceInsert(sql, j.sp, n, j.w.guard, edits)
+		}
+		if err != nil {
+			return nil, err
+		}
+		edits = append(edits, es...)
+	}
+	return edits, nil
 }
 
-func stmtTokensOf(all []*pg_query.ScanToken, raw *pg_query.RawStmt, sqlLen int) stmtTokens {
-	start, end := int(raw.StmtLocation), sqlLen
-	if raw.StmtLen > 0 {
-		end = start + int(raw.StmtLen)
-	}
-	lo, _ := slices.BinarySearchFunc(all, start, func(t *pg_query.ScanToken, at int) int { return int(t.Start) - at })
-	hi, _ := slices.BinarySearchFunc(all, end, func(t *pg_query.ScanToken, at int) int { return int(t.Start) - at })
-	st := stmtTokens{toks: all[lo:hi], depth: make([]int, hi-lo)}
-	d := 0
-	for i, t := range st.toks {
-		switch t.Token {
-		case ')', ']':
-			d--
-		}
-		st.depth[i] = d
-		switch t.Token {
-		case '(', '[':
-			d++
+// fenceUpdate fences an UPDATE:
+//
+//	SET C = <set value>, ...
+//	WHERE (COND) AND <fence>            (see fenceWhere)
+func (r *Rewriter) fenceUpdate(sql string, sp span, n *pg_query.UpdateStmt, g *guardInfo, done []edit) ([]edit, error) {
+	firstSet := -1
+	for _, rt := range n.TargetList {
+		if loc := int(rt.GetResTarget().GetLocation()); firstSet < 0 || loc < firstSet {
+			firstSet = loc
 		}
 	}
-	return st
+	// The last SET before the first target: an alias may be spelled set.
+	set := sp.lastBefore(pg_query.Token_SET, sp.rel+1, firstSet)
+	if set < 0 {
+		return nil, fmt.Errorf("sqlrewrite: no SET keyword for UPDATE at byte %d", n.Relation.Location)
+	}
+	ref := refOf(n.Relation)
+	limit, err := sp.returning(n.ReturningList)
+	if err != nil {
+		return nil, err
+	}
+	where, err := r.fenceWhere(sql, sp, g, ref, set+1, limit, n.WhereClause != nil, done)
+	if err != nil {
+		return nil, err
+	}
+	return append(where, edit{at: sp.end(set), text: " " + g.column + " = " + g.setValue(ref) + ","}), nil
 }
 
-// first is the index of the first top-level kind token starting at or after
-// from, or -1.
-func (st stmtTokens) first(kind pg_query.Token, from int) int {
-	for i, t := range st.toks {
-		if t.Token == kind && st.depth[i] == 0 && int(t.Start) >= from {
-			return i
-		}
+func (r *Rewriter) fenceDelete(sql string, sp span, n *pg_query.DeleteStmt, g *guardInfo, done []edit) ([]edit, error) {
+	limit, err := sp.returning(n.ReturningList)
+	if err != nil {
+		return nil, err
 	}
-	return -1
+	return r.fenceWhere(sql, sp, g, refOf(n.Relation), sp.rel+1, limit, n.WhereClause != nil, done)
 }
 
-// lastBefore is the index of the last top-level kind token starting in
-// [from, before), or -1.
-func (st stmtTokens) lastBefore(kind pg_query.Token, from, before int) int {
-	found := -1
-	for i, t := range st.toks {
-		if t.Token == kind && st.depth[i] == 0 && int(t.Start) >= from && int(t.Start) < before {
-			found = i
-		}
+// returning is the index of the statement's RETURNING keyword, or its end
+// without one.
+func (sp span) returning(list []*pg_query.Node) (int, error) {
+	if len(list) == 0 {
+		return sp.stop, nil
 	}
-	return found
+	loc := int(list[0].GetResTarget().GetLocation())
+	ret := sp.lastBefore(pg_query.Token_RETURNING, sp.rel+1, loc)
+	if ret < 0 {
+		return 0, fmt.Errorf("sqlrewrite: no RETURNING keyword before byte %d", loc)
+	}
+	return ret, nil
 }
 
-// lastCode is the index of the last non-comment token before index limit,
-// or -1.
-func (st stmtTokens) lastCode(limit int) int {
-	for i := limit - 1; i >= 0; i-- {
-		if k := st.toks[i].Token; k != pg_query.Token_SQL_COMMENT && k != pg_query.Token_C_COMMENT {
-			return i
+// fenceWhere fences the WHERE of an UPDATE, a DELETE or an ON CONFLICT DO
+// UPDATE whose WHERE keyword, if any, is in tokens [from, limit) and whose
+// condition ends before limit. With T the guard's token expression and
+// FLAG setting its stale flag:
+//
+//	Enforce:      WHERE (COND) AND (REF.C <= T OR ((COND) AND FLAG IS NULL)) AND T IS NOT NULL
+//	allow-missing: WHERE (COND) AND (T IS NULL OR REF.C <= T OR ((COND) AND FLAG IS NULL))
+//	Shadow:       WHERE (COND) AND (T IS NULL OR REF.C <= T OR ((COND) AND FLAG IS NOT NULL))
+//
+// and without a client WHERE the same without the (COND) AND parts. A row
+// with an epoch above the token is left alone (Enforce) or written and
+// flagged (Shadow, as set_config returns its value), and the flag is raised
+// only for rows the client's own COND matched, whatever order the planner
+// evaluates the quals in. T IS NOT NULL is a pseudo-constant qual, so a
+// missing token errors even when no row matches.
+func (r *Rewriter) fenceWhere(sql string, sp span, g *guardInfo, ref string, from, limit int, hasWhere bool, done []edit) ([]edit, error) {
+	where := sp.first(pg_query.Token_WHERE, from, limit)
+	if (where >= 0) != hasWhere {
+		return nil, fmt.Errorf("sqlrewrite: tokens disagree with the parse tree about the WHERE after byte %d", sp.start(sp.rel))
+	}
+	last := sp.lastCode(limit)
+	if last < sp.rel || where >= 0 && last <= where {
+		return nil, fmt.Errorf("sqlrewrite: no condition end after byte %d", sp.start(sp.rel))
+	}
+	condEnd := sp.end(last)
+	epochOK := ref + "." + g.column + " OPERATOR(pg_catalog.<=) " + g.tok
+	raise := "pg_catalog.set_config(" + g.flag + ", " + quoteLiteral("1") + ", true)"
+	stale, lead, gate := raise+" IS NULL", epochOK, " AND "+g.tok+" IS NOT NULL"
+	switch {
+	case g.Rollout == Shadow:
+		stale, lead, gate = raise+" IS NOT NULL", g.tok+" IS NULL OR "+epochOK, ""
+	case g.AllowMissingToken:
+		lead, gate = g.tok+" IS NULL OR "+epochOK, ""
+	}
+	if where < 0 {
+		return []edit{{at: condEnd, text: pad(sql, condEnd, " WHERE ("+lead+" OR "+stale+")"+gate)}}, nil
+	}
+	condStart := sp.start(where + 1) // comments right after WHERE stay in COND
+	cond := applyRange(sql, condStart, condEnd, done)
+	return []edit{
+		{at: condStart, text: "("},
+		{at: condEnd, text: pad(sql, condEnd, ") AND ("+lead+" OR (("+cond+") AND "+stale+"))"+gate)},
+	}, nil
+}
+
+// setValue is what an UPDATE (or DO UPDATE) sets the epoch to: the token
+// (Enforce), the token or else the row's epoch (allow-missing), or the
+// greater of the row's epoch and the token, GREATEST ignoring a NULL token
+// (Shadow).
+func (g *guardInfo) setValue(ref string) string {
+	switch {
+	case g.Rollout == Shadow:
+		return "GREATEST(" + ref + "." + g.column + ", " + g.tok + ")"
+	case g.AllowMissingToken:
+		return "COALESCE(" + g.tok + ", " + ref + "." + g.column + ")"
+	}
+	return g.tok
+}
+
+// fenceInsert stamps the rows an INSERT adds with the epoch column, and
+// fences its ON CONFLICT DO UPDATE like an UPDATE:
+//
+//	INSERT INTO t (a) VALUES (1), (2)  ->  INSERT INTO t (a, C) VALUES (1, V), (2, V)
+//	INSERT INTO t (a) SELECT x FROM s  ->  INSERT INTO t (a, C) SELECT x, V FROM s
+//	INSERT INTO t (a) <set operation>  ->  INSERT INTO t (a, C) SELECT pgfence_rows.*, V FROM (<set operation>) AS pgfence_rows
+//	INSERT INTO t DEFAULT VALUES       ->  INSERT INTO t (C) VALUES (V)
+//
+// A set operation has already resolved its unknown-typed literals to text,
+// so selecting from it keeps its meaning; a plain SELECT's literals would
+// not stay unknown in a subquery, so it gets the value in its own target
+// list.
+func (r *Rewriter) fenceInsert(sql string, sp span, n *pg_query.InsertStmt, g *guardInfo, done []edit) ([]edit, error) {
+	var edits []edit
+	bodyEnd, err := sp.returning(n.ReturningList)
+	if err != nil {
+		return nil, err
+	}
+	retEnd := bodyEnd
+	on := -1
+	if oc := n.OnConflictClause; oc != nil {
+		if on = sp.at(int(oc.Location)); on < 0 || !sp.keyword(on, pg_query.Token_ON) {
+			return nil, fmt.Errorf("sqlrewrite: no ON keyword at byte %d", oc.Location)
+		}
+		bodyEnd = on
+	}
+	sel := n.SelectStmt.GetSelectStmt()
+	if sel == nil {
+		if n.SelectStmt != nil || len(n.Cols) > 0 {
+			return nil, fmt.Errorf("sqlrewrite: INSERT at byte %d has an unexpected source", n.Relation.Location)
+		}
+		def := sp.first(pg_query.Token_DEFAULT, sp.rel+1, bodyEnd)
+		vals := -1
+		if def >= 0 {
+			vals = sp.nextCode(def+1, bodyEnd)
+		}
+		if vals < 0 || !sp.keyword(vals, pg_query.Token_VALUES) {
+			return nil, fmt.Errorf("sqlrewrite: no DEFAULT VALUES in INSERT at byte %d", n.Relation.Location)
+		}
+		edits = append(edits,
+			edit{at: sp.start(def), del: sp.end(def) - sp.start(def), text: "(" + g.column + ")"},
+			edit{at: sp.end(vals), text: " (" + g.insert + ")"})
+	} else {
+		es, err := r.stampSelect(sql, sp, n, sel, g, bodyEnd)
+		if err != nil {
+			return nil, err
+		}
+		edits = append(edits, es...)
+	}
+	if oc := n.OnConflictClause; oc != nil && oc.Action == pg_query.OnConflictAction_ONCONFLICT_UPDATE {
+		firstSet := -1
+		for _, rt := range oc.TargetList {
+			if loc := int(rt.GetResTarget().GetLocation()); firstSet < 0 || loc < firstSet {
+				firstSet = loc
+			}
+		}
+		set := sp.lastBefore(pg_query.Token_SET, on, firstSet)
+		if set < 0 {
+			return nil, fmt.Errorf("sqlrewrite: no SET keyword for ON CONFLICT DO UPDATE at byte %d", oc.Location)
+		}
+		ref := refOf(n.Relation)
+		edits = append(edits, edit{at: sp.end(set), text: " " + g.column + " = " + g.setValue(ref) + ","})
+		where, err := r.fenceWhere(sql, sp, g, ref, set+1, retEnd, oc.WhereClause != nil, done)
+		if err != nil {
+			return nil, err
+		}
+		edits = append(edits, where...)
+	}
+	return edits, nil
+}
+
+// stampSelect adds the epoch column to an INSERT's column list and its
+// value to the rows of its source, which ends before token bodyEnd.
+func (r *Rewriter) stampSelect(sql string, sp span, n *pg_query.InsertStmt, sel *pg_query.SelectStmt, g *guardInfo, bodyEnd int) ([]edit, error) {
+	if len(n.Cols) == 0 {
+		return nil, fmt.Errorf("sqlrewrite: INSERT at byte %d has no column list", n.Relation.Location)
+	}
+	lastCol := sp.at(int(n.Cols[len(n.Cols)-1].GetResTarget().GetLocation()))
+	closeCols := -1
+	if lastCol >= 0 {
+		closeCols = sp.closing(')', sp.level, lastCol, bodyEnd)
+	}
+	if closeCols < 0 {
+		return nil, fmt.Errorf("sqlrewrite: no end of the column list of INSERT at byte %d", n.Relation.Location)
+	}
+	edits := []edit{{at: sp.start(closeCols), text: ", " + g.column}}
+	body := closeCols + 1
+	if n.Override != pg_query.OverridingKind_OVERRIDING_NOT_SET {
+		v := sp.first(pg_query.Token_VALUE_P, body, bodyEnd)
+		if v < 0 {
+			return nil, fmt.Errorf("sqlrewrite: no OVERRIDING ... VALUE in INSERT at byte %d", n.Relation.Location)
+		}
+		body = v + 1
+	}
+	start := sp.nextCode(body, bodyEnd)
+	if start < 0 {
+		return nil, fmt.Errorf("sqlrewrite: no source rows in INSERT at byte %d", n.Relation.Location)
+	}
+	// The source's own level: inside any parens that open it.
+	level := sp.level
+	for k := start; k >= 0 && sp.toks[k].Token == '('; k = sp.nextCode(k+1, bodyEnd) {
+		level++
+	}
+	src := span{stmtTokens: sp.stmtTokens, rel: start, stop: bodyEnd, level: level}
+	plain := sel.Op == pg_query.SetOperation_SETOP_NONE
+	switch {
+	case plain && len(sel.ValuesLists) > 0:
+		return src.stampValues(edits, sel, g, n)
+	case plain && len(sel.TargetList) > 0 && sel.TargetList[len(sel.TargetList)-1].GetResTarget().GetLocation() >= 0:
+		return src.stampTargets(edits, sel, g, n)
+	}
+	// A set operation, TABLE t or an empty target list: select from it.
+	last := sp.lastCode(bodyEnd)
+	return append(edits,
+		edit{at: sp.start(start), text: pad(sql, sp.start(start), "SELECT pgfence_rows.*, "+g.insert+" FROM (")},
+		edit{at: sp.end(last), text: pad(sql, sp.end(last), ") AS pgfence_rows")}), nil
+}
+
+// stampValues adds V before the ')' of each VALUES row.
+func (src span) stampValues(edits []edit, sel *pg_query.SelectStmt, g *guardInfo, n *pg_query.InsertStmt) ([]edit, error) {
+	vals := src.first(pg_query.Token_VALUES, src.rel, src.stop)
+	rows := 0
+	for k := -1; vals >= 0; {
+		if k < 0 {
+			k = src.nextCode(vals+1, src.stop)
+		}
+		if k < 0 || src.toks[k].Token != '(' || src.depth[k] != src.level {
+			break
+		}
+		closeRow := src.closing(')', src.level, k+1, src.stop)
+		if closeRow < 0 {
+			break
+		}
+		edits = append(edits, edit{at: src.start(closeRow), text: ", " + g.insert})
+		rows++
+		k = src.nextCode(closeRow+1, src.stop)
+		if k < 0 || src.toks[k].Token != ',' || src.depth[k] != src.level {
+			break
+		}
+		k = src.nextCode(k+1, src.stop)
+	}
+	if vals < 0 || rows != len(sel.ValuesLists) {
+		return nil, fmt.Errorf("sqlrewrite: found %d VALUES rows in INSERT at byte %d, the parse tree has %d", rows, n.Relation.Location, len(sel.ValuesLists))
+	}
+	return edits, nil
+}
+
+// stampTargets adds V after the last target of a plain SELECT: before the
+// first clause keyword at the SELECT's level after that target's start.
+func (src span) stampTargets(edits []edit, sel *pg_query.SelectStmt, g *guardInfo, n *pg_query.InsertStmt) ([]edit, error) {
+	loc := int(sel.TargetList[len(sel.TargetList)-1].GetResTarget().GetLocation())
+	t := src.at(loc)
+	if t < 0 || t < src.rel || t >= src.stop || src.depth[t] != src.level {
+		return nil, fmt.Errorf("sqlrewrite: no last target at byte %d in INSERT at byte %d", loc, n.Relation.Location)
+	}
+	stop := src.stop
+	for k := t + 1; k < src.stop; k++ {
+		if src.depth[k] < src.level {
+			stop = k
+			break
+		}
+		if src.endsTargets(k) {
+			stop = k
+			break
 		}
 	}
-	return -1
+	last := src.lastCode(stop)
+	if last < t {
+		return nil, fmt.Errorf("sqlrewrite: no end of the last target in INSERT at byte %d", n.Relation.Location)
+	}
+	return append(edits, edit{at: src.end(last), text: ", " + g.insert}), nil
+}
+
+// endsTargets reports whether token k starts the clause after a SELECT's
+// target list.
+func (src span) endsTargets(k int) bool {
+	switch src.toks[k].Token {
+	case pg_query.Token_FROM:
+		// Not the FROM of IS [NOT] DISTINCT FROM.
+		if !src.keyword(k, pg_query.Token_FROM) {
+			return false
+		}
+		if p := src.lastCode(k); p >= 0 && src.toks[p].Token == pg_query.Token_DISTINCT {
+			if pp := src.lastCode(p); pp >= 0 {
+				switch src.toks[pp].Token {
+				case pg_query.Token_IS, pg_query.Token_NOT, pg_query.Token_NOT_LA:
+					return false
+				}
+			}
+		}
+		return true
+	case pg_query.Token_GROUP_P:
+		// Not WITHIN GROUP.
+		p := src.lastCode(k)
+		return src.keyword(k, pg_query.Token_GROUP_P) && (p < 0 || src.toks[p].Token != pg_query.Token_WITHIN)
+	case pg_query.Token_WHERE, pg_query.Token_HAVING, pg_query.Token_WINDOW, pg_query.Token_ORDER,
+		pg_query.Token_LIMIT, pg_query.Token_OFFSET, pg_query.Token_FETCH, pg_query.Token_FOR,
+		pg_query.Token_INTO, pg_query.Token_ON, pg_query.Token_RETURNING:
+		return src.keyword(k, src.toks[k].Token)
+	}
+	return false
+}
+
+// refOf is how a statement's WHERE names the target row: its alias, else
+// its (qualified, if the client qualified it) name.
+func refOf(rv *pg_query.RangeVar) string {
+	if a := rv.GetAlias().GetAliasname(); a != "" {
+		return quoteIdent(a)
+	}
+	if rv.Schemaname != "" {
+		return quoteIdent(rv.Schemaname) + "." + quoteIdent(rv.Relname)
+	}
+	return quoteIdent(rv.Relname)
+}
+
+// pad puts a space around text inserted at byte offset at where it would
+// otherwise run into the client's neighbouring token.
+func pad(sql string, at int, text string) string {
+	if text == "" {
+		return text
+	}
+	if at > 0 && wordByte(sql[at-1]) && wordByte(text[0]) {
+		text = " " + text
+	}
+	if at < len(sql) && wordByte(sql[at]) && wordByte(text[len(text)-1]) {
+		text += " "
+	}
+	return text
+}
+
+func wordByte(c byte) bool { return isIdentCont(c) || c == '"' || c == '\'' }
+
+// apply performs edits, in offset order (stable for equal offsets).
+func apply(sql string, edits []edit) string {
+	return applyRange(sql, 0, len(sql), edits)
+}
+
+// applyRange returns sql[from:to] with the edits that fall inside it.
+func applyRange(sql string, from, to int, edits []edit) string {
+	var in []edit
+	for _, e := range edits {
+		if e.at >= from && e.at+e.del <= to {
+			in = append(in, e)
+		}
+	}
+	slices.SortStableFunc(in, func(a, b edit) int { return a.at - b.at })
+	var b strings.Builder
+	n := to - from
+	for _, e := range in {
+		n += len(e.text)
+	}
+	b.Grow(n)
+	prev := from
+	for _, e := range in {
+		b.WriteString(sql[prev:e.at])
+		b.WriteString(e.text)
+		prev = e.at + e.del
+	}
+	b.WriteString(sql[prev:to])
+	return b.String()
 }

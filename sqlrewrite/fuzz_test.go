@@ -5,30 +5,68 @@ import (
 	"testing"
 )
 
-// FuzzRewrite checks, for any text, that Rewrite does not panic or fail,
-// and that its result passes verify: a refusal statement, or output that
-// parses with every guarded UPDATE/DELETE fenced and nothing else changed.
+// fuzzRewriter builds the fuzzing configuration: four guards whose rollouts
+// and missing-token policies come from the bits of cfg, and the Allow
+// switches from its high bits.
+func fuzzRewriter(t testing.TB, cfg uint8) *Rewriter {
+	specs := []string{"accounts", "public.orders:version", `"Odd ""Name"""`, "billing.ledger:epoch"}
+	c := Config{TokenSetting: "fence.token", Allow: Allow{Truncate: cfg&0x40 != 0, CopyFrom: cfg&0x40 != 0, CurrentOf: cfg&0x80 != 0}}
+	for i, s := range specs {
+		g, err := ParseGuard(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch (cfg >> (i * 2 % 6)) & 3 { // the last guard shares bits with the first
+		case 1:
+			g.Rollout = Shadow
+		case 2:
+			g.Rollout = Observe
+		case 3:
+			g.AllowMissingToken = true
+		}
+		c.Guards = append(c.Guards, g)
+	}
+	r, err := New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// fuzzSession is what the fuzzed session has PREPAREd.
+var fuzzSession = fakeSession{"p": {"accounts"}, "q": {"public.orders", "accounts"}, "gone": {"no.such"}}
+
+// FuzzRewrite checks, for any text and configuration, that Rewrite does
+// not panic or fail, and that its result passes verify: a refusal
+// statement, or output that parses with every guarded write fenced, probes
+// where they belong and nothing else changed.
 func FuzzRewrite(f *testing.F) {
 	paths, _ := filepath.Glob(filepath.Join(caseDir, "*.txt"))
-	for _, p := range paths {
+	for i, p := range paths {
 		c, err := loadCase(p)
 		if err != nil {
 			f.Fatal(err)
 		}
-		f.Add(c.input, c.mode == Prepared)
+		f.Add(c.input, c.mode == Prepared, uint8(i))
 	}
-	r := mustNew(f, "fence.token", "accounts", "public.orders:version", `"Odd ""Name"""`, "billing.ledger:epoch")
-	f.Fuzz(func(t *testing.T, sql string, prepared bool) {
+	var rs [256]*Rewriter
+	for i := range rs {
+		rs[i] = fuzzRewriter(f, uint8(i))
+	}
+	f.Fuzz(func(t *testing.T, sql string, prepared bool, cfg uint8) {
 		mode := Simple
 		if prepared {
 			mode = Prepared
 		}
-		res, err := r.Rewrite(sql, mode)
-		if err != nil {
-			t.Fatalf("Rewrite(%q): %v", sql, err)
-		}
-		if err := verify(r, sql, mode, res); err != nil {
-			t.Fatalf("Rewrite(%q): %v", sql, err)
+		r := rs[cfg]
+		for _, s := range []Session{nil, fuzzSession} {
+			res, err := r.Rewrite(sql, mode, s)
+			if err != nil {
+				t.Fatalf("Rewrite(%q): %v", sql, err)
+			}
+			if err := verify(r, sql, mode, s, res); err != nil {
+				t.Fatalf("Rewrite(%q): %v", sql, err)
+			}
 		}
 	})
 }

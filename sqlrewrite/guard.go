@@ -58,8 +58,8 @@ func (g Guard) Name() string {
 	return nameIdent(g.Schema) + "." + nameIdent(g.Table)
 }
 
-// validate reports what makes a guard unusable.
-func (g Guard) validate() error {
+// validateNames reports what makes a guard's names unusable.
+func (g Guard) validateNames() error {
 	for _, part := range []struct{ what, name string }{
 		{"schema", g.Schema}, {"table", g.Table}, {"column", g.Column},
 	} {

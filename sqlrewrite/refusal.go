@@ -3,6 +3,9 @@ package sqlrewrite
 import (
 	"strings"
 	"unicode/utf8"
+
+	pg_query "github.com/pganalyze/pg_query_go/v6"
+	"google.golang.org/protobuf/proto"
 )
 
 const (
@@ -13,7 +16,7 @@ const (
 	codeBadToken    = "22023" // invalid_parameter_value
 
 	hintForgedEpoch = "pgfence sets it to the session's token itself; remove it from the statement"
-	hintUnsupported = "write guarded tables with top-level INSERT, UPDATE or DELETE statements"
+	hintUnsupported = "write guarded tables with INSERT (with a column list), UPDATE or DELETE statements, which pgfence fences"
 )
 
 func forgedEpoch(g *guardInfo) *Refusal {
@@ -31,6 +34,39 @@ func unsupported(form string, g *guardInfo, hint string) *Refusal {
 		Message: "pgfence: " + form + " on guarded table \"" + g.name + "\" cannot be fenced yet",
 		Hint:    hint,
 	}
+}
+
+// noColumnList refuses an INSERT whose epoch column position is unknown.
+func noColumnList(g *guardInfo) *Refusal {
+	return &Refusal{
+		Code:    codeUnsupported,
+		Message: "pgfence: INSERT into guarded table \"" + g.name + "\" needs a column list",
+		Hint:    "name the columns, as in INSERT INTO t (a, b) VALUES ...; pgfence adds the epoch column itself",
+	}
+}
+
+// positioned refuses UPDATE/DELETE ... WHERE CURRENT OF, whose WHERE can
+// hold nothing else.
+func positioned(kind string, g *guardInfo) *Refusal {
+	return unsupported("positioned "+kind+" (WHERE CURRENT OF)", g,
+		"fetch the row's key with the cursor and "+kind+" ... WHERE <key> = <value> instead")
+}
+
+// storedWrite refuses a write kept in a rule, a function body or a view,
+// which would run later without the fence; writes to Observe tables are
+// let through, since nothing about them is fenced anyway.
+func storedWrite(kind string, stored proto.Message, g *guardInfo) *Refusal {
+	if g.Rollout == Observe {
+		return nil
+	}
+	switch stored.(type) {
+	case *pg_query.RuleStmt:
+		return unsupported("CREATE RULE ... DO "+kind, g,
+			"a rule would write the guarded table without the fence; run the "+kind+" from the client instead")
+	}
+	what := stmtKind(stored)
+	return unsupported(kind+" inside "+what, g,
+		"the "+kind+" would run later without the fence; run it from the client instead")
 }
 
 // syntaxError refuses text the parser rejected. The parser's message may

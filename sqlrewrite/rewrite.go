@@ -1,29 +1,43 @@
 package sqlrewrite
 
 import (
+	"cmp"
 	"fmt"
+	"slices"
 	"strings"
 
 	pg_query "github.com/pganalyze/pg_query_go/v6"
 	"google.golang.org/protobuf/proto"
 )
 
-// target is a top-level UPDATE or DELETE of a guarded table, to be fenced.
-type target struct {
-	kind     string // "UPDATE" or "DELETE"
-	guard    *guardInfo
-	rel      *pg_query.RangeVar
-	firstSet int // byte offset of the first SET target (UPDATE only)
-	hasWhere bool
-	hasRet   bool
+// write is one guarded write found in a top-level statement.
+type write struct {
+	kind   string // Fenced.Kind
+	guard  *guardInfo
+	pos    int  // byte offset, for text order
+	nested bool // not the top-level statement itself
+	// node is the UpdateStmt, DeleteStmt or InsertStmt whose text gets the
+	// fence; nil when the write passes untouched (Observe, allowed forms,
+	// EXECUTE).
+	node proto.Message
 }
 
-// Rewrite fences every top-level UPDATE and DELETE of a guarded table in
-// sql, or refuses the whole text if any statement writes a guarded table in
-// a way pgfence cannot fence. It returns an error only for internal
-// failures; refusals are in Result.Refusal.
-func (r *Rewriter) Rewrite(sql string, mode Mode) (*Result, error) {
-	if !r.MayTouch(sql) {
+// plan is what to do with one top-level statement.
+type plan struct {
+	writes  []*write // text order
+	probe   bool     // a probe follows the statement
+	prepare string   // the name, when the statement PREPAREs a guarded write
+	fence   bool     // some write's text gets a fence
+}
+
+// Rewrite fences every write of a guarded table in sql, wherever it is
+// nested, and adds a probe after each top-level statement that writes one;
+// or it refuses the whole text if any statement writes a guarded table in a
+// way pgfence cannot fence. s, which may be nil, says what the session has
+// PREPAREd. Rewrite returns an error only for internal failures; refusals
+// are in Result.Refusal.
+func (r *Rewriter) Rewrite(sql string, mode Mode, s Session) (*Result, error) {
+	if !r.MayTouch(sql) && (s == nil || !containsFold(sql, "execute")) {
 		return &Result{SQL: sql}, nil
 	}
 	if strings.IndexByte(sql, 0) >= 0 {
@@ -34,135 +48,263 @@ func (r *Rewriter) Rewrite(sql string, mode Mode) (*Result, error) {
 	if err != nil {
 		return refused(syntaxError(err.Error())), nil
 	}
-	targets := make([]*target, len(tree.Stmts))
-	fencing := false
+	res := &Result{SQL: sql}
+	plans := make([]*plan, len(tree.Stmts))
+	writes := false
+	names := &preparedNames{session: s}
 	for i, raw := range tree.Stmts {
-		t, ref := r.check(raw.Stmt)
+		p, ref := r.plan(raw.Stmt, names)
 		if ref != nil {
 			return refused(ref), nil
 		}
-		targets[i] = t
-		fencing = fencing || t != nil
+		plans[i] = p
+		names.track(inner(raw.Stmt), p)
+		writes = writes || len(p.writes) > 0
 	}
-	if !fencing {
-		return &Result{SQL: sql}, nil
+	res.SessionDependent = names.asked
+	if !writes {
+		return res, nil
 	}
-	return r.fence(sql, tree.Stmts, targets, mode)
+	return r.build(res, tree.Stmts, plans, mode)
 }
 
 func refused(ref *Refusal) *Result {
 	return &Result{SQL: refusalSQL(ref), Refusal: ref}
 }
 
-// check decides what to do with one top-level statement: fence it (a
-// target), refuse it, or leave it alone (nil, nil).
-func (r *Rewriter) check(stmt *pg_query.Node) (*target, *Refusal) {
-	top := inner(stmt)
-	var t *target
-	for _, w := range writesIn(stmt) {
-		found, ref := r.checkWrite(w, top, w == top)
-		if ref != nil {
-			return nil, ref
-		}
-		if found != nil {
-			t = found
-		}
-	}
-	return t, nil
+// preparedNames knows which SQL-level prepared statements write guarded
+// tables: those the text itself PREPAREs (or DEALLOCATEs) before an
+// EXECUTE, else those the Session reports.
+type preparedNames struct {
+	session Session
+	local   map[string][]*guardInfo // PREPAREd or DEALLOCATEd earlier in the text
+	dropAll bool                    // DEALLOCATE ALL earlier in the text
+	asked   bool                    // the Session was asked
 }
 
-// checkWrite checks one statement that may write a table; isTop says it is
-// the top-level statement itself.
-func (r *Rewriter) checkWrite(w, top proto.Message, isTop bool) (*target, *Refusal) {
-	switch n := w.(type) {
+// lookup returns the guarded tables EXECUTE name writes.
+func (n *preparedNames) lookup(r *Rewriter, name string) []*guardInfo {
+	if gs, ok := n.local[name]; ok || n.dropAll {
+		return gs
+	}
+	if n.session == nil {
+		return nil
+	}
+	n.asked = true
+	var gs []*guardInfo
+	for _, t := range n.session.PreparedWrite(name) {
+		if g := r.guardNamed(t); g != nil && !slices.Contains(gs, g) {
+			gs = append(gs, g)
+		}
+	}
+	return gs
+}
+
+// track notes a top-level PREPARE or DEALLOCATE.
+func (n *preparedNames) track(top proto.Message, p *plan) {
+	switch t := top.(type) {
+	case *pg_query.PrepareStmt:
+		if n.local == nil {
+			n.local = map[string][]*guardInfo{}
+		}
+		n.local[t.Name] = p.tables()
+	case *pg_query.DeallocateStmt:
+		if t.Isall || t.Name == "" {
+			n.local, n.dropAll = nil, true
+			return
+		}
+		if n.local == nil {
+			n.local = map[string][]*guardInfo{}
+		}
+		n.local[t.Name] = nil
+	}
+}
+
+// plan finds the guarded writes in one top-level statement.
+func (r *Rewriter) plan(stmt *pg_query.Node, names *preparedNames) (*plan, *Refusal) {
+	top := inner(stmt)
+	p := &plan{}
+	var ref *Refusal
+	walk(stmt.ProtoReflect(), nil, func(m proto.Message, anc []proto.Message) {
+		if ref == nil {
+			ref = r.visit(p, m, m != top, storedContext(anc), names)
+		}
+	})
+	if ref != nil {
+		return nil, ref
+	}
+	slices.SortStableFunc(p.writes, func(a, b *write) int { return cmp.Compare(a.pos, b.pos) })
+	if len(p.writes) > 0 {
+		switch t := top.(type) {
+		case *pg_query.PrepareStmt:
+			p.prepare = t.Name // the probe follows each EXECUTE instead
+		case *pg_query.ExplainStmt:
+			p.probe = explainAnalyze(t)
+		default:
+			p.probe = true
+		}
+	}
+	return p, nil
+}
+
+// visit checks one message of a statement's tree; nested says it is not
+// the top-level statement, stored is the rule, function body or view that
+// would keep it for later, if any.
+func (r *Rewriter) visit(p *plan, m proto.Message, nested bool, stored proto.Message, names *preparedNames) *Refusal {
+	add := func(kind string, g *guardInfo, rv *pg_query.RangeVar, node proto.Message) {
+		p.writes = append(p.writes, &write{kind: kind, guard: g, pos: int(rv.GetLocation()), nested: nested, node: node})
+		p.fence = p.fence || node != nil
+	}
+	switch n := m.(type) {
 	case *pg_query.UpdateStmt:
-		return r.checkUpdate(n, top, isTop)
+		return r.visitUpdateDelete("UPDATE", n.Relation, n.WhereClause, n.TargetList, m, stored, add)
 	case *pg_query.DeleteStmt:
-		g, ref := r.guardFor(n.Relation)
-		if g == nil || ref != nil {
-			return nil, ref
-		}
-		if !isTop {
-			return nil, nested("DELETE", top, g)
-		}
-		if n.WhereClause.GetCurrentOfExpr() != nil {
-			return nil, positioned("DELETE", g)
-		}
-		return &target{kind: "DELETE", guard: g, rel: n.Relation,
-			hasWhere: n.WhereClause != nil, hasRet: len(n.ReturningList) > 0}, nil
+		return r.visitUpdateDelete("DELETE", n.Relation, n.WhereClause, nil, m, stored, add)
 	case *pg_query.InsertStmt:
-		return nil, r.checkInsert(n, top, isTop)
+		g, ref := r.guardFor(n.Relation)
+		kind, oc := "INSERT", n.OnConflictClause
+		if oc != nil && oc.Action == pg_query.OnConflictAction_ONCONFLICT_UPDATE {
+			kind = "UPSERT"
+		}
+		switch {
+		case g == nil || ref != nil:
+			return ref
+		case stored != nil:
+			return storedWrite(kind, stored, g)
+		case g.Rollout == Observe:
+			add(kind, g, n.Relation, nil)
+		case assigns(n.Cols, g.Column) || oc != nil && assigns(oc.TargetList, g.Column):
+			return forgedEpoch(g)
+		case n.SelectStmt != nil && len(n.Cols) == 0:
+			return noColumnList(g)
+		default:
+			if ref := r.writeInCondition("INSERT ... ON CONFLICT DO UPDATE", g, oc.GetWhereClause()); ref != nil {
+				return ref
+			}
+			add(kind, g, n.Relation, m)
+		}
 	case *pg_query.MergeStmt:
 		g, ref := r.guardFor(n.Relation)
-		if g == nil || ref != nil {
-			return nil, ref
+		switch {
+		case g == nil || ref != nil:
+			return ref
+		case stored != nil:
+			return storedWrite("MERGE", stored, g)
+		case g.Rollout == Observe:
+			add("MERGE", g, n.Relation, nil)
+		default:
+			return unsupported("MERGE", g, "write it as INSERT ... ON CONFLICT, UPDATE and DELETE statements, which pgfence fences")
 		}
-		form := "MERGE"
-		if !isTop {
-			form, _ = nestedForm("MERGE", top)
-		}
-		return nil, unsupported(form, g, "use top-level INSERT, UPDATE and DELETE statements instead of MERGE")
 	case *pg_query.TruncateStmt:
 		for _, rel := range n.Relations {
-			if g, ref := r.guardFor(rel.GetRangeVar()); ref != nil || g != nil {
-				return nil, orUnsupported(ref, "TRUNCATE", g, "use a top-level DELETE, which pgfence fences")
+			rv := rel.GetRangeVar()
+			g, ref := r.guardFor(rv)
+			switch {
+			case g == nil || ref != nil:
+				if ref != nil {
+					return ref
+				}
+			case stored != nil:
+				if ref := storedWrite("TRUNCATE", stored, g); ref != nil {
+					return ref
+				}
+			case g.Rollout == Observe || r.allow.Truncate:
+				add("TRUNCATE", g, rv, nil)
+			default:
+				return unsupported("TRUNCATE", g, "use DELETE, which pgfence fences")
 			}
 		}
 	case *pg_query.CopyStmt:
 		if !n.IsFrom {
-			return nil, nil
+			return nil
 		}
-		if g, ref := r.guardFor(n.Relation); g != nil || ref != nil {
-			return nil, orUnsupported(ref, "COPY FROM", g, "load the rows with INSERT instead")
+		g, ref := r.guardFor(n.Relation)
+		switch {
+		case g == nil || ref != nil:
+			return ref
+		case stored != nil:
+			return storedWrite("COPY FROM", stored, g)
+		case g.Rollout == Observe || r.allow.CopyFrom:
+			add("COPY FROM", g, n.Relation, nil)
+		default:
+			return unsupported("COPY FROM", g, "load the rows with INSERT, which pgfence fences")
 		}
-	}
-	return nil, nil
-}
-
-func (r *Rewriter) checkUpdate(n *pg_query.UpdateStmt, top proto.Message, isTop bool) (*target, *Refusal) {
-	g, ref := r.guardFor(n.Relation)
-	if g == nil || ref != nil {
-		return nil, ref
-	}
-	if assigns(n.TargetList, g.Column) {
-		return nil, forgedEpoch(g)
-	}
-	if !isTop {
-		return nil, nested("UPDATE", top, g)
-	}
-	if n.WhereClause.GetCurrentOfExpr() != nil {
-		return nil, positioned("UPDATE", g)
-	}
-	t := &target{kind: "UPDATE", guard: g, rel: n.Relation,
-		hasWhere: n.WhereClause != nil, hasRet: len(n.ReturningList) > 0, firstSet: -1}
-	for _, rt := range n.TargetList {
-		if loc := int(rt.GetResTarget().GetLocation()); t.firstSet < 0 || loc < t.firstSet {
-			t.firstSet = loc
+	case *pg_query.ExecuteStmt:
+		for _, g := range names.lookup(r, n.Name) {
+			add("EXECUTE", g, nil, nil)
 		}
-	}
-	return t, nil
-}
-
-// checkInsert lets a plain INSERT into a guarded table through, unless it
-// assigns the epoch or can update existing rows (ON CONFLICT DO UPDATE),
-// which would be an unfenced write.
-func (r *Rewriter) checkInsert(n *pg_query.InsertStmt, top proto.Message, isTop bool) *Refusal {
-	g, ref := r.guardFor(n.Relation)
-	if g == nil || ref != nil {
-		return ref
-	}
-	oc := n.OnConflictClause
-	if assigns(n.Cols, g.Column) || oc != nil && assigns(oc.TargetList, g.Column) {
-		return forgedEpoch(g)
-	}
-	if !isTop {
-		return nested("INSERT", top, g)
-	}
-	if oc != nil && oc.Action == pg_query.OnConflictAction_ONCONFLICT_UPDATE {
-		return unsupported("INSERT ... ON CONFLICT DO UPDATE", g,
-			"use INSERT ... ON CONFLICT DO NOTHING, then a top-level UPDATE for the rows that already exist")
 	}
 	return nil
+}
+
+func (r *Rewriter) visitUpdateDelete(kind string, rv *pg_query.RangeVar, where *pg_query.Node, set []*pg_query.Node,
+	m, stored proto.Message, add func(string, *guardInfo, *pg_query.RangeVar, proto.Message)) *Refusal {
+	g, ref := r.guardFor(rv)
+	switch {
+	case g == nil || ref != nil:
+		return ref
+	case stored != nil:
+		return storedWrite(kind, stored, g)
+	case g.Rollout == Observe:
+		if where.GetCurrentOfExpr() != nil {
+			kind = "CURRENT OF"
+		}
+		add(kind, g, rv, nil)
+	case assigns(set, g.Column):
+		return forgedEpoch(g)
+	case where.GetCurrentOfExpr() != nil:
+		if !r.allow.CurrentOf {
+			return positioned(kind, g)
+		}
+		add("CURRENT OF", g, rv, nil)
+	default:
+		if ref := r.writeInCondition(kind, g, where); ref != nil {
+			return ref
+		}
+		add(kind, g, rv, m)
+	}
+	return nil
+}
+
+// writeInCondition refuses a fenced write nested in the condition of
+// another: the fence repeats the condition, so each such level would double
+// the text, and Postgres rejects a data-modifying WITH below the top level
+// of a statement anyway.
+func (r *Rewriter) writeInCondition(kind string, g *guardInfo, cond *pg_query.Node) *Refusal {
+	if cond == nil {
+		return nil
+	}
+	var found *guardInfo
+	eachMessage(cond.ProtoReflect(), func(m proto.Message) {
+		var rv *pg_query.RangeVar
+		switch n := m.(type) {
+		case *pg_query.UpdateStmt:
+			rv = n.Relation
+		case *pg_query.DeleteStmt:
+			rv = n.Relation
+		case *pg_query.InsertStmt:
+			rv = n.Relation
+		}
+		if ng, _ := r.guardFor(rv); found == nil && ng != nil && ng.Rollout != Observe {
+			found = ng
+		}
+	})
+	if found == nil {
+		return nil
+	}
+	return unsupported("a write nested in the condition of "+kind, found,
+		"Postgres only runs a data-modifying WITH at the top level of a statement; move it there")
+}
+
+// tables lists the guards a statement writes, each once, in text order.
+func (p *plan) tables() []*guardInfo {
+	var out []*guardInfo
+	for _, w := range p.writes {
+		if !slices.Contains(out, w.guard) {
+			out = append(out, w.guard)
+		}
+	}
+	return out
 }
 
 // assigns reports whether a SET or column list names column.
@@ -177,7 +319,8 @@ func assigns(targets []*pg_query.Node, column string) bool {
 
 // guardFor returns the guard a table reference names, if any. An unqualified
 // name matches a guard in any schema: search_path decides which table it
-// is, so it is treated as guarded (fail closed).
+// is, so it is treated as guarded (fail closed), and refused when the
+// guards it matches are fenced differently.
 func (r *Rewriter) guardFor(rv *pg_query.RangeVar) (*guardInfo, *Refusal) {
 	if rv == nil {
 		return nil, nil
@@ -188,50 +331,36 @@ func (r *Rewriter) guardFor(rv *pg_query.RangeVar) (*guardInfo, *Refusal) {
 		if rv.Relname != g.Table || g.Schema != "" && rv.Schemaname != "" && rv.Schemaname != g.Schema {
 			continue
 		}
-		if found != nil && found.Column != g.Column {
-			return nil, &Refusal{
-				Code:    codeUnsupported,
-				Message: fmt.Sprintf("pgfence: table \"%s\" matches guarded tables \"%s\" and \"%s\", which have different epoch columns", nameIdent(rv.Relname), found.name, g.name),
-				Hint:    "qualify the table name with its schema",
-			}
-		}
 		if found == nil {
 			found = g
+			continue
+		}
+		differ := ""
+		switch {
+		case found.Column != g.Column:
+			differ = "epoch columns"
+		case found.Rollout != g.Rollout:
+			differ = "rollouts"
+		case found.AllowMissingToken != g.AllowMissingToken:
+			differ = "missing-token policies"
+		default:
+			continue
+		}
+		return nil, &Refusal{
+			Code:    codeUnsupported,
+			Message: fmt.Sprintf("pgfence: table \"%s\" matches guarded tables \"%s\" and \"%s\", which have different %s", nameIdent(rv.Relname), found.name, g.name, differ),
+			Hint:    "qualify the table name with its schema",
 		}
 	}
 	return found, nil
 }
 
-func positioned(kind string, g *guardInfo) *Refusal {
-	return unsupported("positioned "+kind+" (WHERE CURRENT OF)", g,
-		"fetch the row's key with the cursor and "+kind+" ... WHERE <key> = <value> instead")
-}
-
-func nested(kind string, top proto.Message, g *guardInfo) *Refusal {
-	form, hint := nestedForm(kind, top)
-	return unsupported(form, g, hint)
-}
-
-// nestedForm names a write nested in the top-level statement top.
-func nestedForm(kind string, top proto.Message) (form, hint string) {
-	asTop := "run the " + kind + " as a top-level statement"
-	switch top.(type) {
-	case *pg_query.ExplainStmt:
-		return "EXPLAIN " + kind, asTop + ", without EXPLAIN"
-	case *pg_query.PrepareStmt:
-		return "PREPARE ... AS " + kind, "prepare it with the extended protocol (Parse) instead, or " + asTop
-	case *pg_query.RuleStmt:
-		return "CREATE RULE ... DO " + kind, "a rule would write the guarded table without the fence; " + asTop + " instead"
-	case *pg_query.SelectStmt, *pg_query.InsertStmt, *pg_query.UpdateStmt, *pg_query.DeleteStmt, *pg_query.MergeStmt:
-		return kind + " inside WITH", asTop + ", not inside WITH (its own WITH may only read)"
+// guardNamed returns the guard whose Name() is name, or nil.
+func (r *Rewriter) guardNamed(name string) *guardInfo {
+	for i := range r.guards {
+		if r.guards[i].name == name {
+			return &r.guards[i]
+		}
 	}
-	return kind + " inside " + stmtKind(top), asTop
-}
-
-// orUnsupported returns ref if guardFor refused, else the unsupported refusal.
-func orUnsupported(ref *Refusal, form string, g *guardInfo, hint string) *Refusal {
-	if ref != nil {
-		return ref
-	}
-	return unsupported(form, g, hint)
+	return nil
 }

@@ -5,12 +5,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 )
 
-var update = flag.Bool("update", false, "rewrite the expected output and refusal sections of testdata/rewrite cases")
+var update = flag.Bool("update", false, "rewrite the expected parts of testdata/rewrite cases")
 
 const caseDir = "../testdata/rewrite"
 
@@ -19,16 +20,28 @@ type rewriteCase struct {
 	path       string
 	header     []string // comment and header lines, kept for -update
 	guards     []string
+	rollouts   [][2]string // table ("" for all) and rollout
+	missing    []string    // tables that allow a missing token ("all" for all)
+	allow      Allow
 	setting    string
 	mode       Mode
-	expect     string // "unchanged", "rewritten" or "refused"
-	code       string // SQLSTATE when refused
-	statements int    // statements in the output; -1 if not given
-	fenced     []string
+	session    fakeSession // nil: Rewrite gets no Session
+	expect     string      // "unchanged", "rewritten" or "refused"
+	code       string      // SQLSTATE when refused
+	statements int         // statements in the output; -1 if not given
+	results    []string    // fenced:, probes:, remember: and session-dependent: lines
 	input      string
-	output     string // with {{TOK table}} and {{PROBE}} placeholders
+	output     string // with {{TOK table}}, {{TOKA table}}, {{TOKL}} and {{PROBE table...}} placeholders
 	refusal    string // message and hint lines
 }
+
+// fakeSession maps PREPAREd names to the guarded tables they write.
+type fakeSession map[string][]string
+
+func (f fakeSession) PreparedWrite(name string) []string { return f[name] }
+
+// resultKeys are the header lines that -update regenerates.
+var resultKeys = []string{"statements", "fenced", "probes", "remember", "session-dependent"}
 
 func loadCase(path string) (*rewriteCase, error) {
 	data, err := os.ReadFile(path)
@@ -86,6 +99,39 @@ func (c *rewriteCase) parseHeader(line string) error {
 	switch key {
 	case "guard":
 		c.guards = append(c.guards, val)
+	case "rollout":
+		f := strings.Fields(val)
+		switch len(f) {
+		case 1:
+			c.rollouts = append(c.rollouts, [2]string{"", f[0]})
+		case 2:
+			c.rollouts = append(c.rollouts, [2]string{f[0], f[1]})
+		default:
+			return fmt.Errorf("rollout %q is not [TABLE] ROLLOUT", val)
+		}
+	case "allow-missing":
+		c.missing = append(c.missing, val)
+	case "allow":
+		for _, f := range strings.Fields(val) {
+			switch f {
+			case "truncate":
+				c.allow.Truncate = true
+			case "copy-from":
+				c.allow.CopyFrom = true
+			case "current-of":
+				c.allow.CurrentOf = true
+			default:
+				return fmt.Errorf("allow %q is not truncate, copy-from or current-of", f)
+			}
+		}
+	case "prepared":
+		f := strings.Fields(val)
+		if c.session == nil {
+			c.session = fakeSession{}
+		}
+		if len(f) > 0 {
+			c.session[f[0]] = f[1:]
+		}
 	case "setting":
 		c.setting = val
 	case "mode":
@@ -103,50 +149,163 @@ func (c *rewriteCase) parseHeader(line string) error {
 		n, err := strconv.Atoi(val)
 		c.statements = n
 		return err
-	case "fenced":
-		c.fenced = append(c.fenced, val)
+	case "fenced", "probes", "remember", "session-dependent":
+		c.results = append(c.results, key+": "+val)
 	default:
 		return fmt.Errorf("unknown header %q", key)
 	}
 	return nil
 }
 
+func parseRollout(s string) (Rollout, error) {
+	for _, r := range []Rollout{Enforce, Shadow, Observe} {
+		if r.String() == s {
+			return r, nil
+		}
+	}
+	return 0, fmt.Errorf("rollout %q is not enforce, shadow or observe", s)
+}
+
 func (c *rewriteCase) rewriter() (*Rewriter, error) {
-	cfg := Config{TokenSetting: c.setting}
+	cfg := Config{TokenSetting: c.setting, Allow: c.allow}
 	for _, spec := range c.guards {
 		g, err := ParseGuard(spec)
 		if err != nil {
 			return nil, err
 		}
+		for _, ro := range c.rollouts {
+			if ro[0] == "" || ro[0] == g.Name() {
+				if g.Rollout, err = parseRollout(ro[1]); err != nil {
+					return nil, err
+				}
+			}
+		}
+		g.AllowMissingToken = slices.Contains(c.missing, "all") || slices.Contains(c.missing, g.Name())
 		cfg.Guards = append(cfg.Guards, g)
 	}
 	return New(cfg)
 }
 
-// placeholders maps the readable stand-ins used in expected outputs to the
-// long generated fragments.
-func placeholders(r *Rewriter) *strings.Replacer {
-	var pairs []string
-	for _, g := range r.guards {
-		pairs = append(pairs, g.token, "{{TOK "+g.name+"}}")
+func (c *rewriteCase) sessionOrNil() Session {
+	if c.session == nil {
+		return nil
 	}
-	pairs = append(pairs, r.ProbeSQL(), "{{PROBE}}")
-	return strings.NewReplacer(pairs...)
+	return c.session
 }
 
-func expand(r *Rewriter, s string) string {
-	var pairs []string
+// placeholders maps the long generated fragments in res to the readable
+// stand-ins used in expected outputs.
+func placeholders(r *Rewriter, res *Result) *strings.Replacer {
+	var pairs [][2]string
 	for _, g := range r.guards {
-		pairs = append(pairs, "{{TOK "+g.name+"}}", g.token)
+		strict, allowMissing, lenient := tokenExprs(r.setting, g.name)
+		// TOKL names no table (it never raises), so it has no table either.
+		pairs = append(pairs, [2]string{strict, "{{TOK " + g.name + "}}"},
+			[2]string{allowMissing, "{{TOKA " + g.name + "}}"}, [2]string{lenient, "{{TOKL}}"})
 	}
-	pairs = append(pairs, "{{PROBE}}", r.ProbeSQL())
-	return strings.NewReplacer(pairs...).Replace(s)
+	for _, p := range res.Probes {
+		var names []string
+		for _, t := range p.Tables {
+			names = append(names, t.Table)
+		}
+		pairs = append(pairs, [2]string{p.SQL, "{{PROBE " + strings.Join(names, " ") + "}}"})
+	}
+	// Longest first, so that no fragment is replaced inside a longer one.
+	slices.SortStableFunc(pairs, func(a, b [2]string) int { return len(b[0]) - len(a[0]) })
+	var flat []string
+	for _, p := range pairs {
+		flat = append(flat, p[0], p[1])
+	}
+	return strings.NewReplacer(flat...)
+}
+
+// expand replaces the stand-ins in an expected output.
+func expand(r *Rewriter, s string) (string, error) {
+	var b strings.Builder
+	for {
+		i := strings.Index(s, "{{")
+		if i < 0 {
+			b.WriteString(s)
+			return b.String(), nil
+		}
+		j := strings.Index(s[i:], "}}")
+		if j < 0 {
+			return "", fmt.Errorf("unterminated placeholder in %q", s[i:])
+		}
+		b.WriteString(s[:i])
+		kind, names, _ := strings.Cut(s[i+2:i+j], " ")
+		s = s[i+j+2:]
+		// The names are guard names separated by spaces; a quoted name may
+		// hold spaces itself, so match the longest guard name each time.
+		var gs []*guardInfo
+		for names != "" {
+			var best *guardInfo
+			for k := range r.guards {
+				g := &r.guards[k]
+				if rest, ok := strings.CutPrefix(names, g.name); ok && (rest == "" || rest[0] == ' ') && (best == nil || len(g.name) > len(best.name)) {
+					best = g
+				}
+			}
+			if best == nil {
+				return "", fmt.Errorf("placeholder names unknown table %q", names)
+			}
+			gs = append(gs, best)
+			names = strings.TrimPrefix(names[len(best.name):], " ")
+		}
+		if kind == "TOKL" && len(gs) == 0 {
+			_, _, lenient := tokenExprs(r.setting, "")
+			b.WriteString(lenient)
+			continue
+		}
+		if len(gs) == 0 {
+			return "", fmt.Errorf("placeholder %q needs a table", kind)
+		}
+		strict, allowMissing, lenient := tokenExprs(r.setting, gs[0].name)
+		switch kind {
+		case "TOK":
+			b.WriteString(strict)
+		case "TOKA":
+			b.WriteString(allowMissing)
+		case "TOKL":
+			b.WriteString(lenient)
+		case "PROBE":
+			b.WriteString(r.probeSQL(gs))
+		default:
+			return "", fmt.Errorf("unknown placeholder %q", kind)
+		}
+	}
+}
+
+// resultLines renders what a case records about a result besides its SQL.
+func resultLines(res *Result) []string {
+	var out []string
+	for _, f := range res.Fenced {
+		l := fmt.Sprintf("fenced: %s %s %s", f.Table, f.Kind, f.Rollout)
+		if f.Nested {
+			l += " nested"
+		}
+		out = append(out, l)
+	}
+	for _, p := range res.Probes {
+		l := fmt.Sprintf("probes: %d", p.Index)
+		for _, t := range p.Tables {
+			l += fmt.Sprintf(" %s:%s", t.Table, t.Rollout)
+		}
+		out = append(out, l)
+	}
+	for _, p := range res.Prepared {
+		out = append(out, "remember: "+strings.Join(append([]string{p.Name}, p.Tables...), " "))
+	}
+	if res.SessionDependent {
+		out = append(out, "session-dependent: true")
+	}
+	return out
 }
 
 func TestRewriteFiles(t *testing.T) {
 	paths, err := filepath.Glob(filepath.Join(caseDir, "*.txt"))
-	if err != nil || len(paths) < 40 {
-		t.Fatalf("want at least 40 cases in %s, found %d (%v)", caseDir, len(paths), err)
+	if err != nil || len(paths) < 160 {
+		t.Fatalf("want at least 160 cases in %s, found %d (%v)", caseDir, len(paths), err)
 	}
 	for _, path := range paths {
 		t.Run(strings.TrimSuffix(filepath.Base(path), ".txt"), func(t *testing.T) {
@@ -164,11 +323,11 @@ func (c *rewriteCase) run(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := r.Rewrite(c.input, c.mode)
+	res, err := r.Rewrite(c.input, c.mode, c.sessionOrNil())
 	if err != nil {
 		t.Fatalf("Rewrite: %v", err)
 	}
-	if err := verify(r, c.input, c.mode, res); err != nil {
+	if err := verify(r, c.input, c.mode, c.sessionOrNil(), res); err != nil {
 		t.Errorf("verify: %v", err)
 	}
 	if *update {
@@ -177,23 +336,27 @@ func (c *rewriteCase) run(t *testing.T) {
 	}
 	switch c.expect {
 	case "unchanged":
-		if res.SQL != c.input || res.Refusal != nil || len(res.Fenced) > 0 {
+		if res.SQL != c.input || res.Refusal != nil {
 			t.Errorf("want the input unchanged, got %q (refusal %v)", res.SQL, res.Refusal)
 		}
 	case "rewritten":
 		if res.Refusal != nil {
 			t.Fatalf("refused: %s (%s)", res.Refusal.Message, res.Refusal.Code)
 		}
-		if want := expand(r, c.output); res.SQL != want {
-			t.Errorf("output:\n%s\nwant:\n%s", placeholders(r).Replace(res.SQL), c.output)
+		want, err := expand(r, c.output)
+		if err != nil {
+			t.Fatal(err)
 		}
-		if got := fencedLines(res); strings.Join(got, "\n") != strings.Join(c.fenced, "\n") {
-			t.Errorf("fenced: %q, want %q", got, c.fenced)
+		if res.SQL != want {
+			t.Errorf("output:\n%s\nwant:\n%s", placeholders(r, res).Replace(res.SQL), c.output)
 		}
 	case "refused":
 		c.checkRefusal(t, res)
 	default:
 		t.Fatalf("expect %q is not unchanged, rewritten or refused", c.expect)
+	}
+	if got := resultLines(res); !slices.Equal(got, c.results) {
+		t.Errorf("results:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(c.results, "\n"))
 	}
 	c.checkCount(t, res)
 }
@@ -239,19 +402,11 @@ func (c *rewriteCase) checkCount(t *testing.T, res *Result) {
 	}
 }
 
-func fencedLines(res *Result) []string {
-	var out []string
-	for _, f := range res.Fenced {
-		out = append(out, fmt.Sprintf("%s %s %d", f.Table, f.Kind, f.ProbeIndex))
-	}
-	return out
-}
-
 // write regenerates the case file from the result (go test -update).
 func (c *rewriteCase) write(t *testing.T, r *Rewriter, res *Result) {
 	var b strings.Builder
 	for _, h := range c.header {
-		if strings.HasPrefix(h, "fenced:") || strings.HasPrefix(h, "statements:") {
+		if k, _, _ := strings.Cut(h, ":"); slices.Contains(resultKeys, k) {
 			continue
 		}
 		b.WriteString(h + "\n")
@@ -259,15 +414,15 @@ func (c *rewriteCase) write(t *testing.T, r *Rewriter, res *Result) {
 	if n, err := countStmts(res.SQL); err == nil && res.Refusal == nil {
 		fmt.Fprintf(&b, "statements: %d\n", n)
 	}
-	for _, f := range fencedLines(res) {
-		b.WriteString("fenced: " + f + "\n")
+	for _, l := range resultLines(res) {
+		b.WriteString(l + "\n")
 	}
 	b.WriteString("-- input --\n" + c.input + "\n")
 	switch {
 	case res.Refusal != nil:
 		b.WriteString("-- refusal --\n" + res.Refusal.Message + "\n" + res.Refusal.Hint + "\n")
 	case c.expect == "rewritten" || res.SQL != c.input:
-		b.WriteString("-- output --\n" + placeholders(r).Replace(res.SQL) + "\n")
+		b.WriteString("-- output --\n" + placeholders(r, res).Replace(res.SQL) + "\n")
 	}
 	if err := os.WriteFile(c.path, []byte(b.String()), 0o644); err != nil {
 		t.Fatal(err)

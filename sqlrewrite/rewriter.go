@@ -2,28 +2,37 @@ package sqlrewrite
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 )
 
-// staleSetting is the transaction-local flag a fenced statement raises when
-// it skipped a row because the row's epoch was newer than the token.
-const staleSetting = "pgfence.stale"
+// flagPrefix starts the names of the transaction-local flags a fenced
+// statement raises when a row it matched was stale: pgfence.stale_<i> for
+// the guard at index i of the Rewriter. The token setting may not use the
+// pgfence namespace.
+const flagPrefix = "pgfence.stale_"
 
 // Rewriter rewrites SQL for one configuration. It is immutable and safe for
 // concurrent use.
 type Rewriter struct {
 	guards  []guardInfo
 	setting string
+	allow   Allow
 	needles []string // lower-cased table names as they must appear in SQL text
-	probe   string
 }
 
 // guardInfo is a guard with the SQL fragments derived from it.
 type guardInfo struct {
 	Guard
+	index  int
 	name   string // Guard.Name()
 	column string // quoted epoch column
-	token  string // TOK: the validated token, read from the session setting
+	flag   string // literal naming the guard's stale flag
+	// tok is the token expression the guard's rollout uses: TOK (Enforce),
+	// TOKA (Enforce with AllowMissingToken) or TOKL (Shadow).
+	tok string
+	// insert is the epoch value an INSERT stamps on new rows.
+	insert string
 }
 
 // New validates cfg and builds a Rewriter.
@@ -31,26 +40,41 @@ func New(cfg Config) (*Rewriter, error) {
 	if !validSettingName(cfg.TokenSetting) {
 		return nil, fmt.Errorf("invalid token setting %q: expected a custom setting name like fence.token (prefix.name: letters, digits and _, parts separated by dots, no part starting with a digit)", cfg.TokenSetting)
 	}
-	if strings.EqualFold(cfg.TokenSetting, staleSetting) {
-		return nil, fmt.Errorf("invalid token setting %q: pgfence uses that setting itself", cfg.TokenSetting)
+	if strings.HasPrefix(asciiLower(cfg.TokenSetting), "pgfence.") {
+		return nil, fmt.Errorf("invalid token setting %q: pgfence uses the pgfence.* settings itself", cfg.TokenSetting)
 	}
-	r := &Rewriter{setting: cfg.TokenSetting}
-	for _, g := range cfg.Guards {
+	r := &Rewriter{setting: cfg.TokenSetting, allow: cfg.Allow}
+	for i, g := range cfg.Guards {
 		if err := g.validate(); err != nil {
 			return nil, err
 		}
-		r.guards = append(r.guards, guardInfo{
+		gi := guardInfo{
 			Guard:  g,
+			index:  i,
 			name:   g.Name(),
 			column: quoteIdent(g.Column),
-			token:  tokenExpr(cfg.TokenSetting, g.Name()),
-		})
+			flag:   quoteLiteral(flagPrefix + strconv.Itoa(i)),
+		}
+		strict, allowMissing, lenient := tokenExprs(cfg.TokenSetting, gi.name)
+		switch {
+		case g.Rollout == Shadow:
+			gi.tok, gi.insert = lenient, "COALESCE("+lenient+", 0)"
+		case g.AllowMissingToken:
+			gi.tok, gi.insert = allowMissing, "COALESCE("+allowMissing+", 0)"
+		default:
+			gi.tok, gi.insert = strict, strict
+		}
+		r.guards = append(r.guards, gi)
 		r.needles = append(r.needles, asciiLower(strings.ReplaceAll(g.Table, `"`, `""`)))
 	}
-	r.probe = "SELECT pg_catalog.current_setting(" + quoteLiteral(staleSetting) + ", true) AS stale, " +
-		"pg_catalog.current_setting(" + quoteLiteral(r.setting) + ", true) AS token, " +
-		"pg_catalog.set_config(" + quoteLiteral(staleSetting) + ", " + quoteLiteral("") + ", true)"
 	return r, nil
+}
+
+func (g Guard) validate() error {
+	if g.Rollout < Enforce || g.Rollout > Observe {
+		return fmt.Errorf("guard %q has an unknown rollout %d", g.Name(), int(g.Rollout))
+	}
+	return g.validateNames()
 }
 
 // validSettingName mirrors Postgres's valid_custom_variable_name (ASCII
@@ -75,14 +99,12 @@ func validSettingName(s string) bool {
 	return true
 }
 
-// ProbeSQL returns a statement that yields the stale flag and the token as
-// text, and clears the flag, in the current transaction.
-func (r *Rewriter) ProbeSQL() string { return r.probe }
-
 // MayTouch is a conservative, allocation-free prefilter: it returns false
 // only when sql certainly cannot name a guarded table, because no guarded
 // table name occurs in it (ASCII case-insensitively, with any " doubled as
-// a quoted name must be written) and it has no U& escaped identifier.
+// a quoted name must be written) and it has no U& escaped identifier. (An
+// EXECUTE of a prepared write names no table; Rewrite checks for it when it
+// has a Session.)
 func (r *Rewriter) MayTouch(sql string) bool {
 	if len(r.needles) == 0 {
 		return false
@@ -137,18 +159,40 @@ func toUpper(c byte) byte {
 	return c
 }
 
-// tokenExpr is TOK: a scalar subquery that reads the token setting once and
-// casts it to int8. A missing or malformed token is cast as marker text, so
-// Postgres raises 22P02 carrying a "pgfence CODE: ..." message (see
-// ParseErrorMarker). Concatenating v keeps the cast from being folded at plan
-// time, so the error only fires when the statement runs.
-func tokenExpr(setting, table string) string {
+// tokenRE is what a token must look like to be cast to int8.
+const tokenRE = `^\s*[-+]?[0-9]{1,19}\s*$`
+
+// tokenExprs returns the three token expressions, each a scalar subquery
+// that reads the token setting once:
+//
+//   - TOK (strict) is the token as int8. A missing or malformed token is
+//     cast as marker text, so Postgres raises 22P02 carrying a "pgfence
+//     CODE: ..." message (see ParseErrorMarker): 55000 when the token is
+//     missing or empty, 22023 when it is not an integer. Concatenating v
+//     keeps the cast from being folded at plan time, so the error only
+//     fires when the statement runs.
+//   - TOKA (allow-missing) is NULL when the token is missing or empty and
+//     raises 22023 when it is not an integer.
+//   - TOKL (lenient) is NULL when the token is missing, empty, not an
+//     integer or out of int8's range; it never raises.
+//
+// Operators are schema-qualified so that no search_path can swap them.
+func tokenExprs(setting, table string) (strict, allowMissing, lenient string) {
 	missing := "pgfence 55000: no fencing token is set for this write to guarded table \"" + table + "\"; set " + setting + " first"
 	bad := "pgfence 22023: " + setting + " must be an integer fencing token for a write to guarded table \"" + table + "\", got: "
 	empty := quoteLiteral("")
-	// Operators are schema-qualified so that no search_path can swap them.
-	return "(SELECT CASE WHEN v OPERATOR(pg_catalog.~) " + quoteLiteral(`^\s*[-+]?[0-9]{1,19}\s*$`) + " THEN v::pg_catalog.int8" +
-		" WHEN coalesce(v, " + empty + ") OPERATOR(pg_catalog.=) " + empty + " THEN (" + quoteLiteral(missing) + " OPERATOR(pg_catalog.||) coalesce(v, " + empty + "))::pg_catalog.int8" +
-		" ELSE (" + quoteLiteral(bad) + " OPERATOR(pg_catalog.||) v)::pg_catalog.int8" +
-		" END FROM pg_catalog.current_setting(" + quoteLiteral(setting) + ", true) AS pgfence_token(v))"
+	from := " END FROM pg_catalog.current_setting(" + quoteLiteral(setting) + ", true) AS pgfence_token(v))"
+	isInt := "(SELECT CASE WHEN v OPERATOR(pg_catalog.~) " + quoteLiteral(tokenRE) + " THEN "
+	isEmpty := " WHEN coalesce(v, " + empty + ") OPERATOR(pg_catalog.=) " + empty + " THEN "
+	badCast := " ELSE (" + quoteLiteral(bad) + " OPERATOR(pg_catalog.||) v)::pg_catalog.int8"
+	strict = isInt + "v::pg_catalog.int8" +
+		isEmpty + "(" + quoteLiteral(missing) + " OPERATOR(pg_catalog.||) coalesce(v, " + empty + "))::pg_catalog.int8" +
+		badCast + from
+	allowMissing = isInt + "v::pg_catalog.int8" + isEmpty + "NULL::pg_catalog.int8" + badCast + from
+	// The regex admits 19 digits, more than int8 holds: range-check as
+	// numeric first (the regex guarantees the numeric cast succeeds).
+	lenient = isInt + "CASE WHEN v::pg_catalog.numeric OPERATOR(pg_catalog.<=) 9223372036854775807::pg_catalog.numeric" +
+		" AND v::pg_catalog.numeric OPERATOR(pg_catalog.>=) (-9223372036854775808)::pg_catalog.numeric" +
+		" THEN v::pg_catalog.int8 END" + from
+	return strict, allowMissing, lenient
 }

@@ -81,14 +81,15 @@ func TestNewValidation(t *testing.T) {
 		}
 	}
 	for _, s := range []string{"", "token", "fence.", ".token", "fence..token", "1fence.token", "fence.1token",
-		"fence.to-ken", "fence.to ken", "fence.tok'en", "pgfence.stale", "PGFENCE.STALE"} {
+		"fence.to-ken", "fence.to ken", "fence.tok'en", "pgfence.stale", "PGFENCE.STALE", "pgfence.stale_0", "pgfence.token"} {
 		_, err := New(Config{Guards: acc, TokenSetting: s})
 		if err == nil || !strings.Contains(err.Error(), "setting") {
 			t.Errorf("New with setting %q: err = %v", s, err)
 		}
 	}
 	for _, g := range []Guard{{Column: "e"}, {Table: "t"}, {Table: strings.Repeat("t", 64), Column: "e"},
-		{Schema: strings.Repeat("s", 64), Table: "t", Column: "e"}, {Table: "t\x00", Column: "e"}, {Table: "t\xff", Column: "e"}} {
+		{Schema: strings.Repeat("s", 64), Table: "t", Column: "e"}, {Table: "t\x00", Column: "e"}, {Table: "t\xff", Column: "e"},
+		{Table: "t", Column: "e", Rollout: Observe + 1}, {Table: "t", Column: "e", Rollout: -1}} {
 		if _, err := New(Config{Guards: []Guard{g}, TokenSetting: "fence.token"}); err == nil {
 			t.Errorf("New accepted guard %+v", g)
 		}
@@ -127,57 +128,126 @@ func TestMayTouch(t *testing.T) {
 	if none := mustNew(t, "fence.token"); none.MayTouch("UPDATE u&\"x\" SET accounts = 1") {
 		t.Error("a Rewriter without guards touched something")
 	}
-	if res, err := r.Rewrite("SELEC garbage", Simple); err != nil || res.SQL != "SELEC garbage" || res.Refusal != nil {
+	if res, err := r.Rewrite("SELEC garbage", Simple, nil); err != nil || res.SQL != "SELEC garbage" || res.Refusal != nil {
 		t.Errorf("Rewrite of untouchable text = %+v, %v", res, err)
+	}
+	// With a Session, text that may EXECUTE a prepared write is parsed.
+	s := fakeSession{"pay": {"accounts"}}
+	if res, err := r.Rewrite("EXECUTE pay", Simple, s); err != nil || len(res.Probes) != 1 || !res.SessionDependent {
+		t.Errorf("Rewrite(EXECUTE pay) = %+v, %v", res, err)
+	}
+	if res, err := r.Rewrite("ExEcUtE !garbage", Simple, s); err != nil || res.Refusal == nil {
+		t.Errorf("Rewrite(ExEcUtE !garbage) = %+v, %v", res, err)
+	}
+	if res, err := r.Rewrite("EXECUTE pay", Simple, nil); err != nil || res.SQL != "EXECUTE pay" || len(res.Probes) > 0 || res.SessionDependent {
+		t.Errorf("Rewrite(EXECUTE pay) without a Session = %+v, %v", res, err)
 	}
 }
 
-func TestTokenExpression(t *testing.T) {
-	r := mustNew(t, "fence.token", "accounts")
-	want := `(SELECT CASE WHEN v OPERATOR(pg_catalog.~) E'^\\s*[-+]?[0-9]{1,19}\\s*$' THEN v::pg_catalog.int8 WHEN coalesce(v, E'') OPERATOR(pg_catalog.=) E'' THEN (E'pgfence 55000: no fencing token is set for this write to guarded table "accounts"; set fence.token first' OPERATOR(pg_catalog.||) coalesce(v, E''))::pg_catalog.int8 ELSE (E'pgfence 22023: fence.token must be an integer fencing token for a write to guarded table "accounts", got: ' OPERATOR(pg_catalog.||) v)::pg_catalog.int8 END FROM pg_catalog.current_setting(E'fence.token', true) AS pgfence_token(v))`
-	if got := r.guards[0].token; got != want {
-		t.Errorf("TOK:\n%s\nwant:\n%s", got, want)
+func TestTokenExpressions(t *testing.T) {
+	strict, allowMissing, lenient := tokenExprs("fence.token", "accounts")
+	const (
+		head  = `(SELECT CASE WHEN v OPERATOR(pg_catalog.~) E'^\\s*[-+]?[0-9]{1,19}\\s*$' THEN `
+		empty = ` WHEN coalesce(v, E'') OPERATOR(pg_catalog.=) E'' THEN `
+		bad   = ` ELSE (E'pgfence 22023: fence.token must be an integer fencing token for a write to guarded table "accounts", got: ' OPERATOR(pg_catalog.||) v)::pg_catalog.int8`
+		tail  = ` END FROM pg_catalog.current_setting(E'fence.token', true) AS pgfence_token(v))`
+		wantS = head + `v::pg_catalog.int8` + empty + `(E'pgfence 55000: no fencing token is set for this write to guarded table "accounts"; set fence.token first' OPERATOR(pg_catalog.||) coalesce(v, E''))::pg_catalog.int8` + bad + tail
+		wantA = head + `v::pg_catalog.int8` + empty + `NULL::pg_catalog.int8` + bad + tail
+		wantL = head + `CASE WHEN v::pg_catalog.numeric OPERATOR(pg_catalog.<=) 9223372036854775807::pg_catalog.numeric AND v::pg_catalog.numeric OPERATOR(pg_catalog.>=) (-9223372036854775808)::pg_catalog.numeric THEN v::pg_catalog.int8 END` + tail
+	)
+	for _, c := range []struct{ name, got, want string }{{"TOK", strict, wantS}, {"TOKA", allowMissing, wantA}, {"TOKL", lenient, wantL}} {
+		if c.got != c.want {
+			t.Errorf("%s:\n%s\nwant:\n%s", c.name, c.got, c.want)
+		}
+		if _, err := pg_query.Parse("SELECT " + c.got); err != nil {
+			t.Errorf("%s does not parse: %v", c.name, err)
+		}
+		if strings.Count(c.got, "OPERATOR(") != strings.Count(c.got, "OPERATOR(pg_catalog.") {
+			t.Errorf("%s has an operator that is not schema-qualified", c.name)
+		}
 	}
-	if _, err := pg_query.Parse("SELECT " + want); err != nil {
-		t.Errorf("TOK does not parse: %v", err)
+	// The rollout picks the expression.
+	g := []Guard{{Table: "a", Column: "e"}, {Table: "b", Column: "e", AllowMissingToken: true}, {Table: "c", Column: "e", Rollout: Shadow}}
+	r, err := New(Config{Guards: g, TokenSetting: "fence.token"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []int{0, 1, 2} {
+		all := [3]string{}
+		all[0], all[1], all[2] = tokenExprs("fence.token", r.guards[i].name)
+		if r.guards[i].tok != all[want] {
+			t.Errorf("guard %d uses the wrong token expression", i)
+		}
 	}
 	// Names with quotes and backslashes stay inside their literals.
 	odd := mustNew(t, "fence.token", `"it's \ ""odd"""`)
-	if _, err := pg_query.Parse("SELECT " + odd.guards[0].token); err != nil {
-		t.Errorf("TOK for an odd name does not parse: %v\n%s", err, odd.guards[0].token)
+	if _, err := pg_query.Parse("SELECT " + odd.guards[0].tok); err != nil {
+		t.Errorf("TOK for an odd name does not parse: %v\n%s", err, odd.guards[0].tok)
 	}
 }
 
 func TestRewriteExample(t *testing.T) {
 	r := mustNew(t, "fence.token", "accounts")
-	res, err := r.Rewrite("UPDATE accounts SET balance = 10 WHERE id = 1", Simple)
+	res, err := r.Rewrite("UPDATE accounts SET balance = 10 WHERE id = 1", Simple, nil)
 	if err != nil || res.Refusal != nil {
 		t.Fatalf("Rewrite: %v %v", err, res.Refusal)
 	}
-	tok := r.guards[0].token
+	tok := r.guards[0].tok
+	probe := `SELECT pg_catalog.current_setting(E'fence.token', true), pg_catalog.current_setting(E'pgfence.stale_0', true), pg_catalog.set_config(E'pgfence.stale_0', E'', true)`
 	want := `UPDATE accounts SET "fence_epoch" = ` + tok + `, balance = 10 WHERE (id = 1) AND ("accounts"."fence_epoch" OPERATOR(pg_catalog.<=) ` + tok +
-		` OR ((id = 1) AND pg_catalog.set_config(E'pgfence.stale', E'1', true) IS NULL)) AND ` + tok + ` IS NOT NULL;` +
-		`SELECT pg_catalog.current_setting(E'pgfence.stale', true) AS stale, pg_catalog.current_setting(E'fence.token', true) AS token, pg_catalog.set_config(E'pgfence.stale', E'', true)`
+		` OR ((id = 1) AND pg_catalog.set_config(E'pgfence.stale_0', E'1', true) IS NULL)) AND ` + tok + ` IS NOT NULL;` + probe
 	if res.SQL != want {
 		t.Errorf("got:\n%s\nwant:\n%s", res.SQL, want)
 	}
-	if len(res.Fenced) != 1 || res.Fenced[0] != (Fenced{Table: "accounts", Kind: "UPDATE", ProbeIndex: 1}) {
+	if len(res.Fenced) != 1 || res.Fenced[0] != (Fenced{Table: "accounts", Kind: "UPDATE", Rollout: Enforce}) {
 		t.Errorf("Fenced = %+v", res.Fenced)
+	}
+	if len(res.Probes) != 1 || res.Probes[0].Index != 1 || res.Probes[0].SQL != probe ||
+		len(res.Probes[0].Tables) != 1 || res.Probes[0].Tables[0] != (ProbeTable{"accounts", Enforce}) {
+		t.Errorf("Probes = %+v", res.Probes)
+	}
+}
+
+// TestFlagsPerGuard checks that each guard raises its own flag, numbered
+// by its index, and that probes list a statement's tables in order.
+func TestFlagsPerGuard(t *testing.T) {
+	g, _ := ParseGuard("public.orders:version")
+	a, _ := ParseGuard("accounts")
+	o, _ := ParseGuard("audit")
+	o.Rollout = Observe
+	r, err := New(Config{Guards: []Guard{g, a, o}, TokenSetting: "app.tok"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := r.Rewrite("WITH x AS (DELETE FROM accounts RETURNING 1), y AS (INSERT INTO audit VALUES (1) RETURNING 1) UPDATE orders SET v = 1", Prepared, nil)
+	if err != nil || res.Refusal != nil {
+		t.Fatalf("Rewrite: %v %+v", err, res.Refusal)
+	}
+	if !strings.Contains(res.SQL, "E'pgfence.stale_1', E'1'") || !strings.Contains(res.SQL, "E'pgfence.stale_0', E'1'") {
+		t.Errorf("flags: %s", res.SQL)
+	}
+	want := "SELECT pg_catalog.current_setting(E'app.tok', true), pg_catalog.current_setting(E'pgfence.stale_1', true), NULL::pg_catalog.text, " +
+		"pg_catalog.current_setting(E'pgfence.stale_0', true), pg_catalog.set_config(E'pgfence.stale_1', E'', true), pg_catalog.set_config(E'pgfence.stale_0', E'', true)"
+	if len(res.Probes) != 1 || res.Probes[0].SQL != want || res.Probes[0].Index != -1 {
+		t.Errorf("Probes = %+v", res.Probes)
+	}
+	if _, err := pg_query.Parse(want); err != nil {
+		t.Error(err)
 	}
 }
 
 func TestUnchangedIsSameString(t *testing.T) {
 	r := mustNew(t, "fence.token", "accounts")
 	in := "SELECT * FROM accounts"
-	res, _ := r.Rewrite(in, Simple)
-	if res.SQL != in || res.Refusal != nil || res.Fenced != nil {
+	res, _ := r.Rewrite(in, Simple, nil)
+	if res.SQL != in || res.Refusal != nil || res.Fenced != nil || res.Probes != nil {
 		t.Errorf("Rewrite(%q) = %+v", in, res)
 	}
 }
 
 func TestNULRefused(t *testing.T) {
 	r := mustNew(t, "fence.token", "accounts")
-	res, err := r.Rewrite("SELECT 1;\x00UPDATE accounts SET x = 1", Simple)
+	res, err := r.Rewrite("SELECT 1;\x00UPDATE accounts SET x = 1", Simple, nil)
 	if err != nil || res.Refusal == nil || res.Refusal.Code != codeSyntax {
 		t.Errorf("NUL byte: %+v, %v", res, err)
 	}
@@ -229,7 +299,7 @@ func TestConcurrentUse(t *testing.T) {
 	done := make(chan string)
 	for i := 0; i < 8; i++ {
 		go func() {
-			res, _ := r.Rewrite("DELETE FROM accounts WHERE id = 1", Simple)
+			res, _ := r.Rewrite("DELETE FROM accounts WHERE id = 1", Simple, nil)
 			done <- res.SQL
 		}()
 	}
@@ -256,7 +326,7 @@ func BenchmarkRewriteUpdate(b *testing.B) {
 	r := mustNew(b, "fence.token", "accounts")
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := r.Rewrite("UPDATE accounts SET balance = balance - $1 WHERE id = $2", Prepared); err != nil {
+		if _, err := r.Rewrite("UPDATE accounts SET balance = balance - $1 WHERE id = $2", Prepared, nil); err != nil {
 			b.Fatal(err)
 		}
 	}

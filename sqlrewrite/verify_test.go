@@ -2,193 +2,621 @@ package sqlrewrite
 
 import (
 	"fmt"
+	"slices"
 	"strings"
+	"sync"
 
 	pg_query "github.com/pganalyze/pg_query_go/v6"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 )
 
-// verify checks a Rewrite result against its input independently of how the
-// rewriter works: refusals are the refusal statement; otherwise the output
-// parses, every top-level UPDATE/DELETE of a guarded table is fenced and
-// otherwise means the same, probes follow fenced statements in Simple mode,
-// and every other statement is byte-identical.
-func verify(r *Rewriter, in string, mode Mode, res *Result) error {
+// verify checks a Rewrite result against its input, by rules written out
+// again here rather than shared with the rewriter:
+//
+//   - a refusal is the refusal statement and nothing else;
+//   - otherwise the output parses, and with every fence taken off (which
+//     must be there, in the right shape, on every UPDATE, DELETE and INSERT
+//     of an Enforce or Shadow table outside a rule, function body or view,
+//     nested or not) each statement means exactly what the input's did;
+//   - statements that write no such table are byte-identical;
+//   - a probe (with the right SQL and tables) follows each top-level
+//     statement that writes a guarded table, and nothing else is added;
+//   - Fenced, Prepared and SessionDependent agree with the input.
+func verify(r *Rewriter, in string, mode Mode, s Session, res *Result) error {
 	if res.Refusal != nil {
-		if res.SQL != refusalSQL(res.Refusal) || len(res.Fenced) > 0 {
-			return fmt.Errorf("refusal result carries other SQL or fences: %q", res.SQL)
+		if res.SQL != refusalSQL(res.Refusal) || len(res.Fenced)+len(res.Probes)+len(res.Prepared) > 0 {
+			return fmt.Errorf("refusal result carries other SQL or results: %+v", res)
 		}
 		if n, err := countStmts(res.SQL); err != nil || n != 1 {
 			return fmt.Errorf("refusal SQL %q: %d statements, %v", res.SQL, n, err)
 		}
 		return nil
 	}
+	v := &verifier{r: r}
 	inTree, inErr := pg_query.Parse(in)
-	if res.SQL == in && len(res.Fenced) == 0 {
-		if inErr == nil && countGuardedTop(r, inTree) > 0 {
-			return fmt.Errorf("input has a guarded UPDATE/DELETE but was left alone")
+	if inErr != nil {
+		if res.SQL != in || len(res.Fenced)+len(res.Probes) > 0 {
+			return fmt.Errorf("input does not parse (%v) but was not refused", inErr)
 		}
 		return nil
 	}
-	if inErr != nil {
-		return fmt.Errorf("input does not parse (%v) but was not refused", inErr)
+	var want []stmtWrites
+	execs := false
+	local := map[string][]string{} // PREPAREd earlier in the text; nil after DEALLOCATE
+	dropAll := false
+	known := func(name string) []string {
+		if t, ok := local[name]; ok || dropAll {
+			return t
+		}
+		execs = true // asks the Session
+		if s == nil {
+			return nil
+		}
+		return s.PreparedWrite(name)
+	}
+	for _, raw := range inTree.Stmts {
+		w := v.writes(raw.Stmt, known)
+		want = append(want, w)
+		switch t := raw.Stmt.Node.(type) {
+		case *pg_query.Node_PrepareStmt:
+			local[t.PrepareStmt.Name] = []string{}
+			for _, g := range w.tables {
+				local[t.PrepareStmt.Name] = append(local[t.PrepareStmt.Name], g.name)
+			}
+		case *pg_query.Node_DeallocateStmt:
+			if t.DeallocateStmt.Isall {
+				local, dropAll = map[string][]string{}, true
+			} else {
+				local[t.DeallocateStmt.Name] = nil
+			}
+		}
+	}
+	if err := v.checkLists(want, res); err != nil {
+		return err
+	}
+	if want := s != nil && execs; res.SessionDependent != want {
+		return fmt.Errorf("SessionDependent is %v, want %v", res.SessionDependent, want)
 	}
 	outTree, err := pg_query.Parse(res.SQL)
 	if err != nil {
 		return fmt.Errorf("output does not parse: %v\n%s", err, res.SQL)
 	}
-	return compareStmts(r, in, inTree.Stmts, res, outTree.Stmts, mode)
-}
-
-func compareStmts(r *Rewriter, in string, ins []*pg_query.RawStmt, res *Result, outs []*pg_query.RawStmt, mode Mode) error {
-	j, fenced := 0, 0
-	next := func() (*pg_query.RawStmt, error) {
-		if j >= len(outs) {
-			return nil, fmt.Errorf("output has only %d statements", len(outs))
+	outs := outTree.Stmts
+	probeAt := map[int]Probe{}
+	if mode == Simple {
+		for _, p := range res.Probes {
+			probeAt[p.Index] = p
 		}
-		j++
-		return outs[j-1], nil
 	}
-	for _, s := range ins {
-		out, err := next()
-		if err != nil {
-			return err
+	if len(outs) != len(inTree.Stmts)+len(probeAt) {
+		return fmt.Errorf("output has %d statements for %d input statements and %d probes", len(outs), len(inTree.Stmts), len(probeAt))
+	}
+	j, probes := 0, 0
+	for i, raw := range inTree.Stmts {
+		if _, ok := probeAt[j]; ok {
+			return fmt.Errorf("probe at index %d does not follow a guarded write", j)
 		}
-		g := guardedTop(r, s.Stmt)
-		if g == nil {
-			if a, b := stmtText(in, s), stmtText(res.SQL, out); a != b {
-				return fmt.Errorf("unfenced statement changed:\n%q\n%q", a, b)
+		out := outs[j]
+		j++
+		w := want[i]
+		if w.fenced == 0 {
+			if a, b := codeText(stmtText(in, raw)), codeText(stmtText(res.SQL, out)); a != b {
+				return fmt.Errorf("statement without a fenced write changed:\n%q\n%q", a, b)
 			}
+		} else if err := v.checkFence(raw.Stmt, out.Stmt); err != nil {
+			return fmt.Errorf("%v\nin:  %s\nout: %s", err, stmtText(in, raw), stmtText(res.SQL, out))
+		}
+		if !w.probe {
 			continue
 		}
-		if err := checkFence(g, s.Stmt, out.Stmt); err != nil {
-			return fmt.Errorf("%v\nin:  %s\nout: %s", err, stmtText(in, s), stmtText(res.SQL, out))
+		if probes >= len(res.Probes) {
+			return fmt.Errorf("statement %d needs a probe; Probes has %d", i, len(res.Probes))
 		}
-		if fenced >= len(res.Fenced) {
-			return fmt.Errorf("statement fenced but not listed in Fenced")
-		}
-		f := res.Fenced[fenced]
-		fenced++
-		if f.Table != g.Name() {
-			return fmt.Errorf("Fenced.Table = %q, want %q", f.Table, g.Name())
+		p := res.Probes[probes]
+		probes++
+		if err := v.checkProbe(p, w.tables); err != nil {
+			return fmt.Errorf("probe %d: %v", probes-1, err)
 		}
 		if mode == Prepared {
-			if f.ProbeIndex != -1 {
-				return fmt.Errorf("ProbeIndex %d in Prepared mode", f.ProbeIndex)
+			if p.Index != -1 {
+				return fmt.Errorf("probe index %d in Prepared mode", p.Index)
 			}
 			continue
 		}
-		if f.ProbeIndex != j {
-			return fmt.Errorf("ProbeIndex = %d, want %d", f.ProbeIndex, j)
+		if p.Index != j {
+			return fmt.Errorf("probe index %d, want %d", p.Index, j)
 		}
-		probe, err := next()
-		if err != nil {
-			return err
+		if txt := codeText(stmtText(res.SQL, outs[j])); txt != p.SQL {
+			return fmt.Errorf("statement %d is not the probe: %q", j, txt)
 		}
-		if txt := stmtText(res.SQL, probe); !strings.HasPrefix(txt, r.ProbeSQL()) {
-			return fmt.Errorf("statement %d is not the probe: %q", j-1, txt)
-		}
+		j++
 	}
-	if j != len(outs) || fenced != len(res.Fenced) {
-		return fmt.Errorf("output has %d statements, %d fences; matched %d, %d", len(outs), len(res.Fenced), j, fenced)
+	if probes != len(res.Probes) {
+		return fmt.Errorf("%d probes, want %d", len(res.Probes), probes)
 	}
 	return nil
 }
 
-// guardedTop returns the guard of a top-level UPDATE/DELETE, by the rules
-// written out again here rather than shared with the rewriter.
-func guardedTop(r *Rewriter, stmt *pg_query.Node) *Guard {
-	rv := stmt.GetUpdateStmt().GetRelation()
-	if d := stmt.GetDeleteStmt(); d != nil {
-		rv = d.Relation
-	}
+// verifier checks the results of one Rewriter.
+type verifier struct {
+	r *Rewriter
+}
+
+// exprCache holds parsed expected expressions by text.
+var exprCache sync.Map
+
+// stmtWrites is what the verifier finds in one input statement.
+type stmtWrites struct {
+	fenced  int      // writes whose text must carry a fence
+	writes  []string // "table kind" per guarded write, sorted
+	tables  []*guardInfo
+	probe   bool
+	prepare string
+}
+
+// guardOf matches a table reference to a guard: the first guard with its
+// name, in any schema if the reference is unqualified.
+func (v *verifier) guardOf(rv *pg_query.RangeVar) *guardInfo {
 	if rv == nil {
 		return nil
 	}
-	for _, g := range r.guards {
+	for i := range v.r.guards {
+		g := &v.r.guards[i]
 		if rv.Relname == g.Table && (g.Schema == "" || rv.Schemaname == "" || rv.Schemaname == g.Schema) {
-			return &g.Guard
+			return g
 		}
 	}
 	return nil
 }
 
-func countGuardedTop(r *Rewriter, tree *pg_query.ParseResult) int {
-	n := 0
-	for _, s := range tree.Stmts {
-		if guardedTop(r, s.Stmt) != nil {
-			n++
+// writes lists the guarded writes of one input statement.
+func (v *verifier) writes(stmt *pg_query.Node, known func(string) []string) stmtWrites {
+	var w stmtWrites
+	type found struct {
+		g   *guardInfo
+		pos int32
+	}
+	var all []found
+	add := func(g *guardInfo, pos int32, kind string, fenced bool) {
+		if g == nil {
+			return
+		}
+		w.writes = append(w.writes, g.name+" "+kind)
+		all = append(all, found{g, pos})
+		if fenced {
+			w.fenced++
 		}
 	}
-	return n
+	var visit func(m protoreflect.Message, stored bool)
+	visit = func(m protoreflect.Message, stored bool) {
+		switch n := m.Interface().(type) {
+		case *pg_query.RuleStmt, *pg_query.CreateFunctionStmt, *pg_query.ViewStmt:
+			stored = true
+		case *pg_query.CreateTableAsStmt:
+			stored = stored || n.Objtype == pg_query.ObjectType_OBJECT_MATVIEW
+		case *pg_query.ExecuteStmt:
+			var done []*guardInfo
+			for _, name := range known(n.Name) {
+				for i := range v.r.guards {
+					if g := &v.r.guards[i]; g.name == name && !slices.Contains(done, g) {
+						add(g, 0, "EXECUTE", false)
+						done = append(done, g)
+						break
+					}
+				}
+			}
+		}
+		if !stored {
+			v.writeOf(m.Interface(), add)
+		}
+		m.Range(func(fd protoreflect.FieldDescriptor, val protoreflect.Value) bool {
+			switch {
+			case fd.Message() == nil:
+			case fd.IsList():
+				for i := 0; i < val.List().Len(); i++ {
+					visit(val.List().Get(i).Message(), stored)
+				}
+			default:
+				visit(val.Message(), stored)
+			}
+			return true
+		})
+	}
+	visit(stmt.ProtoReflect(), false)
+	slices.Sort(w.writes)
+	slices.SortStableFunc(all, func(a, b found) int { return int(a.pos - b.pos) })
+	for _, f := range all {
+		if !slices.Contains(w.tables, f.g) {
+			w.tables = append(w.tables, f.g)
+		}
+	}
+	top := inner(stmt)
+	if len(w.tables) > 0 {
+		switch t := top.(type) {
+		case *pg_query.PrepareStmt:
+			w.prepare = t.Name
+		case *pg_query.ExplainStmt:
+			w.probe = explainAnalyze(t) // EXPLAIN without ANALYZE writes nothing
+		default:
+			w.probe = true
+		}
+	}
+	return w
 }
 
-// checkFence checks that out is in fenced: the epoch assignment comes first
-// in SET, the WHERE is the client's condition AND the epoch check AND a
-// token check, and with those taken away the statement is unchanged.
-func checkFence(g *Guard, in, out *pg_query.Node) error {
-	in, out = stripLocations(in), stripLocations(out)
-	var where **pg_query.Node
-	switch o := out.Node.(type) {
-	case *pg_query.Node_UpdateStmt:
-		tl := o.UpdateStmt.TargetList
-		if len(tl) == 0 || tl[0].GetResTarget().GetName() != g.Column {
-			return fmt.Errorf("UPDATE does not set %s first", g.Column)
+func (v *verifier) writeOf(m proto.Message, add func(*guardInfo, int32, string, bool)) {
+	fenceable := func(g *guardInfo) bool { return g != nil && g.Rollout != Observe }
+	var rv *pg_query.RangeVar
+	var where *pg_query.Node
+	kind := "UPDATE"
+	switch n := m.(type) {
+	case *pg_query.UpdateStmt:
+		rv, where = n.Relation, n.WhereClause
+	case *pg_query.DeleteStmt:
+		rv, where, kind = n.Relation, n.WhereClause, "DELETE"
+	case *pg_query.InsertStmt:
+		kind = "INSERT"
+		if n.OnConflictClause.GetAction() == pg_query.OnConflictAction_ONCONFLICT_UPDATE {
+			kind = "UPSERT"
 		}
-		if !mentions(tl[0], "pgfence_token") {
-			return fmt.Errorf("UPDATE sets %s to something other than the token", g.Column)
+		g := v.guardOf(n.Relation)
+		add(g, n.Relation.Location, kind, fenceable(g))
+		return
+	case *pg_query.MergeStmt:
+		add(v.guardOf(n.Relation), n.Relation.Location, "MERGE", false)
+		return
+	case *pg_query.TruncateStmt:
+		for _, rel := range n.Relations {
+			add(v.guardOf(rel.GetRangeVar()), rel.GetRangeVar().Location, "TRUNCATE", false)
 		}
-		o.UpdateStmt.TargetList = tl[1:]
-		where = &o.UpdateStmt.WhereClause
-	case *pg_query.Node_DeleteStmt:
-		where = &o.DeleteStmt.WhereClause
+		return
+	case *pg_query.CopyStmt:
+		if n.IsFrom {
+			add(v.guardOf(n.Relation), n.Relation.Location, "COPY FROM", false)
+		}
+		return
 	default:
-		return fmt.Errorf("fenced statement became %T", out.Node)
+		return
 	}
-	cond, err := unfence(g, *where)
-	if err != nil {
+	g := v.guardOf(rv)
+	if where.GetCurrentOfExpr() != nil {
+		add(g, rv.Location, "CURRENT OF", false)
+		return
+	}
+	add(g, rv.Location, kind, fenceable(g))
+}
+
+// checkLists compares Fenced, Prepared and the probes' count with what the
+// verifier found.
+func (v *verifier) checkLists(want []stmtWrites, res *Result) error {
+	var writes []string
+	var prepared []string
+	probes := 0
+	for _, w := range want {
+		writes = append(writes, w.writes...)
+		if w.prepare != "" {
+			names := []string{w.prepare}
+			for _, g := range w.tables {
+				names = append(names, g.name)
+			}
+			prepared = append(prepared, strings.Join(names, " "))
+		}
+		if w.probe {
+			probes++
+		}
+	}
+	var got []string
+	for _, f := range res.Fenced {
+		got = append(got, f.Table+" "+f.Kind)
+		if g := v.r.guardNamed(f.Table); g == nil || g.Rollout != f.Rollout {
+			return fmt.Errorf("Fenced %+v has the wrong rollout", f)
+		}
+	}
+	slices.Sort(writes)
+	slices.Sort(got)
+	if !slices.Equal(writes, got) {
+		return fmt.Errorf("Fenced lists %q, the input writes %q", got, writes)
+	}
+	var gotPrep []string
+	for _, p := range res.Prepared {
+		gotPrep = append(gotPrep, strings.Join(append([]string{p.Name}, p.Tables...), " "))
+	}
+	if !slices.Equal(prepared, gotPrep) {
+		return fmt.Errorf("Prepared %q, want %q", gotPrep, prepared)
+	}
+	if len(res.Probes) != probes {
+		return fmt.Errorf("%d probes, want %d", len(res.Probes), probes)
+	}
+	return nil
+}
+
+// checkProbe checks a probe's tables and SQL.
+func (v *verifier) checkProbe(p Probe, tables []*guardInfo) error {
+	if len(p.Tables) != len(tables) {
+		return fmt.Errorf("tables %+v, want %d", p.Tables, len(tables))
+	}
+	sql := "SELECT pg_catalog.current_setting(" + quoteLiteral(v.r.setting) + ", true)"
+	clear := ""
+	for i, g := range tables {
+		if p.Tables[i] != (ProbeTable{Table: g.name, Rollout: g.Rollout}) {
+			return fmt.Errorf("table %d is %+v, want %s", i, p.Tables[i], g.name)
+		}
+		flag := quoteLiteral(fmt.Sprintf("pgfence.stale_%d", g.index))
+		if g.Rollout == Observe {
+			sql += ", NULL::pg_catalog.text"
+			continue
+		}
+		sql += ", pg_catalog.current_setting(" + flag + ", true)"
+		clear += ", pg_catalog.set_config(" + flag + ", E'', true)"
+	}
+	if p.SQL != sql+clear {
+		return fmt.Errorf("SQL %q, want %q", p.SQL, sql+clear)
+	}
+	return nil
+}
+
+// checkFence takes the fences off out and compares what is left with in.
+func (v *verifier) checkFence(in, out *pg_query.Node) error {
+	in, out = stripLocations(in), stripLocations(out)
+	if err := v.unfence(out.ProtoReflect(), false); err != nil {
 		return err
 	}
-	*where = cond
 	if !proto.Equal(in, out) {
 		return fmt.Errorf("fenced statement means something else")
 	}
 	return nil
 }
 
-// unfence takes the fence off a WHERE clause, returning the client's
-// condition (nil if there was none).
-func unfence(g *Guard, w *pg_query.Node) (*pg_query.Node, error) {
-	and := w.GetBoolExpr()
-	if and == nil || and.Boolop != pg_query.BoolExprType_AND_EXPR || len(and.Args) < 2 {
-		return nil, fmt.Errorf("WHERE is not an AND of the fence")
-	}
-	n := len(and.Args)
-	notNull := and.Args[n-1].GetNullTest()
-	if notNull == nil || notNull.Nulltesttype != pg_query.NullTestType_IS_NOT_NULL || !mentions(and.Args[n-1], "pgfence_token") {
-		return nil, fmt.Errorf("WHERE does not end in TOK IS NOT NULL")
-	}
-	or := and.Args[n-2].GetBoolExpr()
-	if or == nil || or.Boolop != pg_query.BoolExprType_OR_EXPR || len(or.Args) != 2 {
-		return nil, fmt.Errorf("WHERE has no epoch check")
-	}
-	if !mentions(or.Args[0], g.Column) || !mentions(or.Args[1], staleSetting) {
-		return nil, fmt.Errorf("epoch check does not compare %s or raise %s", g.Column, staleSetting)
-	}
-	if n == 2 { // no client WHERE: the stale branch is set_config alone
-		if or.Args[1].GetNullTest() == nil {
-			return nil, fmt.Errorf("stale branch without a client WHERE is not set_config IS NULL")
+// unfence removes the fences from m and everything in it, failing if a
+// write that needs one lacks it.
+func (v *verifier) unfence(m protoreflect.Message, stored bool) error {
+	var err error
+	switch n := m.Interface().(type) {
+	case *pg_query.RuleStmt, *pg_query.CreateFunctionStmt, *pg_query.ViewStmt:
+		stored = true
+	case *pg_query.CreateTableAsStmt:
+		stored = stored || n.Objtype == pg_query.ObjectType_OBJECT_MATVIEW
+	case *pg_query.UpdateStmt:
+		if g := v.guardOf(n.Relation); !stored && g != nil && g.Rollout != Observe && n.WhereClause.GetCurrentOfExpr() == nil {
+			ref := refOf(n.Relation)
+			if n.TargetList, err = v.unstamp(g, ref, n.TargetList); err == nil {
+				n.WhereClause, err = v.unfenceWhere(g, ref, n.WhereClause)
+			}
 		}
+	case *pg_query.DeleteStmt:
+		if g := v.guardOf(n.Relation); !stored && g != nil && g.Rollout != Observe && n.WhereClause.GetCurrentOfExpr() == nil {
+			n.WhereClause, err = v.unfenceWhere(g, refOf(n.Relation), n.WhereClause)
+		}
+	case *pg_query.InsertStmt:
+		if g := v.guardOf(n.Relation); !stored && g != nil && g.Rollout != Observe {
+			err = v.unfenceInsert(g, n)
+		}
+	}
+	if err != nil {
+		return err
+	}
+	m.Range(func(fd protoreflect.FieldDescriptor, val protoreflect.Value) bool {
+		switch {
+		case fd.Message() == nil:
+		case fd.IsList():
+			for i := 0; i < val.List().Len() && err == nil; i++ {
+				err = v.unfence(val.List().Get(i).Message(), stored)
+			}
+		default:
+			err = v.unfence(val.Message(), stored)
+		}
+		return err == nil
+	})
+	return err
+}
+
+// The token, SET and INSERT value expressions each rollout uses.
+func (v *verifier) token(g *guardInfo) string {
+	strict, allowMissing, lenient := tokenExprs(v.r.setting, g.name)
+	switch {
+	case g.Rollout == Shadow:
+		return lenient
+	case g.AllowMissingToken:
+		return allowMissing
+	}
+	return strict
+}
+
+func (v *verifier) setText(g *guardInfo, ref string) string {
+	t, col := v.token(g), ref+"."+quoteIdent(g.Column)
+	switch {
+	case g.Rollout == Shadow:
+		return "GREATEST(" + col + ", " + t + ")"
+	case g.AllowMissingToken:
+		return "COALESCE(" + t + ", " + col + ")"
+	}
+	return t
+}
+
+func (v *verifier) insertText(g *guardInfo) string {
+	if g.Rollout == Shadow || g.AllowMissingToken {
+		return "COALESCE(" + v.token(g) + ", 0)"
+	}
+	return v.token(g)
+}
+
+// whereText is the fenced WHERE with pgfence_verify_cond standing for the
+// client's condition, or without it.
+func (v *verifier) whereText(g *guardInfo, ref string, cond bool) string {
+	t := v.token(g)
+	ok := ref + "." + quoteIdent(g.Column) + " OPERATOR(pg_catalog.<=) " + t
+	flag := fmt.Sprintf("pg_catalog.set_config(E'pgfence.stale_%d', E'1', true)", g.index)
+	c := func(s string) string {
+		if cond {
+			return "((pgfence_verify_cond) AND " + s + ")"
+		}
+		return s
+	}
+	var w string
+	switch {
+	case g.Rollout == Shadow:
+		w = "(" + t + " IS NULL OR " + ok + " OR " + c(flag+" IS NOT NULL") + ")"
+	case g.AllowMissingToken:
+		w = "(" + t + " IS NULL OR " + ok + " OR " + c(flag+" IS NULL") + ")"
+	default:
+		w = "(" + ok + " OR " + c(flag+" IS NULL") + ") AND " + t + " IS NOT NULL"
+	}
+	if cond {
+		w = "(pgfence_verify_cond) AND " + w
+	}
+	return w
+}
+
+// expr parses an expression, without locations.
+func (v *verifier) expr(text string) *pg_query.Node {
+	if e, ok := exprCache.Load(text); ok {
+		return proto.Clone(e.(*pg_query.Node)).(*pg_query.Node)
+	}
+	tree, err := pg_query.Parse("SELECT " + text)
+	if err != nil {
+		panic(fmt.Sprintf("verifier expression %q: %v", text, err))
+	}
+	e := stripLocations(tree.Stmts[0].Stmt.GetSelectStmt().TargetList[0].GetResTarget().Val)
+	exprCache.Store(text, e)
+	return proto.Clone(e).(*pg_query.Node)
+}
+
+// unstamp removes the leading C = <set value> from a SET list.
+func (v *verifier) unstamp(g *guardInfo, ref string, set []*pg_query.Node) ([]*pg_query.Node, error) {
+	if len(set) == 0 {
+		return nil, fmt.Errorf("%s: SET list is empty", g.name)
+	}
+	rt := set[0].GetResTarget()
+	if rt.GetName() != g.Column || len(rt.Indirection) > 0 || !proto.Equal(rt.Val, v.expr(v.setText(g, ref))) {
+		return nil, fmt.Errorf("%s: SET does not start with %s = its %s value", g.name, g.Column, g.Rollout)
+	}
+	return set[1:], nil
+}
+
+// unfenceWhere checks a fenced WHERE and returns the client's condition.
+func (v *verifier) unfenceWhere(g *guardInfo, ref string, w *pg_query.Node) (*pg_query.Node, error) {
+	if w == nil {
+		return nil, fmt.Errorf("%s: no WHERE", g.name)
+	}
+	if proto.Equal(w, v.expr(v.whereText(g, ref, false))) {
 		return nil, nil
 	}
-	cond := andOf(and.Args[:n-2])
-	inner := or.Args[1].GetBoolExpr()
-	if inner == nil || inner.Boolop != pg_query.BoolExprType_AND_EXPR || len(inner.Args) < 2 ||
-		!proto.Equal(andOf(inner.Args[:len(inner.Args)-1]), cond) {
-		return nil, fmt.Errorf("stale branch does not repeat the client's condition")
+	and := w.GetBoolExpr()
+	fence := 1 // AND args the fence adds after the client's condition
+	if g.Rollout == Enforce && !g.AllowMissingToken {
+		fence = 2
+	}
+	if and == nil || and.Boolop != pg_query.BoolExprType_AND_EXPR || len(and.Args) <= fence {
+		return nil, fmt.Errorf("%s: WHERE is not the client's condition AND the fence", g.name)
+	}
+	cond := andOf(and.Args[:len(and.Args)-fence])
+	if want := substitute(v.expr(v.whereText(g, ref, true)), cond); !proto.Equal(w, want) {
+		return nil, fmt.Errorf("%s: WHERE is not the %s fence of its condition", g.name, g.Rollout)
 	}
 	return cond, nil
+}
+
+// substitute puts cond where pgfence_verify_cond stands, flattening an AND
+// condition into the AND it is the first argument of, as Postgres's parser
+// does.
+func substitute(n, cond *pg_query.Node) *pg_query.Node {
+	isPH := func(a *pg_query.Node) bool {
+		f := a.GetColumnRef().GetFields()
+		return len(f) == 1 && f[0].GetString_().GetSval() == "pgfence_verify_cond"
+	}
+	var fix func(m protoreflect.Message)
+	fix = func(m protoreflect.Message) {
+		if b, ok := m.Interface().(*pg_query.BoolExpr); ok && len(b.Args) > 0 && isPH(b.Args[0]) {
+			c := proto.Clone(cond).(*pg_query.Node)
+			if cb := c.GetBoolExpr(); cb != nil && b.Boolop == pg_query.BoolExprType_AND_EXPR && cb.Boolop == pg_query.BoolExprType_AND_EXPR {
+				b.Args = append(cb.Args, b.Args[1:]...)
+			} else {
+				b.Args[0] = c
+			}
+		}
+		m.Range(func(fd protoreflect.FieldDescriptor, val protoreflect.Value) bool {
+			switch {
+			case fd.Message() == nil:
+			case fd.IsList():
+				for i := 0; i < val.List().Len(); i++ {
+					fix(val.List().Get(i).Message())
+				}
+			default:
+				fix(val.Message())
+			}
+			return true
+		})
+	}
+	fix(n.ProtoReflect())
+	return n
+}
+
+// unfenceInsert takes the epoch column and its values off an INSERT.
+func (v *verifier) unfenceInsert(g *guardInfo, n *pg_query.InsertStmt) error {
+	val := v.expr(v.insertText(g))
+	isVal := func(e *pg_query.Node) bool { return proto.Equal(e, val) }
+	cols := n.Cols
+	if len(cols) == 0 {
+		return fmt.Errorf("%s: INSERT has no column list", g.name)
+	}
+	if last := cols[len(cols)-1].GetResTarget(); last.GetName() != g.Column || last.Val != nil || len(last.Indirection) > 0 {
+		return fmt.Errorf("%s: INSERT column list does not end with %s", g.name, g.Column)
+	}
+	n.Cols = cols[:len(cols)-1]
+	sel := n.SelectStmt.GetSelectStmt()
+	if sel == nil {
+		return fmt.Errorf("%s: INSERT has no source", g.name)
+	}
+	switch {
+	case len(sel.ValuesLists) > 0:
+		for _, row := range sel.ValuesLists {
+			items := row.GetList().GetItems()
+			if len(items) == 0 || !isVal(items[len(items)-1]) {
+				return fmt.Errorf("%s: a VALUES row does not end with the epoch", g.name)
+			}
+			row.GetList().Items = items[:len(items)-1]
+		}
+		if len(n.Cols) == 0 && len(sel.ValuesLists) == 1 && len(sel.ValuesLists[0].GetList().Items) == 0 &&
+			proto.Equal(sel, &pg_query.SelectStmt{ValuesLists: sel.ValuesLists, LimitOption: sel.LimitOption, Op: sel.Op}) {
+			n.SelectStmt = nil // was DEFAULT VALUES
+		}
+	case isWrap(sel, isVal):
+		n.SelectStmt = sel.FromClause[0].GetRangeSubselect().Subquery
+	default:
+		tl := sel.TargetList
+		if len(tl) == 0 || tl[len(tl)-1].GetResTarget().GetName() != "" || !isVal(tl[len(tl)-1].GetResTarget().GetVal()) {
+			return fmt.Errorf("%s: the INSERT's SELECT list does not end with the epoch", g.name)
+		}
+		sel.TargetList = tl[:len(tl)-1]
+	}
+	if oc := n.OnConflictClause; oc != nil && oc.Action == pg_query.OnConflictAction_ONCONFLICT_UPDATE {
+		ref := refOf(n.Relation)
+		var err error
+		if oc.TargetList, err = v.unstamp(g, ref, oc.TargetList); err != nil {
+			return err
+		}
+		if oc.WhereClause, err = v.unfenceWhere(g, ref, oc.WhereClause); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// isWrap recognises SELECT pgfence_rows.*, V FROM (...) AS pgfence_rows.
+func isWrap(sel *pg_query.SelectStmt, isVal func(*pg_query.Node) bool) bool {
+	if len(sel.TargetList) != 2 || len(sel.FromClause) != 1 {
+		return false
+	}
+	star := sel.TargetList[0].GetResTarget().GetVal().GetColumnRef().GetFields()
+	sub := sel.FromClause[0].GetRangeSubselect()
+	if len(star) != 2 || star[0].GetString_().GetSval() != "pgfence_rows" || star[1].GetAStar() == nil ||
+		!isVal(sel.TargetList[1].GetResTarget().GetVal()) || sub == nil || sub.Alias.GetAliasname() != "pgfence_rows" ||
+		len(sub.Alias.Colnames) > 0 || sub.Lateral {
+		return false
+	}
+	rest := &pg_query.SelectStmt{TargetList: sel.TargetList, FromClause: sel.FromClause, LimitOption: sel.LimitOption, Op: sel.Op}
+	return proto.Equal(sel, rest)
 }
 
 // andOf rebuilds the client's condition from args that the parser
@@ -200,29 +628,16 @@ func andOf(args []*pg_query.Node) *pg_query.Node {
 	return &pg_query.Node{Node: &pg_query.Node_BoolExpr{BoolExpr: &pg_query.BoolExpr{Boolop: pg_query.BoolExprType_AND_EXPR, Args: args}}}
 }
 
-// mentions reports whether a column, alias or string constant named s
-// occurs in n.
-func mentions(n *pg_query.Node, s string) bool {
-	found := false
-	eachMessage(n.ProtoReflect(), func(m proto.Message) {
-		switch v := m.(type) {
-		case *pg_query.String:
-			found = found || v.Sval == s
-		case *pg_query.Alias:
-			found = found || v.Aliasname == s
-		}
-	})
-	return found
-}
-
 // stripLocations returns a copy of n without byte offsets, so trees of
 // texts that differ only in layout compare equal.
 func stripLocations(n *pg_query.Node) *pg_query.Node {
 	c := proto.Clone(n).(*pg_query.Node)
 	var strip func(m protoreflect.Message)
 	strip = func(m protoreflect.Message) {
-		if fd := m.Descriptor().Fields().ByName("location"); fd != nil {
-			m.Clear(fd)
+		for _, name := range []protoreflect.Name{"location", "stmt_location", "stmt_len", "arg_location"} {
+			if fd := m.Descriptor().Fields().ByName(name); fd != nil {
+				m.Clear(fd)
+			}
 		}
 		m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
 			switch {
@@ -246,6 +661,21 @@ func stmtText(sql string, s *pg_query.RawStmt) string {
 		return sql[s.StmtLocation:]
 	}
 	return sql[s.StmtLocation : s.StmtLocation+s.StmtLen]
+}
+
+// codeText cuts a statement's text after its last token: comments after
+// it go after the probe.
+func codeText(sql string) string {
+	scan, err := pg_query.Scan(sql)
+	if err != nil {
+		return sql
+	}
+	for i := len(scan.Tokens) - 1; i >= 0; i-- {
+		if k := scan.Tokens[i].Token; k != pg_query.Token_SQL_COMMENT && k != pg_query.Token_C_COMMENT {
+			return sql[:scan.Tokens[i].End]
+		}
+	}
+	return sql
 }
 
 func countStmts(sql string) (int, error) {

@@ -9,20 +9,28 @@ import (
 )
 
 // eachMessage calls fn for m and every message nested in it, in tree order.
+func eachMessage(m protoreflect.Message, fn func(proto.Message)) {
+	walk(m, nil, func(m proto.Message, _ []proto.Message) { fn(m) })
+}
+
+// walk calls fn for m and every message nested in it, in tree order, with
+// the messages enclosing it, outermost first (fn must not keep anc).
 // Walking the tree generically finds statements wherever the grammar lets
 // them nest (WITH, EXPLAIN, PREPARE, rules, COPY, function bodies...).
-func eachMessage(m protoreflect.Message, fn func(proto.Message)) {
-	fn(m.Interface())
+func walk(m protoreflect.Message, anc []proto.Message, fn func(m proto.Message, anc []proto.Message)) {
+	msg := m.Interface()
+	fn(msg, anc)
+	anc = append(anc, msg)
 	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
 		switch {
 		case fd.Message() == nil || fd.IsMap():
 		case fd.IsList():
 			l := v.List()
 			for i := 0; i < l.Len(); i++ {
-				eachMessage(l.Get(i).Message(), fn)
+				walk(l.Get(i).Message(), anc, fn)
 			}
 		default:
-			eachMessage(v.Message(), fn)
+			walk(v.Message(), anc, fn)
 		}
 		return true
 	})
@@ -39,23 +47,35 @@ func inner(n *pg_query.Node) proto.Message {
 	return m.Get(fd).Message().Interface()
 }
 
-// writesIn lists the statements in stmt that can write a table, in tree
-// order, stmt itself first if it is one.
-func writesIn(stmt *pg_query.Node) []proto.Message {
-	var out []proto.Message
-	eachMessage(stmt.ProtoReflect(), func(m proto.Message) {
-		switch m.(type) {
-		case *pg_query.UpdateStmt, *pg_query.DeleteStmt, *pg_query.InsertStmt,
-			*pg_query.MergeStmt, *pg_query.TruncateStmt, *pg_query.CopyStmt:
-			out = append(out, m)
+// storedContext returns the innermost enclosing statement that stores a
+// statement to run later (a rule, a function body, a view), or nil. A write
+// stored there would run without the fence.
+func storedContext(anc []proto.Message) proto.Message {
+	for i := len(anc) - 1; i >= 0; i-- {
+		switch a := anc[i].(type) {
+		case *pg_query.RuleStmt, *pg_query.CreateFunctionStmt, *pg_query.ViewStmt:
+			return a
+		case *pg_query.CreateTableAsStmt:
+			if a.Objtype == pg_query.ObjectType_OBJECT_MATVIEW {
+				return a
+			}
 		}
-	})
-	return out
+	}
+	return nil
 }
 
-// stmtKind names a statement type for messages: CreateTableAsStmt becomes
-// "CREATE TABLE AS".
+// stmtKind names a statement type for messages: CreateFunctionStmt becomes
+// "CREATE FUNCTION".
 func stmtKind(m proto.Message) string {
+	switch s := m.(type) {
+	case *pg_query.ViewStmt:
+		return "CREATE VIEW"
+	case *pg_query.CreateTableAsStmt:
+		if s.Objtype == pg_query.ObjectType_OBJECT_MATVIEW {
+			return "CREATE MATERIALIZED VIEW"
+		}
+		return "CREATE TABLE AS"
+	}
 	name := strings.TrimSuffix(string(m.ProtoReflect().Descriptor().Name()), "Stmt")
 	var b strings.Builder
 	for i, c := range name {
@@ -65,4 +85,28 @@ func stmtKind(m proto.Message) string {
 		b.WriteRune(c)
 	}
 	return strings.ToUpper(b.String())
+}
+
+// explainAnalyze reports whether an EXPLAIN runs its statement: its last
+// analyze option is not false (defGetBoolean accepts true/false/on/off
+// and 1/0).
+func explainAnalyze(e *pg_query.ExplainStmt) bool {
+	analyze := false
+	for _, o := range e.Options {
+		d := o.GetDefElem()
+		if d == nil || d.Defname != "analyze" {
+			continue
+		}
+		analyze = true
+		switch a := d.Arg.GetNode().(type) {
+		case *pg_query.Node_String_:
+			s := asciiLower(a.String_.Sval)
+			analyze = s != "false" && s != "off"
+		case *pg_query.Node_Integer:
+			analyze = a.Integer.Ival != 0
+		case *pg_query.Node_Boolean:
+			analyze = a.Boolean.Boolval
+		}
+	}
+	return analyze
 }
