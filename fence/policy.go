@@ -6,9 +6,10 @@ package fence
 import (
 	"fmt"
 	"log/slog"
-	"strings"
+	"sync"
 	"sync/atomic"
 
+	lru "github.com/hashicorp/golang-lru/v2"
 	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/pgfence/pgfence/proxy"
@@ -17,9 +18,23 @@ import (
 
 // Config is the fencing policy.
 type Config struct {
+	// Guards are the guarded tables, each with its rollout and missing-token
+	// policy.
 	Guards       []sqlrewrite.Guard
 	TokenSetting string // default "fence.token"
+	// Allow lets unfenceable forms through instead of refusing them.
+	Allow sqlrewrite.Allow
+	// NotifyStale sends a stale writer a WARNING naming the table and token
+	// after its statement, besides counting it.
+	NotifyStale bool
+	// CacheSize is how many distinct statement texts keep their rewrite; 0
+	// means 4096, a negative number disables the cache.
+	CacheSize int
 }
+
+// maxCachedText bounds the statements the cache keeps, so the cache's memory
+// is bounded by CacheSize times a few kilobytes.
+const maxCachedText = 4 << 10
 
 // Policy implements proxy.Interceptor. It is safe for concurrent use, and
 // its configuration can be replaced while sessions run (Reload).
@@ -33,7 +48,13 @@ type Policy struct {
 type state struct {
 	cfg    Config
 	rw     *sqlrewrite.Rewriter
-	probes map[string]*proxy.Probe // by guarded table name
+	cache  *lru.Cache[cacheKey, *sqlrewrite.Result]
+	probes sync.Map // probe SQL -> *proxy.Probe
+}
+
+type cacheKey struct {
+	mode sqlrewrite.Mode
+	sql  string
 }
 
 // New returns a Policy for cfg, reporting to m and log.
@@ -49,32 +70,37 @@ func New(cfg Config, m *Metrics, log *slog.Logger) (*Policy, error) {
 }
 
 // Reload switches to cfg. Statements already sent keep the configuration
-// they were rewritten with.
+// they were rewritten with; a prepared statement keeps the text it was
+// prepared with.
 func (p *Policy) Reload(cfg Config) error {
 	if cfg.TokenSetting == "" {
 		cfg.TokenSetting = "fence.token"
 	}
-	rw, err := sqlrewrite.New(sqlrewrite.Config{Guards: cfg.Guards, TokenSetting: cfg.TokenSetting})
+	rw, err := sqlrewrite.New(sqlrewrite.Config{Guards: cfg.Guards, TokenSetting: cfg.TokenSetting, Allow: cfg.Allow})
 	if err != nil {
 		return err
 	}
-	st := &state{cfg: cfg, rw: rw, probes: make(map[string]*proxy.Probe, len(cfg.Guards))}
-	for _, g := range cfg.Guards {
-		table := g.Name()
-		p.m.watch(table)
-		st.probes[table] = proxy.NewProbe(rw.ProbeSQL(), func(c *proxy.Client, row [][]byte) {
-			p.probed(c, table, row)
-		})
+	st := &state{cfg: cfg, rw: rw}
+	if size := cfg.CacheSize; size >= 0 {
+		if size == 0 {
+			size = 4096
+		}
+		st.cache, _ = lru.New[cacheKey, *sqlrewrite.Result](size)
 	}
+	for _, g := range cfg.Guards {
+		p.m.watch(g.Name(), g.Rollout.String())
+	}
+	p.m.guarded.Set(float64(len(cfg.Guards)))
 	p.state.Store(st)
 	return nil
 }
 
-// Guards returns the guarded tables in force.
-func (p *Policy) Guards() []sqlrewrite.Guard { return p.state.Load().cfg.Guards }
+// Config returns the configuration in force.
+func (p *Policy) Config() Config { return p.state.Load().cfg }
 
 // SessionStart implements proxy.Interceptor.
 func (p *Policy) SessionStart(c *proxy.Client) {
+	c.Local = &session{}
 	p.m.connsTotal.Inc()
 	p.m.connsActive.Inc()
 }
@@ -99,38 +125,73 @@ func (p *Policy) Parse(c *proxy.Client, sql string) proxy.Plan {
 
 func (p *Policy) plan(c *proxy.Client, sql string, mode sqlrewrite.Mode) proxy.Plan {
 	st := p.state.Load()
-	if !st.rw.MayTouch(sql) {
+	sess := sessionOf(c)
+	if !st.rw.MayTouch(sql) && !sess.mayExecute(sql) {
 		p.m.passthrough.Inc()
 		return proxy.Plan{}
 	}
-	var res *sqlrewrite.Result
-	var err error
-	if ref := unreadable(c, sql); ref != nil {
-		res = sqlrewrite.Refuse(ref)
-	} else {
-		res, err = st.rw.Rewrite(sql, mode)
-	}
-	if err != nil {
-		// Never forward a statement the rewriter could not judge.
-		p.log.Error("rewriter failed; refusing the statement", "err", err, "client", c.RemoteAddr)
-		res = sqlrewrite.Refuse(&sqlrewrite.Refusal{Code: "XX000", Message: "pgfence: internal error while fencing this statement: " + err.Error(), Hint: "please report this statement to the pgfence maintainers"})
-	}
+	res := p.rewrite(st, c, sess, sql, mode)
 	if res.Refusal != nil {
 		p.m.refused.Inc()
 		p.log.Info("statement refused", "code", res.Refusal.Code, "reason", res.Refusal.Message,
 			"client", c.RemoteAddr, "application_name", c.ApplicationName())
 		return proxy.Plan{SQL: res.SQL}
 	}
-	if len(res.Fenced) == 0 {
+	sess.remember(res.Prepared)
+	changed := res.SQL != sql
+	if !changed && len(res.Probes) == 0 {
 		p.m.passthrough.Inc()
 		return proxy.Plan{}
 	}
 	p.m.fenced.Inc()
-	plan := proxy.Plan{SQL: res.SQL, Probes: make([]proxy.ProbeAt, 0, len(res.Fenced))}
 	for _, f := range res.Fenced {
-		plan.Probes = append(plan.Probes, proxy.ProbeAt{Index: f.ProbeIndex, Probe: st.probes[f.Table]})
+		switch f.Kind {
+		case "TRUNCATE", "COPY FROM", "CURRENT OF":
+			p.m.unfenced.WithLabelValues(f.Table, f.Kind).Inc()
+			p.log.Warn("unfenced write let through by configuration", "table", f.Table, "form", f.Kind,
+				"client", c.RemoteAddr, "application_name", c.ApplicationName())
+		}
+	}
+	plan := proxy.Plan{Probes: make([]proxy.ProbeAt, len(res.Probes))}
+	if changed {
+		plan.SQL = res.SQL
+	}
+	for i, pr := range res.Probes {
+		plan.Probes[i] = proxy.ProbeAt{Index: pr.Index, Probe: p.probe(st, pr)}
 	}
 	return plan
+}
+
+// rewrite returns sql's rewrite, from the cache when it can.
+func (p *Policy) rewrite(st *state, c *proxy.Client, sess *session, sql string, mode sqlrewrite.Mode) *sqlrewrite.Result {
+	if ref := unreadable(c, sql); ref != nil {
+		return sqlrewrite.Refuse(ref)
+	}
+	key := cacheKey{mode, sql}
+	cacheable := st.cache != nil && len(sql) <= maxCachedText
+	if cacheable {
+		if res, ok := st.cache.Get(key); ok {
+			p.m.cacheHits.Inc()
+			return res
+		}
+		p.m.cacheMisses.Inc()
+	}
+	var s sqlrewrite.Session
+	if len(sess.prepared) > 0 {
+		s = sess
+	}
+	res, err := st.rw.Rewrite(sql, mode, s)
+	if err != nil {
+		// Never forward a statement the rewriter could not judge.
+		p.log.Error("rewriter failed; refusing the statement", "err", err, "client", c.RemoteAddr)
+		return sqlrewrite.Refuse(&sqlrewrite.Refusal{Code: "XX000",
+			Message: "pgfence: internal error while fencing this statement: " + err.Error(),
+			Hint:    "please report this statement to the pgfence maintainers"})
+	}
+	if cacheable && !res.SessionDependent {
+		st.cache.Add(key, res)
+	}
+	return res
 }
 
 // unreadable refuses text that mentions a guarded table when the session
@@ -161,17 +222,6 @@ func isASCII(s string) bool {
 	return true
 }
 
-// probed receives a fenced statement's probe row: the stale flag and the
-// token in force.
-func (p *Policy) probed(c *proxy.Client, table string, row [][]byte) {
-	if len(row) < 2 || string(row[0]) != "1" {
-		return
-	}
-	p.m.rejects.WithLabelValues(table).Inc()
-	p.log.Warn("stale write fenced", "table", table, "token", string(row[1]),
-		"client", c.RemoteAddr, "application_name", c.ApplicationName(), "user", c.User)
-}
-
 // Error implements proxy.Interceptor: errors pgfence made the server raise
 // are restated with their own SQLSTATE, message and hint.
 func (p *Policy) Error(c *proxy.Client, e *pgproto3.ErrorResponse) *pgproto3.ErrorResponse {
@@ -186,7 +236,7 @@ func (p *Policy) Error(c *proxy.Client, e *pgproto3.ErrorResponse) *pgproto3.Err
 	case "55000":
 		r.Hint = fmt.Sprintf("set the lease's fencing token first: SET %s = '<token>' (or SET LOCAL inside a transaction)", setting)
 		table := markerTable(r.Message)
-		p.m.withoutToken.WithLabelValues(table).Inc()
+		p.m.withoutToken.WithLabelValues(table, "enforce", "refused").Inc()
 		p.log.Warn("write without fencing token refused", "table", table,
 			"client", c.RemoteAddr, "application_name", c.ApplicationName(), "user", c.User)
 	case "22023":
@@ -199,22 +249,4 @@ func (p *Policy) Error(c *proxy.Client, e *pgproto3.ErrorResponse) *pgproto3.Err
 		Message:             r.Message,
 		Hint:                r.Hint,
 	}
-}
-
-// markerTable finds the table named in a pgfence error message
-// (`... guarded table "T"; ...`).
-func markerTable(msg string) string {
-	const key = `guarded table "`
-	i := strings.Index(msg, key)
-	if i < 0 {
-		return ""
-	}
-	rest := msg[i+len(key):]
-	if j := strings.LastIndex(rest, `";`); j >= 0 {
-		return rest[:j]
-	}
-	if j := strings.LastIndex(rest, `"`); j >= 0 {
-		return rest[:j]
-	}
-	return rest
 }

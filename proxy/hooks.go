@@ -49,8 +49,13 @@ type ProbeAt struct {
 type Probe struct {
 	sql  string
 	wire []byte // Parse/Bind/Execute/Close/Close, pre-encoded
-	done func(c *Client, row [][]byte)
+	done ProbeFunc
 }
+
+// ProbeFunc receives a probe's row: its text values, nil for NULL. A
+// non-nil notice is sent to the client right after the probed statement's
+// results.
+type ProbeFunc func(c *Client, row [][]byte) (notice *pgproto3.NoticeResponse)
 
 // probeName names the statement and portal the proxy uses for probes.
 // Probes never outlive the message sequence that ran them.
@@ -58,7 +63,7 @@ const probeName = "pgfence.probe"
 
 // NewProbe returns a probe running sql (a single-row SELECT without
 // parameters); done receives the row's text values (nil for NULL).
-func NewProbe(sql string, done func(c *Client, row [][]byte)) *Probe {
+func NewProbe(sql string, done ProbeFunc) *Probe {
 	var b []byte
 	b, _ = (&pgproto3.Parse{Name: probeName, Query: sql}).Encode(b)
 	b, _ = (&pgproto3.Bind{DestinationPortal: probeName, PreparedStatement: probeName}).Encode(b)
@@ -75,6 +80,10 @@ const probeReplies = 6
 
 // Client describes one client session, for logs and metrics.
 type Client struct {
+	// Local is the Interceptor's own per-session state: set it in
+	// SessionStart. The proxy never touches it.
+	Local any
+
 	ID         uint64
 	RemoteAddr string
 	User       string

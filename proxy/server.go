@@ -37,6 +37,9 @@ type Config struct {
 	StartupTimeout time.Duration
 	// DialTimeout bounds connecting to Upstream. Default 5s.
 	DialTimeout time.Duration
+	// MaxClientConns bounds the client sessions open at once; a client over
+	// it is refused with SQLSTATE 53300. 0 means no limit.
+	MaxClientConns int
 }
 
 // Server accepts clients and relays each to its own Postgres connection.
@@ -46,8 +49,10 @@ type Server struct {
 	nextID atomic.Uint64
 
 	mu       sync.Mutex
-	sessions map[net.Conn]struct{}
+	conns    map[net.Conn]*session // nil until startup is done
+	active   int                   // sessions past startup
 	closed   bool
+	draining atomic.Bool
 	wg       sync.WaitGroup
 }
 
@@ -75,7 +80,7 @@ func New(cfg Config) (*Server, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Server{cfg: cfg, log: log, sessions: make(map[net.Conn]struct{})}, nil
+	return &Server{cfg: cfg, log: log, conns: make(map[net.Conn]*session)}, nil
 }
 
 // Serve accepts connections on ln until ln is closed or Close is called.
@@ -105,16 +110,54 @@ func (s *Server) Serve(ln net.Listener) error {
 	}
 }
 
-// Close ends every session and waits for them.
+// Close ends every session at once and waits for them. The caller closes
+// the listener.
 func (s *Server) Close() error {
 	s.mu.Lock()
 	s.closed = true
-	for c := range s.sessions {
+	for c, sess := range s.conns {
 		c.Close()
+		if sess != nil {
+			sess.closeServer()
+		}
 	}
 	s.mu.Unlock()
 	s.wg.Wait()
 	return nil
+}
+
+// Shutdown drains: sessions that are idle (outside a transaction, nothing in
+// flight) end now, the others as soon as they become idle, and whatever is
+// left when ctx ends is closed. The caller closes the listener first.
+// Clients are told why (SQLSTATE 57P01).
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.draining.Store(true)
+	s.mu.Lock()
+	for c, sess := range s.conns {
+		switch {
+		case sess == nil:
+			c.Close() // still in startup
+		case sess.idle.Load():
+			sess.closeServer()
+		}
+	}
+	s.mu.Unlock()
+	done := make(chan struct{})
+	go func() { s.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		s.Close()
+		return ctx.Err()
+	}
+}
+
+// Sessions is the number of client sessions past startup.
+func (s *Server) Sessions() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.active
 }
 
 func (s *Server) isClosed() bool {
@@ -126,18 +169,33 @@ func (s *Server) isClosed() bool {
 func (s *Server) track(c net.Conn) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.closed {
+	if s.closed || s.draining.Load() {
 		return false
 	}
-	s.sessions[c] = struct{}{}
+	s.conns[c] = nil
 	s.wg.Add(1)
+	return true
+}
+
+// admit registers a session past startup, unless the limit is reached.
+func (s *Server) admit(c net.Conn, sess *session) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cfg.MaxClientConns > 0 && s.active >= s.cfg.MaxClientConns {
+		return false
+	}
+	s.conns[c] = sess
+	s.active++
 	return true
 }
 
 func (s *Server) untrack(c net.Conn) {
 	c.Close()
 	s.mu.Lock()
-	delete(s.sessions, c)
+	if s.conns[c] != nil {
+		s.active--
+	}
+	delete(s.conns, c)
 	s.mu.Unlock()
 	s.wg.Done()
 }
@@ -172,10 +230,20 @@ func (s *Server) handle(conn net.Conn) {
 	}
 	c := &Client{ID: id, RemoteAddr: conn.RemoteAddr().String(), User: startup.Parameters["user"], Database: startup.Parameters["database"]}
 	c.setApplicationName(startup.Parameters["application_name"])
+	sess := &session{srv: s, c: c, log: log, client: conn, cr: cr, cw: cw}
+	if !s.admit(conn, sess) {
+		log.Warn("client refused: too many client connections", "max_client_conns", s.cfg.MaxClientConns)
+		writeError(cw, "FATAL", codeTooManyConnections, fmt.Sprintf("too many client connections: pgfence allows %d at once", s.cfg.MaxClientConns), "try again later, or raise --max-client-conns")
+		cw.Flush()
+		return
+	}
 	ic := s.cfg.Interceptor
 	ic.SessionStart(c)
 
-	server, err := net.DialTimeout(s.cfg.UpstreamNetwork, s.cfg.Upstream, s.cfg.DialTimeout)
+	var d net.Dialer
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.DialTimeout)
+	server, err := d.DialContext(ctx, s.cfg.UpstreamNetwork, s.cfg.Upstream)
+	cancel()
 	if err != nil {
 		log.Warn("cannot reach Postgres", "upstream", s.cfg.Upstream, "err", err)
 		writeFatal(cw, codeCannotConnect, fmt.Sprintf("cannot connect to Postgres at %s: %v", s.cfg.Upstream, err), "check that Postgres is running and --upstream is right; try again")
@@ -192,13 +260,7 @@ func (s *Server) handle(conn net.Conn) {
 	}
 	conn.SetDeadline(time.Time{})
 
-	sess := &session{
-		srv: s, c: c, log: log,
-		client: conn, server: server,
-		cr: cr, cw: cw,
-		sr: bufio.NewReaderSize(server, 32<<10),
-		sw: bufio.NewWriterSize(server, 32<<10),
-	}
+	sess.setServer(server)
 	err = sess.relay()
 	if err != nil {
 		log.Info("session ended", "err", err)

@@ -3,11 +3,14 @@ package proxy
 import (
 	"bufio"
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
+	"sync"
+	"sync/atomic"
 
 	"github.com/jackc/pgx/v5/pgproto3"
 )
@@ -39,6 +42,15 @@ type session struct {
 	sr     *bufio.Reader
 	sw     *bufio.Writer
 	pipe   pipeline
+	mu     sync.Mutex // guards server until the relay starts
+	// idle is true while the session is outside a transaction with nothing
+	// in flight, so a drain may end it.
+	idle atomic.Bool
+	// fatal is set once the server has sent a FATAL error.
+	fatal bool
+	// cancel is the CancelRequest for this session's backend, built from
+	// its BackendKeyData.
+	cancel atomic.Pointer[[]byte]
 
 	// Owned by the client-to-server goroutine.
 	cbuf    []byte
@@ -57,28 +69,73 @@ type clientError struct{ err error }
 func (e *clientError) Error() string { return e.err.Error() }
 func (e *clientError) Unwrap() error { return e.err }
 
+// errDrained ends a session that became idle while the proxy drains.
+var errDrained = errors.New("pgfence is shutting down")
+
+func (s *session) setServer(server net.Conn) {
+	s.mu.Lock()
+	s.server = server
+	s.sr = bufio.NewReaderSize(server, 32<<10)
+	s.sw = bufio.NewWriterSize(server, 32<<10)
+	s.mu.Unlock()
+}
+
+// closeServer closes the server connection, if there is one yet.
+func (s *session) closeServer() {
+	s.mu.Lock()
+	if s.server != nil {
+		s.server.Close()
+	}
+	s.mu.Unlock()
+}
+
 // relay runs both directions until either side ends, and reports why the
-// session ended (nil for a normal end).
+// session ended (nil for a normal end). Whichever side ends first, the other
+// is unblocked by closing its connection; the client is told why when the
+// end was not its own doing.
 func (s *session) relay() error {
 	s.pipe.push(readyWait) // the ReadyForQuery that ends authentication
-	errc := make(chan error, 2)
-	go func() { errc <- s.serverToClient() }()
-	err := s.clientToServer()
-	// Unblock the other direction; it owns the client writer until it returns.
-	s.server.Close()
-	serr := <-errc
-	var ce *clientError
-	if errors.As(err, &ce) {
-		s.sendFatal(codeProtocolViolation, ce.Error(), "the connection was closed by pgfence; other sessions are not affected")
+	cerr := make(chan error, 1)
+	serr := make(chan error, 1)
+	go func() { cerr <- s.clientToServer() }()
+	go func() { serr <- s.serverToClient() }()
+	select {
+	case err := <-cerr:
+		if !s.idle.Load() {
+			// The client left mid-query or mid-transaction: cancel what runs
+			// so the backend sees the closed socket, rolls back and exits now
+			// rather than when the query ends.
+			if p := s.cancel.Load(); p != nil {
+				s.srv.forwardCancel(*p)
+			}
+		}
+		s.server.Close()
+		<-serr // the server side owns the client writer until it returns
+		var ce *clientError
+		if errors.As(err, &ce) {
+			s.sendFatal(codeProtocolViolation, ce.Error(), "the connection was closed by pgfence; other sessions are not affected")
+			return err
+		}
+		if isClosed(err) {
+			return nil
+		}
+		return err
+	case err := <-serr:
+		switch {
+		case s.srv.draining.Load():
+			s.sendFatal(codeAdminShutdown, "terminating connection because pgfence is shutting down", "reconnect: another pgfence or the restarted one will serve you")
+			err = nil
+		case !s.fatal:
+			s.sendFatal(codeConnectionFailure, "lost the connection to Postgres: "+err.Error(), "reconnect when Postgres is back")
+		}
+		s.server.Close()
+		s.client.Close()
+		<-cerr
+		if isClosed(err) {
+			return nil
+		}
 		return err
 	}
-	if err == nil || isClosed(err) {
-		if serr != nil && !isClosed(serr) {
-			return serr
-		}
-		return nil
-	}
-	return err
 }
 
 func isClosed(err error) bool {
@@ -102,6 +159,7 @@ func (s *session) clientToServer() error {
 			}
 			return err
 		}
+		s.idle.Store(false)
 		switch typ {
 		case 'Q':
 			err = s.query(n)
@@ -319,10 +377,23 @@ func (s *session) reply(w *wait, typ byte, n int) error {
 		}
 	case 'Z':
 		s.pipe.ready()
+		if n == 1 && s.pipe.head() == nil {
+			if b, err := s.sr.Peek(6); err == nil && b[5] == 'I' {
+				s.idle.Store(true)
+				if s.srv.draining.Load() {
+					if err := forward(s.cw, s.sr, n); err != nil {
+						return err
+					}
+					return errDrained
+				}
+			}
+		}
 	case 'E':
 		return s.serverError(w, n)
 	case 'S':
 		return s.parameterStatus(n)
+	case 'K':
+		s.keyData(n)
 	}
 	return forward(s.cw, s.sr, n)
 }
@@ -348,6 +419,9 @@ func (s *session) serverError(w *wait, n int) error {
 	if err := e.Decode(b); err != nil {
 		return fmt.Errorf("server sent a malformed ErrorResponse: %w", err)
 	}
+	if e.Severity == "FATAL" || e.Severity == "PANIC" {
+		s.fatal = true
+	}
 	if r := s.srv.cfg.Interceptor.Error(s.c, &e); r != nil {
 		out, err := r.Encode(s.out[:0:0])
 		if err != nil {
@@ -372,6 +446,19 @@ func (s *session) parameterStatus(n int) error {
 	return writeMessage(s.cw, 'S', b)
 }
 
+// keyData keeps the backend's key so the proxy can cancel its query if the
+// client goes away (the message itself is forwarded as is).
+func (s *session) keyData(n int) {
+	b, err := s.sr.Peek(5 + n)
+	if err != nil || n < 8 || n > 256 {
+		return
+	}
+	p := binary.BigEndian.AppendUint32(nil, uint32(8+n))
+	p = binary.BigEndian.AppendUint32(p, codeCancelRequest)
+	p = append(p, b[5:]...)
+	s.cancel.Store(&p)
+}
+
 // probeReply handles a reply to an injected extended-protocol probe.
 func (s *session) probeReply(w *wait, typ byte, n int) error {
 	switch typ {
@@ -389,11 +476,14 @@ func (s *session) probeReply(w *wait, typ byte, n int) error {
 		return s.reply(w, typ, n)
 	}
 	w.seen++
+	if err := skip(s.sr, n); err != nil {
+		return err
+	}
 	if w.seen == probeReplies {
 		s.pipe.pop()
-		w.probe.done(s.c, w.row)
+		return s.probed(w.probe, w.row)
 	}
-	return skip(s.sr, n)
+	return nil
 }
 
 // queryProbeReply handles a reply to a probe statement inside a simple Query.
@@ -404,15 +494,32 @@ func (s *session) queryProbeReply(w *wait, typ byte, n int) error {
 	case 'D':
 		return s.captureRow(w, n)
 	case 'C':
-		p := w.probes[0].Probe
+		p, row := w.probes[0].Probe, w.row
 		w.probes = w.probes[1:]
 		w.stmt++
-		p.done(s.c, w.row)
 		w.row = nil
-		return skip(s.sr, n)
+		if err := skip(s.sr, n); err != nil {
+			return err
+		}
+		return s.probed(p, row)
 	default:
 		return s.reply(w, typ, n)
 	}
+}
+
+// probed hands a probe's row to its ProbeFunc and relays the notice it
+// returns, if any.
+func (s *session) probed(p *Probe, row [][]byte) error {
+	notice := p.done(s.c, row)
+	if notice == nil {
+		return nil
+	}
+	b, err := notice.Encode(s.out[:0:0])
+	if err != nil {
+		return err
+	}
+	_, err = s.cw.Write(b)
+	return err
 }
 
 func (s *session) captureRow(w *wait, n int) error {
@@ -435,10 +542,11 @@ func (s *session) captureRow(w *wait, n int) error {
 
 // SQLSTATEs the proxy itself raises.
 const (
-	codeProtocolViolation   = "08P01"
-	codeConnectionFailure   = "08006"
-	codeCannotConnect       = "08001"
-	codeFeatureNotSupported = "0A000"
+	codeProtocolViolation  = "08P01"
+	codeConnectionFailure  = "08006"
+	codeCannotConnect      = "08001"
+	codeTooManyConnections = "53300"
+	codeAdminShutdown      = "57P01"
 )
 
 // sendFatal tells the client why its session ends. Only called once the
@@ -449,7 +557,11 @@ func (s *session) sendFatal(code, msg, hint string) {
 }
 
 func writeFatal(w *bufio.Writer, code, msg, hint string) {
-	e := pgproto3.ErrorResponse{Severity: "FATAL", SeverityUnlocalized: "FATAL", Code: code, Message: "pgfence: " + msg, Hint: hint}
+	writeError(w, "FATAL", code, msg, hint)
+}
+
+func writeError(w *bufio.Writer, severity, code, msg, hint string) {
+	e := pgproto3.ErrorResponse{Severity: severity, SeverityUnlocalized: severity, Code: code, Message: "pgfence: " + msg, Hint: hint}
 	b, _ := e.Encode(nil)
 	w.Write(b)
 }

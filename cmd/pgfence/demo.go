@@ -59,8 +59,7 @@ func runDemo(ctx context.Context, out io.Writer, upstream string, pause time.Dur
 		listen:        "127.0.0.1:0",
 		metricsListen: "127.0.0.1:0",
 		upstream:      upstream,
-		guards:        []string{demoTable},
-		tokenSetting:  "fence.token",
+		policyOptions: policyOptions{guards: []string{demoTable}, tokenSetting: "fence.token"},
 	}, slog.New(slog.DiscardHandler))
 	if err != nil {
 		return err
@@ -76,11 +75,11 @@ func runDemo(ctx context.Context, out io.Writer, upstream string, pause time.Dur
 	if err := demoRun(ctx, out, admin, viaProxy, pause); err != nil {
 		return err
 	}
-	rejects, err := scrapeCounter("http://"+inst.MetricsAddr()+"/metrics", `fencing_reject_total{table="`+demoTable+`"}`)
+	rejects, err := scrapeCounter("http://"+inst.MetricsAddr()+"/metrics", `fencing_reject_total{mode="enforce",table="`+demoTable+`"}`)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "metrics: fencing_reject_total{table=%q} %s\n\n", demoTable, rejects)
+	fmt.Fprintf(out, "metrics: fencing_reject_total{mode=\"enforce\",table=%q} %s\n\n", demoTable, rejects)
 
 	fmt.Fprintln(out, "== Run 2: the same, straight to Postgres (no pgfence) ==")
 	if err := demoRun(ctx, out, admin, upstream, pause); err != nil {

@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
@@ -19,7 +20,9 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := rootCmd().ExecuteContext(ctx); err != nil {
-		fmt.Fprintln(os.Stderr, "pgfence:", err)
+		if !errors.Is(err, errRefused) {
+			fmt.Fprintln(os.Stderr, "pgfence:", err)
+		}
 		os.Exit(1)
 	}
 }
@@ -31,7 +34,7 @@ func rootCmd() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(serveCmd(), demoCmd(), versionCmd())
+	root.AddCommand(serveCmd(), demoCmd(), rewriteCmd(), versionCmd())
 	return root
 }
 

@@ -8,16 +8,21 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
+	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/pgfence/pgfence/fence"
 	"github.com/pgfence/pgfence/proxy"
@@ -26,16 +31,18 @@ import (
 
 // serveOptions are the flags of 'pgfence serve' (and keys of its YAML file).
 type serveOptions struct {
-	configFile     string
-	listen         string
-	upstream       string
-	metricsListen  string
-	guards         []string
-	tokenSetting   string
-	maxMessageSize int
-	startupTimeout time.Duration
-	logLevel       string
-	logFormat      string
+	policyOptions
+	configFile       string
+	listen           string
+	upstream         string
+	metricsListen    string
+	discover         bool
+	discoverColumn   string
+	discoverInterval time.Duration
+	maxMessageSize   int
+	startupTimeout   time.Duration
+	logLevel         string
+	logFormat        string
 }
 
 func (o *serveOptions) addFlags(cmd *cobra.Command) {
@@ -44,8 +51,10 @@ func (o *serveOptions) addFlags(cmd *cobra.Command) {
 	f.StringVar(&o.listen, "listen", "127.0.0.1:6432", "address clients connect to")
 	f.StringVar(&o.upstream, "upstream", "", "postgres:// URL of the real server; its user and password serve only pgfence's own queries")
 	f.StringVar(&o.metricsListen, "metrics-listen", "127.0.0.1:9187", "address of /metrics and /healthz (\"\" to disable)")
-	f.StringArrayVar(&o.guards, "guard", nil, "guarded table as TABLE[:COLUMN] or SCHEMA.TABLE[:COLUMN] (repeatable; COLUMN defaults to fence_epoch)")
-	f.StringVar(&o.tokenSetting, "token-setting", "fence.token", "session setting that holds the fencing token")
+	o.policyOptions.addFlags(cmd)
+	f.BoolVar(&o.discover, "discover", true, "guard every table of the upstream database that has a bigint --discover-column (partitions and children of guarded tables are always guarded)")
+	f.StringVar(&o.discoverColumn, "discover-column", "fence_epoch", "epoch column name that discovery looks for")
+	f.DurationVar(&o.discoverInterval, "discover-interval", time.Minute, "how often the catalog is read again (also on SIGHUP); 0 for only at start and on SIGHUP")
 	f.IntVar(&o.maxMessageSize, "max-message-size", 256<<20, "largest client message in bytes; a larger one ends that client's session")
 	f.DurationVar(&o.startupTimeout, "startup-timeout", 30*time.Second, "how long a new client may take to send its startup packet")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
@@ -59,6 +68,10 @@ func serveCmd() *cobra.Command {
 		Short: "Run the proxy",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			cli := commandLine(cmd) // before the file fills in the rest
+			hup := make(chan os.Signal, 1)
+			signal.Notify(hup, syscall.SIGHUP)
+			defer signal.Stop(hup)
 			if err := loadConfigFile(cmd, o.configFile); err != nil {
 				return err
 			}
@@ -74,14 +87,64 @@ func serveCmd() *cobra.Command {
 				return err
 			}
 			log.Info("pgfence serving", "listen", inst.Addr(), "upstream", inst.upstream, "metrics", inst.MetricsAddr(),
-				"guards", strings.Join(o.guards, ","), "token_setting", o.tokenSetting, "version", version)
-			<-cmd.Context().Done()
-			log.Info("shutting down")
-			return inst.Close()
+				"guards", len(inst.policy.Config().Guards), "token_setting", o.tokenSetting, "version", version)
+			for {
+				select {
+				case <-cmd.Context().Done():
+					log.Info("shutting down")
+					return inst.Close()
+				case <-hup:
+					fresh, err := rereadOptions(cli)
+					if err != nil {
+						log.Error("SIGHUP: configuration not reloaded", "err", err)
+						continue
+					}
+					log.Info("SIGHUP: reloading the guard configuration")
+					if fresh.upstream != o.upstream || fresh.listen != o.listen || fresh.metricsListen != o.metricsListen {
+						log.Warn("SIGHUP: --upstream, --listen and --metrics-listen take effect only after a restart")
+					}
+					inst.reload(cmd.Context(), fresh)
+				}
+			}
 		},
 	}
 	o.addFlags(cmd)
 	return cmd
+}
+
+// commandLine records the flags given on the command line.
+func commandLine(cmd *cobra.Command) map[string][]string {
+	cli := map[string][]string{}
+	cmd.Flags().Visit(func(f *pflag.Flag) {
+		if sv, ok := f.Value.(pflag.SliceValue); ok {
+			cli[f.Name] = sv.GetSlice()
+		} else {
+			cli[f.Name] = []string{f.Value.String()}
+		}
+	})
+	return cli
+}
+
+// rereadOptions builds serve's options again from the command line and the
+// config file as it is now.
+func rereadOptions(cli map[string][]string) (serveOptions, error) {
+	var o serveOptions
+	cmd := &cobra.Command{Use: "serve"}
+	o.addFlags(cmd)
+	for name, vals := range cli {
+		f := cmd.Flags().Lookup(name)
+		var err error
+		if sv, ok := f.Value.(pflag.SliceValue); ok {
+			err = sv.Replace(vals)
+			f.Changed = true
+		} else {
+			err = cmd.Flags().Set(name, vals[0])
+		}
+		if err != nil {
+			return o, err
+		}
+	}
+	return o, loadConfigFile(cmd, o.configFile)
 }
 
 func newLogger(level, format string) (*slog.Logger, error) {
@@ -101,13 +164,21 @@ func newLogger(level, format string) (*slog.Logger, error) {
 
 // instance is a running proxy with its metrics endpoint.
 type instance struct {
-	upstream string // host:port or socket path, never with credentials
-	policy   *fence.Policy
-	proxy    *proxy.Server
-	ln       net.Listener
-	httpLn   net.Listener
-	http     *http.Server
-	done     chan error
+	upstream    string // host:port or socket path, never with credentials
+	upstreamURL string // for pgfence's own catalog queries; never logged
+	log         *slog.Logger
+	metrics     *fence.Metrics
+	stop        context.CancelFunc
+
+	mu   sync.Mutex // serialises reloads
+	opts serveOptions
+
+	policy *fence.Policy
+	proxy  *proxy.Server
+	ln     net.Listener
+	httpLn net.Listener
+	http   *http.Server
+	done   chan error
 }
 
 // upstreamAddr finds where to dial from a postgres:// URL (or key=value
@@ -124,36 +195,21 @@ func upstreamAddr(url string) (network, addr string, err error) {
 	return "tcp", net.JoinHostPort(cfg.Host, port), nil
 }
 
-func parseGuards(specs []string) ([]sqlrewrite.Guard, error) {
-	var out []sqlrewrite.Guard
-	for _, spec := range specs {
-		for _, s := range strings.Split(spec, ",") {
-			if s = strings.TrimSpace(s); s == "" {
-				continue
-			}
-			g, err := sqlrewrite.ParseGuard(s)
-			if err != nil {
-				return nil, fmt.Errorf("--guard: %w", err)
-			}
-			out = append(out, g)
-		}
-	}
-	return out, nil
-}
-
-// start builds and starts the proxy and its metrics endpoint.
+// start builds and starts the proxy and its metrics endpoint, and reads the
+// catalog (then every --discover-interval) in the background.
 func start(o serveOptions, log *slog.Logger) (*instance, error) {
 	network, addr, err := upstreamAddr(o.upstream)
 	if err != nil {
 		return nil, err
 	}
-	guards, err := parseGuards(o.guards)
+	cfg, _, err := o.policyOptions.config()
 	if err != nil {
 		return nil, err
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	policy, err := fence.New(fence.Config{Guards: guards, TokenSetting: o.tokenSetting}, fence.NewMetrics(reg), log)
+	metrics := fence.NewMetrics(reg)
+	policy, err := fence.New(cfg, metrics, log)
 	if err != nil {
 		return nil, err
 	}
@@ -172,10 +228,16 @@ func start(o serveOptions, log *slog.Logger) (*instance, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--listen: %w", err)
 	}
-	inst := &instance{upstream: addr, policy: policy, proxy: srv, ln: ln, done: make(chan error, 1)}
+	ctx, cancel := context.WithCancel(context.Background())
+	inst := &instance{
+		upstream: addr, upstreamURL: o.upstream,
+		log: log, metrics: metrics, policy: policy, proxy: srv, ln: ln,
+		done: make(chan error, 1), stop: cancel,
+	}
 	if o.metricsListen != "" {
 		if inst.httpLn, err = net.Listen("tcp", o.metricsListen); err != nil {
 			ln.Close()
+			cancel()
 			return nil, fmt.Errorf("--metrics-listen: %w", err)
 		}
 		mux := http.NewServeMux()
@@ -190,8 +252,76 @@ func start(o serveOptions, log *slog.Logger) (*instance, error) {
 		inst.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 		go inst.http.Serve(inst.httpLn)
 	}
+	// The catalog is read before clients are served, so discovered tables
+	// are guarded from the first statement when Postgres is up.
+	inst.reload(ctx, o)
 	go func() { inst.done <- srv.Serve(ln) }()
+	if o.discoverInterval > 0 {
+		go inst.rediscoverEvery(ctx, o.discoverInterval)
+	}
 	return inst, nil
+}
+
+// reload applies o's policy, extended with what the catalog says.
+func (i *instance) reload(ctx context.Context, o serveOptions) {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	i.opts = o
+	cfg, apply, err := o.policyOptions.config()
+	if err != nil {
+		i.log.Error("configuration not reloaded", "err", err)
+		return
+	}
+	if d, err := i.readCatalog(ctx, o, cfg.Guards, apply); err != nil {
+		i.metrics.DiscoveryOK(false)
+		i.log.Error("cannot read the catalog: tables found by discovery and partitions of guarded tables are not guarded until it works; retrying",
+			"upstream", i.upstream, "err", err)
+	} else {
+		i.metrics.DiscoveryOK(true)
+		for _, p := range d.Problems {
+			i.log.Error("guarded table problem", "problem", p)
+		}
+		cfg.Guards = d.Guards
+	}
+	if err := i.policy.Reload(cfg); err != nil {
+		i.log.Error("configuration not reloaded", "err", err)
+		return
+	}
+	names := make([]string, len(cfg.Guards))
+	for k, g := range cfg.Guards {
+		names[k] = g.Name() + ":" + g.Rollout.String()
+	}
+	i.log.Info("guarded tables", "count", len(names), "tables", strings.Join(names, ","))
+}
+
+func (i *instance) readCatalog(ctx context.Context, o serveOptions, explicit []sqlrewrite.Guard, apply func(sqlrewrite.Guard) sqlrewrite.Guard) (*fence.Discovery, error) {
+	if !o.discover && len(explicit) == 0 {
+		return &fence.Discovery{}, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, i.upstreamURL)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close(context.Background())
+	return fence.Discover(ctx, conn, explicit, o.discover, o.discoverColumn, apply)
+}
+
+func (i *instance) rediscoverEvery(ctx context.Context, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			i.mu.Lock()
+			o := i.opts
+			i.mu.Unlock()
+			i.reload(ctx, o)
+		}
+	}
 }
 
 // Addr is where clients connect.
@@ -207,6 +337,7 @@ func (i *instance) MetricsAddr() string {
 
 // Close stops accepting and ends every session.
 func (i *instance) Close() error {
+	i.stop()
 	i.ln.Close()
 	err := i.proxy.Close()
 	if i.http != nil {

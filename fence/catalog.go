@@ -1,0 +1,181 @@
+package fence
+
+import (
+	"context"
+	"fmt"
+	"sort"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgfence/pgfence/sqlrewrite"
+)
+
+// Querier runs catalog queries: a *pgx.Conn or a pool.
+type Querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// Discovery is what the catalog says about guarded tables.
+type Discovery struct {
+	// Guards are the explicit guards, each partition or inheritance child
+	// of a guarded table, and (when discovering) every table with the
+	// epoch column, schema-qualified.
+	Guards []sqlrewrite.Guard
+	// Problems describe guarded tables that cannot be fenced as configured:
+	// missing, or whose epoch column is missing, nullable or not an integer.
+	Problems []string
+}
+
+// catalogQuery lists ordinary and partitioned tables with their epoch-column
+// candidates and parents. $1 is the default epoch column name.
+const catalogQuery = `
+SELECT n.nspname, c.relname,
+       coalesce((SELECT array_agg(pn.nspname::text || '.' || pc.relname::text)
+                 FROM pg_catalog.pg_inherits i
+                 JOIN pg_catalog.pg_class pc ON pc.oid = i.inhparent
+                 JOIN pg_catalog.pg_namespace pn ON pn.oid = pc.relnamespace
+                 WHERE i.inhrelid = c.oid), '{}') AS parents,
+       cols.names, cols.types, cols.notnull
+FROM pg_catalog.pg_class c
+JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+CROSS JOIN LATERAL (
+    SELECT coalesce(array_agg(a.attname::text ORDER BY a.attnum), '{}') AS names,
+           coalesce(array_agg(t.typname::text ORDER BY a.attnum), '{}') AS types,
+           coalesce(array_agg(a.attnotnull ORDER BY a.attnum), '{}') AS notnull
+    FROM pg_catalog.pg_attribute a
+    JOIN pg_catalog.pg_type t ON t.oid = a.atttypid
+    WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped) cols
+WHERE c.relkind IN ('r', 'p')
+  AND n.nspname NOT IN ('pg_catalog', 'information_schema')
+  AND n.nspname NOT LIKE 'pg\_toast%'`
+
+type catalogTable struct {
+	schema, name string
+	parents      []string
+	columns      map[string]columnInfo
+}
+
+type columnInfo struct {
+	typ     string
+	notNull bool
+}
+
+// Discover reads the catalog through q. Explicit guards are checked and
+// extended to their partitions and inheritance children (recursively); with
+// auto, every table that has a bigint column named column is guarded too,
+// with the rollout template gives it.
+func Discover(ctx context.Context, q Querier, explicit []sqlrewrite.Guard, auto bool, column string, template func(sqlrewrite.Guard) sqlrewrite.Guard) (*Discovery, error) {
+	rows, err := q.Query(ctx, catalogQuery)
+	if err != nil {
+		return nil, fmt.Errorf("reading the catalog: %w", err)
+	}
+	var tables []*catalogTable
+	for rows.Next() {
+		var t catalogTable
+		var names, types []string
+		var notNull []bool
+		if err := rows.Scan(&t.schema, &t.name, &t.parents, &names, &types, &notNull); err != nil {
+			return nil, fmt.Errorf("reading the catalog: %w", err)
+		}
+		t.columns = make(map[string]columnInfo, len(names))
+		for i, name := range names {
+			t.columns[name] = columnInfo{typ: types[i], notNull: notNull[i]}
+		}
+		tables = append(tables, &t)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("reading the catalog: %w", err)
+	}
+	return discover(tables, explicit, auto, column, template), nil
+}
+
+func discover(tables []*catalogTable, explicit []sqlrewrite.Guard, auto bool, column string, template func(sqlrewrite.Guard) sqlrewrite.Guard) *Discovery {
+	d := &Discovery{}
+	byName := make(map[string]*catalogTable, len(tables))
+	children := make(map[string][]*catalogTable)
+	for _, t := range tables {
+		byName[t.schema+"."+t.name] = t
+		for _, p := range t.parents {
+			children[p] = append(children[p], t)
+		}
+	}
+	seen := make(map[string]bool)
+	add := func(g sqlrewrite.Guard) {
+		key := g.Schema + "." + g.Table
+		if g.Schema == "" {
+			key = "*." + g.Table
+		}
+		if !seen[key] {
+			seen[key] = true
+			d.Guards = append(d.Guards, g)
+		}
+	}
+	// A guard covers its table's partitions and children, whatever their
+	// depth: writes can name them directly.
+	var addTree func(t *catalogTable, g sqlrewrite.Guard)
+	addTree = func(t *catalogTable, g sqlrewrite.Guard) {
+		for _, child := range children[t.schema+"."+t.name] {
+			cg := g
+			cg.Schema, cg.Table = child.schema, child.name
+			if !seen[cg.Schema+"."+cg.Table] {
+				add(cg)
+				addTree(child, g)
+			}
+		}
+	}
+	for _, g := range explicit {
+		add(g)
+		matched := false
+		for _, t := range tables {
+			if t.name != g.Table || (g.Schema != "" && g.Schema != t.schema) {
+				continue
+			}
+			matched = true
+			if p := columnProblem(t, g.Column); p != "" {
+				d.Problems = append(d.Problems, p)
+			}
+			addTree(t, g)
+		}
+		if !matched {
+			d.Problems = append(d.Problems, fmt.Sprintf("guarded table %s does not exist in this database; writes naming it are still fenced", g.Name()))
+		}
+	}
+	if auto {
+		for _, t := range tables {
+			ci, ok := t.columns[column]
+			if !ok {
+				continue
+			}
+			g := template(sqlrewrite.Guard{Schema: t.schema, Table: t.name, Column: column})
+			if !isInteger(ci.typ) {
+				d.Problems = append(d.Problems, fmt.Sprintf("table %s.%s has a column %q of type %s, not bigint: not guarded; make it bigint NOT NULL to guard it", t.schema, t.name, column, ci.typ))
+				continue
+			}
+			if p := columnProblem(t, column); p != "" {
+				d.Problems = append(d.Problems, p)
+			}
+			add(g)
+			addTree(t, g)
+		}
+	}
+	sort.Strings(d.Problems)
+	return d
+}
+
+func isInteger(typ string) bool { return typ == "int8" || typ == "int4" || typ == "int2" }
+
+// columnProblem describes what is wrong with t's epoch column, if anything.
+func columnProblem(t *catalogTable, column string) string {
+	ci, ok := t.columns[column]
+	switch {
+	case !ok:
+		return fmt.Sprintf("guarded table %s.%s has no column %q: every fenced write to it will fail; add it: ALTER TABLE %s.%s ADD COLUMN %s bigint NOT NULL DEFAULT 0", t.schema, t.name, column, t.schema, t.name, column)
+	case !isInteger(ci.typ):
+		return fmt.Sprintf("epoch column %q of guarded table %s.%s is %s, not bigint: fenced writes to it will fail", column, t.schema, t.name, ci.typ)
+	case ci.typ != "int8":
+		return fmt.Sprintf("epoch column %q of guarded table %s.%s is %s: tokens above its range will fail; make it bigint", column, t.schema, t.name, ci.typ)
+	case !ci.notNull:
+		return fmt.Sprintf("epoch column %q of guarded table %s.%s is nullable: a row with a NULL epoch can never be written through pgfence; make it NOT NULL", column, t.schema, t.name)
+	}
+	return ""
+}

@@ -1,0 +1,272 @@
+package proxy_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/pgfence/pgfence/fence"
+	"github.com/pgfence/pgfence/internal/pgserver"
+	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/proxy"
+)
+
+func wantCode(t *testing.T, err error, code string) *pgconn.PgError {
+	t.Helper()
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) || pe.Code != code {
+		t.Fatalf("want SQLSTATE %s, got %v", code, err)
+	}
+	return pe
+}
+
+// backends counts client backends with an application_name prefix.
+func backends(t *testing.T, prefix string) int {
+	t.Helper()
+	var n int
+	if err := pgtest.Direct(t).QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE $1 || '%'", prefix).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func TestStartupTimeout(t *testing.T) {
+	p := pgtest.StartProxy(t, nil, func(pc *proxy.Config, _ *fence.Config) { pc.StartupTimeout = 300 * time.Millisecond })
+	conn, err := net.Dial("tcp", p.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	start := time.Now()
+	conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	var b [1]byte
+	if _, err := conn.Read(b[:]); err == nil {
+		t.Fatal("a silent client got data instead of being dropped")
+	}
+	if d := time.Since(start); d > 3*time.Second {
+		t.Fatalf("silent client dropped after %v, want about 300ms", d)
+	}
+	pgtest.Exec(t, p.Connect(t), "SELECT 1")
+}
+
+// A client that goes away mid-query or mid-transaction has its backend
+// released and its transaction rolled back.
+func TestClientVanishes(t *testing.T) {
+	p := pgtest.StartProxy(t, nil)
+	pgtest.Exec(t, pgtest.Direct(t), "DROP TABLE IF EXISTS vanish_t; CREATE TABLE vanish_t (id int)")
+	t.Cleanup(func() { pgtest.Exec(t, pgtest.Direct(t), "DROP TABLE IF EXISTS vanish_t") })
+
+	conn, fe := rawSession(t, p.Addr)
+	fe.Send(&pgproto3.Query{String: "SET application_name = 'vanish-query'; SELECT pg_sleep(60)"})
+	fe.Flush()
+	c2 := p.Connect(t, "application_name=vanish-tx")
+	pgtest.Exec(t, c2, "BEGIN")
+	pgtest.Exec(t, c2, "INSERT INTO vanish_t VALUES (1)")
+	eventually(t, "both sessions to show", func() bool { return backends(t, "vanish-") == 2 })
+
+	conn.Close()
+	c2.PgConn().Conn().Close() // no Terminate: the socket just goes away
+	eventually(t, "backends to be released", func() bool { return backends(t, "vanish-") == 0 })
+	var n int
+	pgtest.Direct(t).QueryRow(ctx, "SELECT count(*) FROM vanish_t").Scan(&n)
+	if n != 0 {
+		t.Fatal("the vanished client's transaction was committed")
+	}
+}
+
+func TestUpstreamUnreachable(t *testing.T) {
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	dead := ln.Addr().String()
+	ln.Close()
+	p := pgtest.StartProxy(t, nil, func(pc *proxy.Config, _ *fence.Config) { pc.Upstream = dead })
+	_, err := pgx.Connect(ctx, p.URL())
+	pe := wantCode(t, err, "08001")
+	if !strings.Contains(pe.Message, "cannot connect to Postgres at "+dead) {
+		t.Fatalf("message %q", pe.Message)
+	}
+}
+
+func TestMaxClientConns(t *testing.T) {
+	p := pgtest.StartProxy(t, nil, func(pc *proxy.Config, _ *fence.Config) { pc.MaxClientConns = 2 })
+	a := p.Connect(t)
+	p.Connect(t)
+	_, err := pgx.Connect(ctx, p.URL())
+	pe := wantCode(t, err, "53300")
+	if !strings.Contains(pe.Message, "too many client connections") {
+		t.Fatalf("message %q", pe.Message)
+	}
+	a.Close(ctx)
+	eventually(t, "a freed slot", func() bool { return p.Server.Sessions() < 2 })
+	pgtest.Exec(t, p.Connect(t), "SELECT 1")
+}
+
+// Many sessions come and go: no goroutine and no server connection stays.
+func TestNoLeaks(t *testing.T) {
+	p := pgtest.StartProxy(t, nil)
+	warm := p.Connect(t)
+	pgtest.Exec(t, warm, "SELECT 1")
+	warm.Close(ctx)
+	eventually(t, "the warm-up session to end", func() bool { return p.Server.Sessions() == 0 })
+	base := runtime.NumGoroutine()
+	var wg sync.WaitGroup
+	for i := 0; i < 40; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			c, err := pgx.Connect(ctx, p.URL(fmt.Sprintf("application_name=leak-%d", i)))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			c.Exec(ctx, "SELECT 1")
+			if i%2 == 0 {
+				c.Close(ctx)
+			} else {
+				c.PgConn().Conn().Close()
+			}
+		}(i)
+	}
+	wg.Wait()
+	eventually(t, "sessions to end", func() bool { return p.Server.Sessions() == 0 })
+	eventually(t, "server connections to close", func() bool { return backends(t, "leak-") == 0 })
+	eventually(t, "goroutines to return", func() bool { return runtime.NumGoroutine() <= base+2 })
+}
+
+// Postgres restarts under load: sessions in flight get an error, the proxy
+// stays up, and new sessions work as soon as Postgres is back.
+func TestPostgresRestart(t *testing.T) {
+	pg, err := pgserver.Start(ctx, pgserver.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pg.Stop() })
+	p := pgtest.StartProxy(t, nil, func(pc *proxy.Config, _ *fence.Config) { pc.Upstream = pg.Addr() })
+	url := "postgres://postgres@" + p.Addr + "/postgres?sslmode=disable"
+
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var failures int
+	for i := 0; i < 4; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				c, err := pgx.Connect(ctx, url)
+				if err != nil {
+					time.Sleep(20 * time.Millisecond)
+					continue
+				}
+				for j := 0; j < 20; j++ {
+					qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+					_, err := c.Exec(qctx, "SELECT pg_sleep(0.01)")
+					cancel()
+					if err != nil {
+						if errors.Is(err, context.DeadlineExceeded) {
+							t.Error("a query hung across the restart instead of failing")
+						}
+						mu.Lock()
+						failures++
+						mu.Unlock()
+						break
+					}
+				}
+				c.Close(ctx)
+			}
+		}()
+	}
+	time.Sleep(300 * time.Millisecond)
+	if err := pg.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c := pgtest.Connect(t, url) // the proxy is up and Postgres is back
+	pgtest.Exec(t, c, "SELECT 1")
+	time.Sleep(300 * time.Millisecond)
+	close(stop)
+	wg.Wait()
+	if failures == 0 {
+		t.Fatal("no session saw the restart: the test did not test anything")
+	}
+	t.Logf("%d sessions failed across the restart", failures)
+}
+
+// Shutdown drains: idle sessions end at once with 57P01, a session in a
+// transaction may finish it, then ends too.
+func TestShutdownDrains(t *testing.T) {
+	p := pgtest.StartProxy(t, nil)
+	idle := p.Connect(t)
+	busy := p.Connect(t)
+	pgtest.Exec(t, busy, "BEGIN")
+	pgtest.Exec(t, busy, "SELECT 1")
+
+	done := make(chan error, 1)
+	go func() {
+		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		done <- p.Server.Shutdown(sctx)
+	}()
+	eventually(t, "the idle session to end", func() bool { return p.Server.Sessions() == 1 })
+	_, err := idle.Exec(ctx, "SELECT 1")
+	if err == nil {
+		t.Fatal("idle session still works during a drain")
+	}
+	if tag := pgtest.Exec(t, busy, "SELECT 2"); tag != "SELECT 1" {
+		t.Fatal(tag)
+	}
+	pgtest.Exec(t, busy, "COMMIT")
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Shutdown: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("drain did not finish after the last transaction ended")
+	}
+	if _, err := busy.Exec(ctx, "SELECT 1"); err == nil {
+		t.Fatal("session still open after the drain")
+	}
+}
+
+func TestShutdownDeadline(t *testing.T) {
+	p := pgtest.StartProxy(t, nil)
+	busy := p.Connect(t)
+	pgtest.Exec(t, busy, "BEGIN")
+	sctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	if err := p.Server.Shutdown(sctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Shutdown past its deadline: %v", err)
+	}
+	if d := time.Since(start); d > 3*time.Second {
+		t.Fatalf("Shutdown took %v", d)
+	}
+	if p.Server.Sessions() != 0 {
+		t.Fatal("sessions left after the deadline")
+	}
+}
