@@ -8,7 +8,10 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"os"
+	"os/signal"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -30,7 +33,9 @@ front of it, and plays the zombie-writer story twice: once through pgfence, wher
 the stale write changes nothing, and once straight to Postgres, where it lands.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runDemo(cmd.Context(), cmd.OutOrStdout(), upstream, pause)
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			return runDemo(ctx, cmd.OutOrStdout(), upstream, pause)
 		},
 	}
 	cmd.Flags().StringVar(&upstream, "upstream", "", "postgres:// URL of a server to use instead of a throwaway one (the demo creates and drops table "+demoTable+")")

@@ -7,8 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/signal"
-	"syscall"
 
 	"github.com/spf13/cobra"
 )
@@ -17,9 +15,8 @@ import (
 var version = "dev"
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := rootCmd().ExecuteContext(ctx); err != nil {
+	// Commands handle signals themselves: serve drains on SIGTERM.
+	if err := rootCmd().ExecuteContext(context.Background()); err != nil {
 		if !errors.Is(err, errRefused) {
 			fmt.Fprintln(os.Stderr, "pgfence:", err)
 		}

@@ -78,8 +78,8 @@ func TestConfigFileAndFlags(t *testing.T) {
 }
 
 func TestHealthz(t *testing.T) {
-	get := func(inst *instance) (int, string) {
-		resp, err := http.Get("http://" + inst.MetricsAddr() + "/healthz")
+	get := func(inst *instance, path string) (int, string) {
+		resp, err := http.Get("http://" + inst.MetricsAddr() + path)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -99,8 +99,11 @@ func TestHealthz(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if code, body := get(inst); code != 503 || !strings.Contains(body, "unreachable") {
-		t.Errorf("unreachable upstream: %d %q", code, body)
+	if code, body := get(inst, "/healthz"); code != 200 || !strings.Contains(body, "unreachable") {
+		t.Errorf("healthz, unreachable upstream: %d %q (the proxy is alive and must say Postgres is not)", code, body)
+	}
+	if code, body := get(inst, "/readyz"); code != 503 || !strings.Contains(body, "unreachable") {
+		t.Errorf("readyz, unreachable upstream: %d %q", code, body)
 	}
 	inst.Close()
 
@@ -115,8 +118,11 @@ func TestHealthz(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer inst.Close()
-	if code, body := get(inst); code != 200 || !strings.HasPrefix(body, "ok") {
-		t.Errorf("reachable upstream: %d %q", code, body)
+	if code, body := get(inst, "/healthz"); code != 200 || !strings.Contains(body, " reachable") {
+		t.Errorf("healthz, reachable upstream: %d %q", code, body)
+	}
+	if code, body := get(inst, "/readyz"); code != 200 || !strings.HasPrefix(body, "ready") {
+		t.Errorf("readyz, reachable upstream: %d %q", code, body)
 	}
 }
 
@@ -172,30 +178,11 @@ func TestServeReloadsOnSIGHUP(t *testing.T) {
 	if _, err := admin.Exec(context.Background(), "CREATE TABLE hup_t (id int PRIMARY KEY, v text, fence_epoch bigint NOT NULL DEFAULT 100); INSERT INTO hup_t VALUES (1, 'a')"); err != nil {
 		t.Fatal(err)
 	}
-	ln, _ := net.Listen("tcp", "127.0.0.1:0")
-	addr := ln.Addr().String()
-	ln.Close()
 	dir := t.TempDir()
 	cfgPath := filepath.Join(dir, "pgfence.yaml")
 	os.WriteFile(cfgPath, []byte("discover: false\n"), 0o600)
-
-	ctx, cancel := context.WithCancel(context.Background())
-	cmd := rootCmd()
-	cmd.SetArgs([]string{"serve", "--upstream", pg.URL("postgres"), "--listen", addr, "--metrics-listen", "", "--config", cfgPath, "--discover-interval", "0", "--log-level", "error"})
-	done := make(chan error, 1)
-	go func() { done <- cmd.ExecuteContext(ctx) }()
-	defer func() { cancel(); <-done }()
-
-	var c *pgx.Conn
-	for i := 0; ; i++ {
-		if c, err = pgx.Connect(context.Background(), "postgres://postgres@"+addr+"/postgres?sslmode=disable"); err == nil {
-			break
-		}
-		if i > 100 {
-			t.Fatal(err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	addr, _ := runServe(t, "--upstream", pg.URL("postgres"), "--config", cfgPath, "--discover-interval", "0")
+	c := connectRetry(t, addr)
 	defer c.Close(context.Background())
 	c.Exec(context.Background(), "SET fence.token = '1'")
 	if tag, err := c.Exec(context.Background(), "UPDATE hup_t SET v = 'unguarded' WHERE id = 1"); err != nil || tag.String() != "UPDATE 1" {
@@ -218,5 +205,99 @@ func TestServeReloadsOnSIGHUP(t *testing.T) {
 			t.Fatal("SIGHUP did not reload the configuration")
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// runServe runs 'pgfence serve' in this process on a free port; the
+// returned channel yields its result. It is stopped when the test ends.
+func runServe(t *testing.T, args ...string) (string, chan error) {
+	t.Helper()
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	addr := ln.Addr().String()
+	ln.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	cmd := rootCmd()
+	cmd.SetArgs(append([]string{"serve", "--listen", addr, "--metrics-listen", "", "--log-level", "error"}, args...))
+	done := make(chan error, 1)
+	go func() { done <- cmd.ExecuteContext(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+		}
+	})
+	return addr, done
+}
+
+func connectRetry(t *testing.T, addr string) *pgx.Conn {
+	t.Helper()
+	for i := 0; ; i++ {
+		c, err := pgx.Connect(context.Background(), "postgres://postgres@"+addr+"/postgres?sslmode=disable")
+		if err == nil {
+			t.Cleanup(func() { c.Close(context.Background()) })
+			return c
+		}
+		if i > 100 {
+			t.Fatal(err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// SIGTERM drains: no new clients, idle sessions end, an open transaction
+// may finish; a second signal closes everything at once.
+func TestServeSIGTERM(t *testing.T) {
+	pg, err := pgserver.Start(context.Background(), pgserver.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pg.Stop()
+	bg := context.Background()
+
+	addr, done := runServe(t, "--upstream", pg.URL("postgres"), "--drain-timeout", "20s")
+	idle := connectRetry(t, addr)
+	busy := connectRetry(t, addr)
+	if _, err := busy.Exec(bg, "BEGIN"); err != nil {
+		t.Fatal(err)
+	}
+	syscall.Kill(os.Getpid(), syscall.SIGTERM)
+	time.Sleep(300 * time.Millisecond)
+	if _, err := idle.Exec(bg, "SELECT 1"); err == nil {
+		t.Error("an idle session survived SIGTERM")
+	}
+	if _, err := pgx.Connect(bg, "postgres://postgres@"+addr+"/postgres?sslmode=disable"); err == nil {
+		t.Error("a new client was accepted while draining")
+	}
+	if _, err := busy.Exec(bg, "SELECT 1"); err != nil {
+		t.Fatalf("the open transaction was cut during the drain: %v", err)
+	}
+	if _, err := busy.Exec(bg, "COMMIT"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("serve did not exit after the last transaction ended")
+	}
+
+	// A second signal during a drain closes everything at once.
+	addr, done = runServe(t, "--upstream", pg.URL("postgres"), "--drain-timeout", "60s")
+	busy = connectRetry(t, addr)
+	busy.Exec(bg, "BEGIN")
+	syscall.Kill(os.Getpid(), syscall.SIGTERM)
+	time.Sleep(200 * time.Millisecond)
+	start := time.Now()
+	syscall.Kill(os.Getpid(), syscall.SIGINT)
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("a second signal did not stop serve")
+	}
+	if d := time.Since(start); d > 3*time.Second {
+		t.Fatalf("second signal took %v", d)
 	}
 }

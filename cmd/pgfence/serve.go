@@ -41,6 +41,8 @@ type serveOptions struct {
 	discoverInterval time.Duration
 	maxMessageSize   int
 	startupTimeout   time.Duration
+	maxClientConns   int
+	drainTimeout     time.Duration
 	logLevel         string
 	logFormat        string
 }
@@ -57,6 +59,8 @@ func (o *serveOptions) addFlags(cmd *cobra.Command) {
 	f.DurationVar(&o.discoverInterval, "discover-interval", time.Minute, "how often the catalog is read again (also on SIGHUP); 0 for only at start and on SIGHUP")
 	f.IntVar(&o.maxMessageSize, "max-message-size", 256<<20, "largest client message in bytes; a larger one ends that client's session")
 	f.DurationVar(&o.startupTimeout, "startup-timeout", 30*time.Second, "how long a new client may take to send its startup packet")
+	f.IntVar(&o.maxClientConns, "max-client-conns", 1000, "client sessions open at once; more are refused with SQLSTATE 53300 (0: no limit)")
+	f.DurationVar(&o.drainTimeout, "drain-timeout", 30*time.Second, "on SIGTERM, how long open transactions may go on before their sessions are closed")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&o.logFormat, "log-format", "text", "text or json")
 }
@@ -72,6 +76,9 @@ func serveCmd() *cobra.Command {
 			hup := make(chan os.Signal, 1)
 			signal.Notify(hup, syscall.SIGHUP)
 			defer signal.Stop(hup)
+			stop := make(chan os.Signal, 2)
+			signal.Notify(stop, syscall.SIGTERM, os.Interrupt)
+			defer signal.Stop(stop)
 			if err := loadConfigFile(cmd, o.configFile); err != nil {
 				return err
 			}
@@ -88,11 +95,26 @@ func serveCmd() *cobra.Command {
 			}
 			log.Info("pgfence serving", "listen", inst.Addr(), "upstream", inst.upstream, "metrics", inst.MetricsAddr(),
 				"guards", len(inst.policy.Config().Guards), "token_setting", o.tokenSetting, "version", version)
+			var drained chan error // non-nil while draining
 			for {
 				select {
 				case <-cmd.Context().Done():
 					log.Info("shutting down")
 					return inst.Close()
+				case sig := <-stop:
+					if sig != syscall.SIGTERM || drained != nil {
+						log.Info("shutting down now", "signal", sig.String())
+						return inst.Close()
+					}
+					log.Info("SIGTERM: draining; a second signal closes every session now", "drain_timeout", o.drainTimeout)
+					drained = make(chan error, 1)
+					go func() { drained <- inst.Shutdown(o.drainTimeout) }()
+				case err := <-drained:
+					if err != nil {
+						log.Warn("drain timeout reached; remaining sessions were closed")
+					}
+					log.Info("drained; bye")
+					return nil
 				case <-hup:
 					fresh, err := rereadOptions(cli)
 					if err != nil {
@@ -220,6 +242,7 @@ func start(o serveOptions, log *slog.Logger) (*instance, error) {
 		Logger:          log,
 		MaxMessageSize:  o.maxMessageSize,
 		StartupTimeout:  o.startupTimeout,
+		MaxClientConns:  o.maxClientConns,
 	})
 	if err != nil {
 		return nil, err
@@ -242,12 +265,22 @@ func start(o serveOptions, log *slog.Logger) (*instance, error) {
 		}
 		mux := http.NewServeMux()
 		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		// /healthz is liveness: the proxy answers, whatever Postgres does
+		// (restarting a sidecar because Postgres is down helps nobody).
+		// /readyz is readiness: Postgres accepts connections.
 		mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 			if err := srv.CheckUpstream(r.Context()); err != nil {
-				http.Error(w, fmt.Sprintf("proxy up; Postgres at %s unreachable: %v\n", addr, err), http.StatusServiceUnavailable)
+				fmt.Fprintf(w, "ok: proxy up; Postgres at %s unreachable: %v\n", addr, err)
 				return
 			}
-			fmt.Fprintf(w, "ok: proxy up, Postgres at %s reachable\n", addr)
+			fmt.Fprintf(w, "ok: proxy up; Postgres at %s reachable\n", addr)
+		})
+		mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+			if err := srv.CheckUpstream(r.Context()); err != nil {
+				http.Error(w, fmt.Sprintf("not ready: Postgres at %s unreachable: %v\n", addr, err), http.StatusServiceUnavailable)
+				return
+			}
+			fmt.Fprintf(w, "ready: Postgres at %s reachable\n", addr)
 		})
 		inst.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 		go inst.http.Serve(inst.httpLn)
@@ -322,6 +355,23 @@ func (i *instance) rediscoverEvery(ctx context.Context, every time.Duration) {
 			i.reload(ctx, o)
 		}
 	}
+}
+
+// Shutdown stops accepting clients and drains the sessions for up to
+// timeout, then closes what is left.
+func (i *instance) Shutdown(timeout time.Duration) error {
+	i.stop()
+	i.ln.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	err := i.proxy.Shutdown(ctx)
+	if i.http != nil {
+		hctx, hcancel := context.WithTimeout(context.Background(), time.Second)
+		defer hcancel()
+		i.http.Shutdown(hctx)
+	}
+	<-i.done
+	return err
 }
 
 // Addr is where clients connect.
