@@ -270,3 +270,17 @@ func TestShutdownDeadline(t *testing.T) {
 		t.Fatal("sessions left after the deadline")
 	}
 }
+
+// After the client's own Terminate nothing more is sent to it, however the
+// two ends of the session close.
+func TestNothingAfterTerminate(t *testing.T) {
+	p := pgtest.StartProxy(t, nil)
+	for i := 0; i < 200; i++ {
+		conn, fe := rawSession(t, p.Addr)
+		conn.Write([]byte{'X', 0, 0, 0, 4})
+		if m, err := fe.Receive(); err == nil {
+			t.Fatalf("session %d: got %T %+v after Terminate", i, m, m)
+		}
+		conn.Close()
+	}
+}

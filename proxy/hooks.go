@@ -88,6 +88,7 @@ type Client struct {
 	RemoteAddr string
 	User       string
 	Database   string
+	TLS        bool // the client connected to pgfence over TLS
 	appName    atomic.Pointer[string]
 	// What the server reported last; both change how SQL text must be read.
 	nonStandardStrings atomic.Bool            // standard_conforming_strings = off

@@ -6,6 +6,7 @@ package proxy
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -40,6 +41,14 @@ type Config struct {
 	// MaxClientConns bounds the client sessions open at once; a client over
 	// it is refused with SQLSTATE 53300. 0 means no limit.
 	MaxClientConns int
+	// TLS, if set, is offered to clients that send SSLRequest: pgfence
+	// terminates their TLS. Without it they are told "N".
+	TLS *tls.Config
+	// UpstreamTLS, if set, is used to connect to Postgres over TLS. If
+	// Postgres refuses TLS, the session fails when UpstreamTLSRequired, and
+	// goes on in plain text otherwise (sslmode=prefer).
+	UpstreamTLS         *tls.Config
+	UpstreamTLSRequired bool
 }
 
 // Server accepts clients and relays each to its own Postgres connection.
@@ -212,11 +221,12 @@ const (
 func (s *Server) handle(conn net.Conn) {
 	id := s.nextID.Add(1)
 	log := s.log.With("conn", id, "client", conn.RemoteAddr().String())
-	cr := bufio.NewReaderSize(conn, 32<<10)
-	cw := bufio.NewWriterSize(conn, 32<<10)
+	cc := &clientConn{Conn: conn, r: bufio.NewReaderSize(conn, 32<<10), w: bufio.NewWriterSize(conn, 32<<10)}
+	cw := cc.w
 
 	conn.SetDeadline(time.Now().Add(s.cfg.StartupTimeout))
-	packet, startup, err := s.readStartup(conn, cr, cw)
+	packet, startup, err := s.readStartup(cc)
+	cw = cc.w // TLS may have replaced it
 	if err != nil {
 		if !isClosed(err) {
 			log.Info("startup failed", "err", err)
@@ -230,7 +240,8 @@ func (s *Server) handle(conn net.Conn) {
 	}
 	c := &Client{ID: id, RemoteAddr: conn.RemoteAddr().String(), User: startup.Parameters["user"], Database: startup.Parameters["database"]}
 	c.setApplicationName(startup.Parameters["application_name"])
-	sess := &session{srv: s, c: c, log: log, client: conn, cr: cr, cw: cw}
+	c.TLS = cc.tls
+	sess := &session{srv: s, c: c, log: log, client: cc.Conn, cr: cc.r, cw: cc.w}
 	if !s.admit(conn, sess) {
 		log.Warn("client refused: too many client connections", "max_client_conns", s.cfg.MaxClientConns)
 		writeError(cw, "FATAL", codeTooManyConnections, fmt.Sprintf("too many client connections: pgfence allows %d at once", s.cfg.MaxClientConns), "try again later, or raise --max-client-conns")
@@ -240,10 +251,7 @@ func (s *Server) handle(conn net.Conn) {
 	ic := s.cfg.Interceptor
 	ic.SessionStart(c)
 
-	var d net.Dialer
-	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.DialTimeout)
-	server, err := d.DialContext(ctx, s.cfg.UpstreamNetwork, s.cfg.Upstream)
-	cancel()
+	server, err := s.dialUpstream()
 	if err != nil {
 		log.Warn("cannot reach Postgres", "upstream", s.cfg.Upstream, "err", err)
 		writeFatal(cw, codeCannotConnect, fmt.Sprintf("cannot connect to Postgres at %s: %v", s.cfg.Upstream, err), "check that Postgres is running and --upstream is right; try again")
@@ -268,11 +276,61 @@ func (s *Server) handle(conn net.Conn) {
 	ic.SessionEnd(c, err)
 }
 
+// clientConn is a client connection during startup, which TLS may upgrade.
+type clientConn struct {
+	net.Conn
+	r   *bufio.Reader
+	w   *bufio.Writer
+	tls bool
+}
+
+// dialUpstream connects to Postgres, over TLS when configured.
+func (s *Server) dialUpstream() (net.Conn, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.DialTimeout)
+	defer cancel()
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, s.cfg.UpstreamNetwork, s.cfg.Upstream)
+	if err != nil || s.cfg.UpstreamTLS == nil {
+		return conn, err
+	}
+	deadline, _ := ctx.Deadline()
+	conn.SetDeadline(deadline)
+	defer conn.SetDeadline(time.Time{})
+	req := binary.BigEndian.AppendUint32(binary.BigEndian.AppendUint32(nil, 8), codeSSLRequest)
+	var answer [1]byte
+	if _, err := conn.Write(req); err != nil {
+		conn.Close()
+		return nil, err
+	}
+	if _, err := io.ReadFull(conn, answer[:]); err != nil {
+		conn.Close()
+		return nil, err
+	}
+	switch answer[0] {
+	case 'S':
+		tc := tls.Client(conn, s.cfg.UpstreamTLS)
+		if err := tc.HandshakeContext(ctx); err != nil {
+			conn.Close()
+			return nil, fmt.Errorf("TLS handshake with Postgres: %w", err)
+		}
+		return tc, nil
+	case 'N':
+		if s.cfg.UpstreamTLSRequired {
+			conn.Close()
+			return nil, errors.New("Postgres does not accept TLS, and the --upstream URL's sslmode requires it")
+		}
+		return conn, nil
+	}
+	conn.Close()
+	return nil, fmt.Errorf("Postgres answered SSLRequest with %q", answer[0])
+}
+
 // readStartup reads startup packets until a StartupMessage, answering
-// SSLRequest and GSSENCRequest with "no" and forwarding a CancelRequest. It
-// returns the raw StartupMessage packet to forward, and its decoded form
-// (nil after a CancelRequest).
-func (s *Server) readStartup(conn net.Conn, r *bufio.Reader, w *bufio.Writer) ([]byte, *pgproto3.StartupMessage, error) {
+// SSLRequest (with TLS when configured) and GSSENCRequest ("no"), and
+// forwarding a CancelRequest. It returns the raw StartupMessage packet to
+// forward, and its decoded form (nil after a CancelRequest).
+func (s *Server) readStartup(cc *clientConn) ([]byte, *pgproto3.StartupMessage, error) {
+	r, w := cc.r, cc.w
 	for {
 		var h [4]byte
 		if _, err := io.ReadFull(r, h[:]); err != nil {
@@ -288,6 +346,32 @@ func (s *Server) readStartup(conn net.Conn, r *bufio.Reader, w *bufio.Writer) ([
 			return nil, nil, err
 		}
 		code := binary.BigEndian.Uint32(packet[4:8])
+		switch code {
+		case codeSSLRequest:
+			if s.cfg.TLS == nil || cc.tls {
+				break // answered "N" below
+			}
+			if r.Buffered() > 0 {
+				// Bytes sent before the handshake were not encrypted: taking
+				// them as part of the session would let a man in the middle
+				// inject them (CVE-2021-23214).
+				return nil, nil, fmt.Errorf("%w: unencrypted data after SSLRequest", ErrMalformed)
+			}
+			if err := w.WriteByte('S'); err != nil {
+				return nil, nil, err
+			}
+			if err := w.Flush(); err != nil {
+				return nil, nil, err
+			}
+			tc := tls.Server(cc.Conn, s.cfg.TLS)
+			if err := tc.Handshake(); err != nil {
+				return nil, nil, fmt.Errorf("TLS handshake: %w", err)
+			}
+			cc.Conn, cc.tls = tc, true
+			cc.r, cc.w = bufio.NewReaderSize(tc, 32<<10), bufio.NewWriterSize(tc, 32<<10)
+			r, w = cc.r, cc.w
+			continue
+		}
 		switch code {
 		case codeSSLRequest, codeGSSENCRequest:
 			// Encryption is not offered: the client may go on in plain text

@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -48,6 +49,11 @@ type session struct {
 	idle atomic.Bool
 	// fatal is set once the server has sent a FATAL error.
 	fatal bool
+	// sasl is set between AuthenticationSASL and the client's answer.
+	sasl atomic.Bool
+	// terminated is set when the client sent Terminate: the server closing
+	// its end afterwards is the expected end, not a failure.
+	terminated atomic.Bool
 	// cancel is the CancelRequest for this session's backend, built from
 	// its BackendKeyData.
 	cancel atomic.Pointer[[]byte]
@@ -62,9 +68,12 @@ type session struct {
 	sbuf []byte
 }
 
-// clientError is a protocol violation by the client: the session ends, and
-// the client is told why.
-type clientError struct{ err error }
+// clientError ends a session because of what the client sent; the client
+// is told why (code defaults to protocol_violation).
+type clientError struct {
+	err        error
+	code, hint string
+}
 
 func (e *clientError) Error() string { return e.err.Error() }
 func (e *clientError) Unwrap() error { return e.err }
@@ -113,7 +122,11 @@ func (s *session) relay() error {
 		<-serr // the server side owns the client writer until it returns
 		var ce *clientError
 		if errors.As(err, &ce) {
-			s.sendFatal(codeProtocolViolation, ce.Error(), "the connection was closed by pgfence; other sessions are not affected")
+			code, hint := ce.code, ce.hint
+			if code == "" {
+				code, hint = codeProtocolViolation, "the connection was closed by pgfence; other sessions are not affected"
+			}
+			s.sendFatal(code, ce.Error(), hint)
 			return err
 		}
 		if isClosed(err) {
@@ -122,6 +135,8 @@ func (s *session) relay() error {
 		return err
 	case err := <-serr:
 		switch {
+		case s.terminated.Load():
+			err = nil
 		case s.srv.draining.Load():
 			s.sendFatal(codeAdminShutdown, "terminating connection because pgfence is shutting down", "reconnect: another pgfence or the restarted one will serve you")
 			err = nil
@@ -155,7 +170,7 @@ func (s *session) clientToServer() error {
 		typ, n, err := header(s.cr, max)
 		if err != nil {
 			if errors.Is(err, ErrMalformed) {
-				return &clientError{err}
+				return &clientError{err: err}
 			}
 			return err
 		}
@@ -174,7 +189,10 @@ func (s *session) clientToServer() error {
 		case 'S', 'F': // Sync and FunctionCall end with ReadyForQuery
 			s.pipe.push(readyWait)
 			err = forward(s.sw, s.cr, n)
+		case 'p':
+			err = s.saslInitial(n)
 		case 'X':
+			s.terminated.Store(true)
 			if err = forward(s.sw, s.cr, n); err == nil {
 				err = s.sw.Flush()
 			}
@@ -197,7 +215,7 @@ func (s *session) query(n int) error {
 	}
 	text, _, err := cstring(b)
 	if err != nil {
-		return &clientError{fmt.Errorf("Query: %w", err)}
+		return &clientError{err: fmt.Errorf("Query: %w", err)}
 	}
 	plan := s.srv.cfg.Interceptor.Query(s.c, string(text))
 	// A simple Query destroys the unnamed statement and portal.
@@ -222,11 +240,11 @@ func (s *session) parse(n int) error {
 	}
 	name, rest, err := cstring(b)
 	if err != nil {
-		return &clientError{fmt.Errorf("Parse: %w", err)}
+		return &clientError{err: fmt.Errorf("Parse: %w", err)}
 	}
 	text, params, err := cstring(rest)
 	if err != nil {
-		return &clientError{fmt.Errorf("Parse: %w", err)}
+		return &clientError{err: fmt.Errorf("Parse: %w", err)}
 	}
 	plan := s.srv.cfg.Interceptor.Parse(s.c, string(text))
 	if len(plan.Probes) > 0 {
@@ -394,6 +412,8 @@ func (s *session) reply(w *wait, typ byte, n int) error {
 		return s.parameterStatus(n)
 	case 'K':
 		s.keyData(n)
+	case 'R':
+		s.noteAuth(n)
 	}
 	return forward(s.cw, s.sr, n)
 }
@@ -422,6 +442,18 @@ func (s *session) serverError(w *wait, n int) error {
 	if e.Severity == "FATAL" || e.Severity == "PANIC" {
 		s.fatal = true
 	}
+	if e.Code == codeInvalidAuthorization && strings.Contains(e.Message, "channel binding negotiation") {
+		// The client supports channel binding and Postgres, over TLS,
+		// offered it to pgfence: a mismatch no client setting but one can
+		// fix. Say which.
+		e.Message, e.Hint = "pgfence: "+channelBindingHelp, channelBindingHint
+		out, err := e.Encode(s.out[:0:0])
+		if err != nil {
+			return err
+		}
+		_, err = s.cw.Write(out)
+		return err
+	}
 	if r := s.srv.cfg.Interceptor.Error(s.c, &e); r != nil {
 		out, err := r.Encode(s.out[:0:0])
 		if err != nil {
@@ -444,6 +476,40 @@ func (s *session) parameterStatus(n int) error {
 		}
 	}
 	return writeMessage(s.cw, 'S', b)
+}
+
+// channelBindingHelp explains why SCRAM channel binding cannot work
+// through pgfence.
+const channelBindingHelp = "SCRAM channel binding cannot pass through pgfence: the client's TLS channel ends at pgfence, not at Postgres, so the binding can never match"
+
+const channelBindingHint = "connect with channel_binding=disable (the password exchange is still SCRAM), or let pgfence reach Postgres without TLS (e.g. over loopback or a Unix socket), where Postgres does not offer channel binding"
+
+// authSASL is AuthenticationSASL's request code.
+const authSASL = 10
+
+// noteAuth watches authentication requests for the start of SASL, so that
+// the client's choice of mechanism can be checked.
+func (s *session) noteAuth(n int) {
+	if b, err := s.sr.Peek(9); err == nil && n >= 4 && binary.BigEndian.Uint32(b[5:9]) == authSASL {
+		s.sasl.Store(true)
+	}
+}
+
+// saslInitial checks the client's SASLInitialResponse: a client choosing
+// SCRAM-SHA-256-PLUS is stopped with an explanation instead of failing
+// later with a bare "channel binding check failed".
+func (s *session) saslInitial(n int) error {
+	if !s.sasl.CompareAndSwap(true, false) {
+		return forward(s.sw, s.cr, n)
+	}
+	b, err := s.peek(n)
+	if err != nil {
+		return err
+	}
+	if mech, _, err := cstring(b); err == nil && string(mech) == "SCRAM-SHA-256-PLUS" {
+		return &clientError{err: errors.New(channelBindingHelp), code: codeInvalidAuthorization, hint: channelBindingHint}
+	}
+	return forward(s.sw, s.cr, n)
 }
 
 // keyData keeps the backend's key so the proxy can cancel its query if the
@@ -542,11 +608,12 @@ func (s *session) captureRow(w *wait, n int) error {
 
 // SQLSTATEs the proxy itself raises.
 const (
-	codeProtocolViolation  = "08P01"
-	codeConnectionFailure  = "08006"
-	codeCannotConnect      = "08001"
-	codeTooManyConnections = "53300"
-	codeAdminShutdown      = "57P01"
+	codeProtocolViolation    = "08P01"
+	codeConnectionFailure    = "08006"
+	codeCannotConnect        = "08001"
+	codeTooManyConnections   = "53300"
+	codeAdminShutdown        = "57P01"
+	codeInvalidAuthorization = "28000"
 )
 
 // sendFatal tells the client why its session ends. Only called once the

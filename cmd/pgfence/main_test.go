@@ -219,12 +219,14 @@ func runServe(t *testing.T, args ...string) (string, chan error) {
 	cmd := rootCmd()
 	cmd.SetArgs(append([]string{"serve", "--listen", addr, "--metrics-listen", "", "--log-level", "error"}, args...))
 	done := make(chan error, 1)
-	go func() { done <- cmd.ExecuteContext(ctx) }()
+	finished := make(chan struct{})
+	go func() { done <- cmd.ExecuteContext(ctx); close(finished) }()
 	t.Cleanup(func() {
 		cancel()
 		select {
-		case <-done:
+		case <-finished:
 		case <-time.After(10 * time.Second):
+			t.Error("serve did not stop when its context ended")
 		}
 	})
 	return addr, done

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -43,6 +44,8 @@ type serveOptions struct {
 	startupTimeout   time.Duration
 	maxClientConns   int
 	drainTimeout     time.Duration
+	tlsCert          string
+	tlsKey           string
 	logLevel         string
 	logFormat        string
 }
@@ -60,6 +63,8 @@ func (o *serveOptions) addFlags(cmd *cobra.Command) {
 	f.IntVar(&o.maxMessageSize, "max-message-size", 256<<20, "largest client message in bytes; a larger one ends that client's session")
 	f.DurationVar(&o.startupTimeout, "startup-timeout", 30*time.Second, "how long a new client may take to send its startup packet")
 	f.IntVar(&o.maxClientConns, "max-client-conns", 1000, "client sessions open at once; more are refused with SQLSTATE 53300 (0: no limit)")
+	f.StringVar(&o.tlsCert, "tls-cert", "", "PEM certificate (chain) for client TLS; with --tls-key, pgfence accepts sslmode=require/verify-full clients and terminates their TLS")
+	f.StringVar(&o.tlsKey, "tls-key", "", "PEM private key for --tls-cert")
 	f.DurationVar(&o.drainTimeout, "drain-timeout", 30*time.Second, "on SIGTERM, how long open transactions may go on before their sessions are closed")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&o.logFormat, "log-format", "text", "text or json")
@@ -200,27 +205,60 @@ type instance struct {
 	ln     net.Listener
 	httpLn net.Listener
 	http   *http.Server
-	done   chan error
+	served chan struct{} // closed when Serve returns
 }
 
-// upstreamAddr finds where to dial from a postgres:// URL (or key=value
-// string).
-func upstreamAddr(url string) (network, addr string, err error) {
+// upstream is where and how pgfence reaches Postgres.
+type upstream struct {
+	network, addr string
+	tls           *tls.Config // nil: plain
+	tlsRequired   bool        // sslmode require/verify-*: no plain-text fallback
+}
+
+// parseUpstream reads a postgres:// URL (or key=value string), with
+// sslmode, sslrootcert and friends meaning what they mean to libpq.
+func parseUpstream(url string) (upstream, error) {
 	cfg, err := pgconn.ParseConfig(url)
 	if err != nil {
-		return "", "", fmt.Errorf("--upstream: %w", err)
+		return upstream{}, fmt.Errorf("--upstream: %w", err)
 	}
 	port := strconv.Itoa(int(cfg.Port))
 	if strings.HasPrefix(cfg.Host, "/") {
-		return "unix", filepath.Join(cfg.Host, ".s.PGSQL."+port), nil
+		return upstream{network: "unix", addr: filepath.Join(cfg.Host, ".s.PGSQL."+port)}, nil
 	}
-	return "tcp", net.JoinHostPort(cfg.Host, port), nil
+	u := upstream{network: "tcp", addr: net.JoinHostPort(cfg.Host, port), tls: cfg.TLSConfig, tlsRequired: cfg.TLSConfig != nil}
+	for _, fb := range cfg.Fallbacks {
+		if fb.TLSConfig == nil {
+			u.tlsRequired = false // sslmode=prefer or allow
+		}
+	}
+	return u, nil
+}
+
+// clientTLS loads --tls-cert and --tls-key.
+func clientTLS(certFile, keyFile string) (*tls.Config, error) {
+	if certFile == "" && keyFile == "" {
+		return nil, nil
+	}
+	if certFile == "" || keyFile == "" {
+		return nil, errors.New("--tls-cert and --tls-key go together")
+	}
+	pair, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		return nil, fmt.Errorf("--tls-cert/--tls-key: %w", err)
+	}
+	return &tls.Config{Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12}, nil
 }
 
 // start builds and starts the proxy and its metrics endpoint, and reads the
 // catalog (then every --discover-interval) in the background.
 func start(o serveOptions, log *slog.Logger) (*instance, error) {
-	network, addr, err := upstreamAddr(o.upstream)
+	up, err := parseUpstream(o.upstream)
+	if err != nil {
+		return nil, err
+	}
+	addr := up.addr
+	serverTLS, err := clientTLS(o.tlsCert, o.tlsKey)
 	if err != nil {
 		return nil, err
 	}
@@ -236,13 +274,16 @@ func start(o serveOptions, log *slog.Logger) (*instance, error) {
 		return nil, err
 	}
 	srv, err := proxy.New(proxy.Config{
-		Upstream:        addr,
-		UpstreamNetwork: network,
-		Interceptor:     policy,
-		Logger:          log,
-		MaxMessageSize:  o.maxMessageSize,
-		StartupTimeout:  o.startupTimeout,
-		MaxClientConns:  o.maxClientConns,
+		Upstream:            addr,
+		UpstreamNetwork:     up.network,
+		UpstreamTLS:         up.tls,
+		UpstreamTLSRequired: up.tlsRequired,
+		TLS:                 serverTLS,
+		Interceptor:         policy,
+		Logger:              log,
+		MaxMessageSize:      o.maxMessageSize,
+		StartupTimeout:      o.startupTimeout,
+		MaxClientConns:      o.maxClientConns,
 	})
 	if err != nil {
 		return nil, err
@@ -255,7 +296,7 @@ func start(o serveOptions, log *slog.Logger) (*instance, error) {
 	inst := &instance{
 		upstream: addr, upstreamURL: o.upstream,
 		log: log, metrics: metrics, policy: policy, proxy: srv, ln: ln,
-		done: make(chan error, 1), stop: cancel,
+		served: make(chan struct{}), stop: cancel,
 	}
 	if o.metricsListen != "" {
 		if inst.httpLn, err = net.Listen("tcp", o.metricsListen); err != nil {
@@ -288,7 +329,7 @@ func start(o serveOptions, log *slog.Logger) (*instance, error) {
 	// The catalog is read before clients are served, so discovered tables
 	// are guarded from the first statement when Postgres is up.
 	inst.reload(ctx, o)
-	go func() { inst.done <- srv.Serve(ln) }()
+	go func() { srv.Serve(ln); close(inst.served) }()
 	if o.discoverInterval > 0 {
 		go inst.rediscoverEvery(ctx, o.discoverInterval)
 	}
@@ -370,7 +411,7 @@ func (i *instance) Shutdown(timeout time.Duration) error {
 		defer hcancel()
 		i.http.Shutdown(hctx)
 	}
-	<-i.done
+	<-i.served
 	return err
 }
 
@@ -395,6 +436,6 @@ func (i *instance) Close() error {
 		defer cancel()
 		i.http.Shutdown(ctx)
 	}
-	<-i.done
+	<-i.served
 	return err
 }

@@ -46,6 +46,12 @@ type Options struct {
 	// and TCP connections must authenticate with scram-sha-256. Otherwise
 	// every connection is trusted.
 	Password string
+	// HostAuth is the pg_hba method for TCP connections when Password is
+	// set: "scram-sha-256" (the default) or "md5" (which still uses SCRAM
+	// for roles whose password is stored as SCRAM).
+	HostAuth string
+	// TLSCert and TLSKey (PEM), if set, turn ssl on with that certificate.
+	TLSCert, TLSKey []byte
 	// StartTimeout bounds how long Start (and Resume) wait for the server
 	// to accept connections. 0 means 30 seconds.
 	StartTimeout time.Duration
@@ -333,7 +339,11 @@ func (s *Server) initdb(ctx context.Context) error {
 				return fmt.Errorf("pgserver: %w", err)
 			}
 		}
-		args = append(args, "--pwfile="+pwfile, "--auth-local=trust", "--auth-host=scram-sha-256")
+		auth := s.opt.HostAuth
+		if auth == "" {
+			auth = "scram-sha-256"
+		}
+		args = append(args, "--pwfile="+pwfile, "--auth-local=trust", "--auth-host="+auth)
 	} else {
 		args = append(args, "--auth=trust")
 	}
@@ -343,6 +353,30 @@ func (s *Server) initdb(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("pgserver: initdb failed: %v\n%s", err, lastBytes(out, 4096))
 	}
+	return s.writeTLS()
+}
+
+// writeTLS puts the server's certificate and key in the data directory,
+// owned by the server's user, and turns ssl on.
+func (s *Server) writeTLS() error {
+	if s.opt.TLSCert == nil {
+		return nil
+	}
+	for name, data := range map[string][]byte{"server.crt": s.opt.TLSCert, "server.key": s.opt.TLSKey} {
+		path := filepath.Join(s.DataDir, name)
+		if err := os.WriteFile(path, data, 0o600); err != nil {
+			return fmt.Errorf("pgserver: %w", err)
+		}
+		if s.cred != nil {
+			if err := os.Chown(path, int(s.cred.Uid), int(s.cred.Gid)); err != nil {
+				return fmt.Errorf("pgserver: %w", err)
+			}
+		}
+	}
+	if s.opt.Settings == nil {
+		s.opt.Settings = map[string]string{}
+	}
+	s.opt.Settings["ssl"] = "on"
 	return nil
 }
 

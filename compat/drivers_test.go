@@ -1,0 +1,114 @@
+package compat
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/pgfence/pgfence/internal/pgtest"
+)
+
+func TestPsycopg2(t *testing.T) {
+	t.Parallel()
+	py := python(t, "psycopg2", "python3-psycopg2")
+	f := newFixture(t, "psycopg2")
+	f.runScript(t, allChecks, py, "python/psycopg2_compat.py")
+}
+
+func TestPsycopg3(t *testing.T) {
+	t.Parallel()
+	py := python(t, "psycopg", "python3-psycopg")
+	f := newFixture(t, "psycopg3")
+	f.runScript(t, append(allChecks, checkPipeline), py, "python/psycopg3_compat.py")
+}
+
+func TestAsyncpg(t *testing.T) {
+	t.Parallel()
+	py := python(t, "asyncpg", "python3-asyncpg")
+	f := newFixture(t, "asyncpg")
+	f.runScript(t, allChecks, py, "python/asyncpg_compat.py")
+}
+
+func TestNodePostgres(t *testing.T) {
+	t.Parallel()
+	node := nodeModules(t, "pg", "pg-copy-streams")
+	f := newFixture(t, "node_pg")
+	f.runScript(t, append(allChecks, checkCleanClose), node, "node/pg_compat.js")
+}
+
+func TestPostgresJS(t *testing.T) {
+	t.Parallel()
+	node := nodeModules(t, "postgres")
+	f := newFixture(t, "postgresjs")
+	f.runScript(t, append(allChecks, checkPipeline), node, "node/postgresjs_compat.js")
+}
+
+// pgJDBC's own checks beyond the common ones.
+const (
+	checkServerPrepared = "server_prepared" // past prepareThreshold: server-prepared, and a stale execution writes 0 rows
+	checkBatch          = "batch"           // addBatch/executeBatch: [1 1 1], then stale on row 9: [1 0 1]
+)
+
+// TestPgJDBC compiles java/PgJDBCCompat.java against Debian's pgJDBC jar
+// into a temporary directory and runs it.
+func TestPgJDBC(t *testing.T) {
+	t.Parallel()
+	hint := installHint + " (apt-get install libpostgresql-jdbc-java default-jdk-headless)"
+	javac := requireCommand(t, "javac", hint)
+	java := requireCommand(t, "java", hint)
+	jar := os.Getenv("COMPAT_PGJDBC_JAR")
+	if jar == "" {
+		jar = "/usr/share/java/postgresql.jar"
+	}
+	if _, err := os.Stat(jar); err != nil {
+		t.Fatalf("pgJDBC jar: %v: %s", err, hint)
+	}
+	classes := t.TempDir()
+	if out, err := exec.Command(javac, "-cp", jar, "-d", classes, filepath.Join("java", "PgJDBCCompat.java")).CombinedOutput(); err != nil {
+		t.Fatalf("javac: %v\n%s", err, out)
+	}
+	f := newFixture(t, "pgjdbc")
+	f.runScript(t, append(allChecks, checkServerPrepared, checkBatch),
+		java, "-cp", strings.Join([]string{classes, jar}, string(os.PathListSeparator)), "PgJDBCCompat")
+	f.verifyJDBC(t)
+}
+
+// verifyJDBC checks the rows the pgJDBC-only checks wrote.
+func (f *fixture) verifyJDBC(t *testing.T) {
+	t.Helper()
+	type row struct {
+		val   string
+		n     int
+		epoch int64
+	}
+	want := map[int]row{
+		7:  {"B", 10, 43},     // server_prepared: 10 executions at token 10, then B; the stale 11th changed nothing
+		8:  {"batch2", 0, 10}, // batch
+		9:  {"B", 0, 43},      // batch: the stale second batch left B's row alone
+		10: {"batch2", 0, 10}, // batch
+	}
+	db := pgtest.Direct(t)
+	for id, w := range want {
+		var got row
+		err := db.QueryRow(t.Context(), "SELECT val, n, fence_epoch FROM "+f.Table+" WHERE id = $1", id).Scan(&got.val, &got.n, &got.epoch)
+		if err != nil || got != w {
+			t.Errorf("row %d of %s: %+v (%v), want %+v", id, f.Table, got, err, w)
+		}
+	}
+}
+
+// psql's checks; it has no bound parameters before psql 16 (\bind).
+var psqlChecks = []string{
+	checkTxCommit, checkTxRollback, checkPrepared, checkError,
+	checkCopyIn, checkCopyOut, checkListenNotify, checkCancel, checkFenced,
+}
+
+func TestPsql(t *testing.T) {
+	t.Parallel()
+	requireCommand(t, "psql", installHint+" (apt-get install postgresql-client)")
+	bash := requireCommand(t, "bash", "apt-get install bash")
+	f := newFixture(t, "psql")
+	f.runScript(t, psqlChecks, bash, "psql/psql_compat.sh")
+}
