@@ -283,6 +283,18 @@ func TestMalformedMessages(t *testing.T) {
 		fe := pgproto3.NewFrontend(conn, conn)
 		expectFatal(t, fe, "08P01", "startup packet length")
 	})
+	t.Run("startup packet over its limit", func(t *testing.T) {
+		conn, err := net.Dial("tcp", p.Addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		conn.SetDeadline(time.Now().Add(5 * time.Second))
+		pkt := binary.BigEndian.AppendUint32(nil, 20000)
+		pkt = binary.BigEndian.AppendUint32(pkt, 3<<16)
+		conn.Write(append(pkt, make([]byte, 20000-8)...))
+		expectFatal(t, pgproto3.NewFrontend(conn, conn), "08P01", "startup packet length 20000 is outside 8..10000")
+	})
 	t.Run("unsupported protocol", func(t *testing.T) {
 		conn, err := net.Dial("tcp", p.Addr)
 		if err != nil {
