@@ -33,8 +33,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	m := &Metrics{
 		rejects: counter("fencing_reject_total",
-			"Statements that a stale fencing token kept from changing at least one row they matched (mode=shadow: would have kept).",
-			"table", "mode"),
+			"Statements that a stale fencing token kept from changing at least one row they matched (mode=shadow: would have kept); kind=row when a row's epoch was newer, kind=domain when the table's lock domain had a newer token.",
+			"table", "mode", "kind"),
 		withoutToken: counter("critical_write_without_token_total",
 			"Writes to a guarded table made with no fencing token set; action says whether they were refused or let through.",
 			"table", "mode", "action"),
@@ -70,8 +70,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 
 // watch makes a table's main series exist from the start, at zero, so a
 // dashboard can tell "no rejects" from "not guarded".
-func (m *Metrics) watch(table, mode string) {
-	m.rejects.WithLabelValues(table, mode)
+func (m *Metrics) watch(table, mode string, domain bool) {
+	m.rejects.WithLabelValues(table, mode, "row")
+	if domain {
+		m.rejects.WithLabelValues(table, mode, "domain")
+	}
 }
 
 // DiscoveryOK records whether catalog discovery worked.

@@ -32,6 +32,11 @@ type Config struct {
 	CacheSize int
 }
 
+// codeStaleDomain is the SQLSTATE of a stale INSERT into a table of a lock
+// domain that has a newer token (an UPDATE or DELETE changes nothing
+// instead).
+const codeStaleDomain = "PF001"
+
 // maxCachedText bounds the statements the cache keeps, so the cache's memory
 // is bounded by CacheSize times a few kilobytes.
 const maxCachedText = 4 << 10
@@ -88,7 +93,7 @@ func (p *Policy) Reload(cfg Config) error {
 		st.cache, _ = lru.New[cacheKey, *sqlrewrite.Result](size)
 	}
 	for _, g := range cfg.Guards {
-		p.m.watch(g.Name(), g.Rollout.String())
+		p.m.watch(g.Name(), g.Rollout.String(), g.Domain != "")
 	}
 	p.m.guarded.Set(float64(len(cfg.Guards)))
 	p.state.Store(st)
@@ -241,6 +246,11 @@ func (p *Policy) Error(c *proxy.Client, e *pgproto3.ErrorResponse) *pgproto3.Err
 			"client", c.RemoteAddr, "application_name", c.ApplicationName(), "user", c.User)
 	case "22023":
 		r.Hint = fmt.Sprintf("the fencing token must be a whole number, e.g. SET %s = '42'", setting)
+	case codeStaleDomain:
+		table := markerTable(r.Message)
+		p.m.rejects.WithLabelValues(table, "enforce", "domain").Inc()
+		p.log.Warn("stale write fenced", "table", table, "kind", "domain", "mode", "enforce",
+			"client", c.RemoteAddr, "application_name", c.ApplicationName(), "user", c.User)
 	}
 	return &pgproto3.ErrorResponse{
 		Severity:            e.Severity,

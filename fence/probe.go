@@ -27,7 +27,7 @@ func (p *Policy) probe(st *state, pr sqlrewrite.Probe) *proxy.Probe {
 // probed classifies what a guarded write left behind: the token it ran
 // with, and per table whether it met a stale row.
 func (p *Policy) probed(c *proxy.Client, tables []sqlrewrite.ProbeTable, notify bool, row [][]byte) *pgproto3.NoticeResponse {
-	if len(row) < 1+len(tables) {
+	if len(row) < 1+2*len(tables) {
 		p.log.Error("probe returned a short row; reject counts may be low", "columns", len(row), "tables", len(tables))
 		return nil
 	}
@@ -45,15 +45,23 @@ func (p *Policy) probed(c *proxy.Client, tables []sqlrewrite.ProbeTable, notify 
 			p.log.Warn("write without fencing token let through", "table", t.Table, "mode", mode,
 				"client", c.RemoteAddr, "application_name", c.ApplicationName(), "user", c.User)
 		}
-		if string(row[1+i]) != "1" {
+		// Two flags per table: a row's epoch was newer, or the lock
+		// domain's token was.
+		kind := ""
+		switch {
+		case string(row[2+2*i]) == "1":
+			kind = "domain"
+		case string(row[1+2*i]) == "1":
+			kind = "row"
+		default:
 			continue
 		}
-		p.m.rejects.WithLabelValues(t.Table, mode).Inc()
+		p.m.rejects.WithLabelValues(t.Table, mode, kind).Inc()
 		msg := "stale write fenced"
 		if t.Rollout == sqlrewrite.Shadow {
 			msg = "stale write would have been fenced (shadow mode: it landed)"
 		}
-		p.log.Warn(msg, "table", t.Table, "token", token, "mode", mode,
+		p.log.Warn(msg, "table", t.Table, "kind", kind, "domain", t.Domain, "token", token, "mode", mode,
 			"client", c.RemoteAddr, "application_name", c.ApplicationName(), "user", c.User)
 		if t.Rollout == sqlrewrite.Enforce {
 			stale = append(stale, t.Table)

@@ -20,6 +20,39 @@ type Guard struct {
 	// unfenced (the probe reports it) instead of failing with 55000. A token
 	// that is set but not an integer still fails.
 	AllowMissingToken bool
+	// Domain is the lock domain of the table, "" for none. A domain is one
+	// token stream shared by all its tables: once a holder has written with
+	// token N anywhere in the domain, every write to the domain with a
+	// token below N changes nothing (INSERTs fail), whichever rows it
+	// touches. Its name is a lower-case SQL identifier ([a-z_][a-z0-9_]*, at
+	// most MaxDomainLen bytes), and the domain's row must exist in
+	// DomainTable (see DomainRowSQL) before a write to it. Its tables read
+	// the token from <TokenSetting>.<Domain> first, then from TokenSetting.
+	// Domain fencing is Enforce-only for now: Shadow and Observe tables
+	// ignore their domain (a Shadow table still reads the domain's setting
+	// first).
+	Domain string
+}
+
+// DomainTable holds one row per lock domain: the highest token any write to
+// the domain has used.
+const DomainTable = "pgfence.domains"
+
+// MaxDomainLen is the longest lock domain name, in bytes.
+const MaxDomainLen = 40
+
+// DomainTableDDL returns the statements that create DomainTable if it does
+// not exist.
+func DomainTableDDL() string {
+	return "CREATE SCHEMA IF NOT EXISTS pgfence; CREATE TABLE IF NOT EXISTS pgfence.domains (domain text PRIMARY KEY, token bigint NOT NULL)"
+}
+
+// DomainRowSQL returns the statement that creates the row of the lock
+// domain named by its parameter $1, if it does not exist, with the lowest
+// token. Rewritten statements only UPDATE that row: a write to a domain
+// whose row is missing changes nothing (INSERTs fail).
+func DomainRowSQL() string {
+	return "INSERT INTO pgfence.domains (domain, token) VALUES ($1, -9223372036854775808) ON CONFLICT (domain) DO NOTHING"
 }
 
 // Rollout is a table's stage in adopting pgfence.
@@ -121,10 +154,18 @@ type Fenced struct {
 // Probe is a statement that reads, right after a guarded write and in the
 // same transaction, what the write left for pgfence: the token in force and,
 // per table, whether a row the write matched was stale. It returns one row:
-// column 0 is the token setting's text (NULL or "" when unset), then one
-// column per entry of Tables holding "1" if a stale row was skipped (Enforce)
-// or written (Shadow) in that table, else NULL or "". Its remaining columns
-// clear the flags and carry no information.
+// column 0 is the token setting's text (NULL or "" when unset; a lock
+// domain's own setting is not read here), then two columns per entry of
+// Tables, in order:
+//
+//   - the row flag: "1" if a row whose epoch was above the token was
+//     skipped (Enforce) or written (Shadow) in that table, else NULL or "";
+//   - the domain flag: "1" if rows the write matched in that table were
+//     skipped because its lock domain had already been written with a
+//     higher token, else NULL or "" (always NULL when the table is in no
+//     domain or is not Enforce).
+//
+// Its remaining columns clear the flags and carry no information.
 type Probe struct {
 	// Index is, in Simple mode, the 0-based index among the statements of
 	// Result.SQL of this probe; -1 in Prepared mode, where the proxy runs SQL
@@ -138,6 +179,7 @@ type Probe struct {
 type ProbeTable struct {
 	Table   string
 	Rollout Rollout
+	Domain  string // the table's lock domain, "" for none
 }
 
 // PreparedWrite is an SQL-level PREPARE of a statement writing guarded tables.

@@ -49,12 +49,19 @@ func (r *Rewriter) build(res *Result, stmts []*pg_query.RawStmt, plans []*plan, 
 			}
 			edits = append(edits, es...)
 		}
+		if len(p.domains) > 0 {
+			e, err := r.domainEdit(sql, st, p)
+			if err != nil {
+				return nil, err
+			}
+			edits = append(edits, e)
+		}
 		if !p.probe {
 			continue
 		}
 		pr := Probe{Index: -1, SQL: r.probeSQL(tables)}
 		for _, g := range tables {
-			pr.Tables = append(pr.Tables, ProbeTable{Table: g.name, Rollout: g.Rollout})
+			pr.Tables = append(pr.Tables, ProbeTable{Table: g.name, Rollout: g.Rollout, Domain: g.Domain})
 		}
 		if mode == Simple {
 			last := st.lastCode(len(st.toks))
@@ -72,8 +79,10 @@ func (r *Rewriter) build(res *Result, stmts []*pg_query.RawStmt, plans []*plan, 
 	return res, nil
 }
 
-// probeSQL reads the token and the stale flags of tables, and clears the
-// flags. Observe tables raise no flag: their column is NULL.
+// probeSQL reads the token and, per table, the stale flag and the domain
+// stale flag, and clears the flags. Observe tables raise no flag, and
+// tables not fenced by a lock domain no domain flag: their columns are
+// NULL.
 func (r *Rewriter) probeSQL(tables []*guardInfo) string {
 	var b strings.Builder
 	b.WriteString("SELECT pg_catalog.current_setting(" + quoteLiteral(r.setting) + ", true)")
@@ -83,10 +92,18 @@ func (r *Rewriter) probeSQL(tables []*guardInfo) string {
 		} else {
 			b.WriteString(", pg_catalog.current_setting(" + g.flag + ", true)")
 		}
+		if g.domainFenced() {
+			b.WriteString(", pg_catalog.current_setting(" + g.dflag + ", true)")
+		} else {
+			b.WriteString(", NULL::pg_catalog.text")
+		}
 	}
 	for _, g := range tables {
 		if g.Rollout != Observe {
 			b.WriteString(", pg_catalog.set_config(" + g.flag + ", " + quoteLiteral("") + ", true)")
+		}
+		if g.domainFenced() {
+			b.WriteString(", pg_catalog.set_config(" + g.dflag + ", " + quoteLiteral("") + ", true)")
 		}
 	}
 	return b.String()
@@ -194,12 +211,12 @@ func (sp span) returning(list []*pg_query.Node) (int, error) {
 
 // fenceWhere fences the WHERE of an UPDATE, a DELETE or an ON CONFLICT DO
 // UPDATE whose WHERE keyword, if any, is in tokens [from, limit) and whose
-// condition ends before limit. With T the guard's token expression and
-// FLAG setting its stale flag:
+// condition ends before limit. With T the guard's token expression, OK the
+// epoch check REF.C <= T and FLAG setting its stale flag:
 //
-//	Enforce:      WHERE (COND) AND (REF.C <= T OR ((COND) AND FLAG IS NULL)) AND T IS NOT NULL
-//	allow-missing: WHERE (COND) AND (T IS NULL OR REF.C <= T OR ((COND) AND FLAG IS NULL))
-//	Shadow:       WHERE (COND) AND (T IS NULL OR REF.C <= T OR ((COND) AND FLAG IS NOT NULL))
+//	Enforce:      WHERE (COND) AND (OK OR ((COND) AND FLAG IS NULL)) AND T IS NOT NULL
+//	allow-missing: WHERE (COND) AND (T IS NULL OR OK OR ((COND) AND FLAG IS NULL))
+//	Shadow:       WHERE (COND) AND (T IS NULL OR OK OR ((COND) AND FLAG IS NOT NULL))
 //
 // and without a client WHERE the same without the (COND) AND parts. A row
 // with an epoch above the token is left alone (Enforce) or written and
@@ -207,6 +224,13 @@ func (sp span) returning(list []*pg_query.Node) (int, error) {
 // only for rows the client's own COND matched, whatever order the planner
 // evaluates the quals in. T IS NOT NULL is a pseudo-constant qual, so a
 // missing token errors even when no row matches.
+//
+// In a lock domain (Enforce only), OK also needs the domain claimed, and
+// FLAG raises the domain flag when it was not, else the stale flag; all in
+// one qual, whose parts the planner keeps in order:
+//
+//	OK:   (EXISTS (SELECT 1 FROM "pgfence_domain_K") AND REF.C <= T)
+//	FLAG: pg_catalog.set_config(CASE WHEN EXISTS (SELECT 1 FROM "pgfence_domain_K") THEN <stale flag> ELSE <domain flag> END, E'1', true)
 func (r *Rewriter) fenceWhere(sql string, sp span, g *guardInfo, ref string, from, limit int, hasWhere bool, done []edit) ([]edit, error) {
 	where := sp.first(pg_query.Token_WHERE, from, limit)
 	if (where >= 0) != hasWhere {
@@ -219,6 +243,9 @@ func (r *Rewriter) fenceWhere(sql string, sp span, g *guardInfo, ref string, fro
 	condEnd := sp.end(last)
 	epochOK := ref + "." + g.column + " OPERATOR(pg_catalog.<=) " + g.tok
 	raise := "pg_catalog.set_config(" + g.flag + ", " + quoteLiteral("1") + ", true)"
+	if g.domainFenced() {
+		epochOK, raise = "("+g.domain.exists+" AND "+epochOK+")", g.draise
+	}
 	stale, lead, gate := raise+" IS NULL", epochOK, " AND "+g.tok+" IS NOT NULL"
 	switch {
 	case g.Rollout == Shadow:

@@ -9,6 +9,16 @@ import (
 // and missing-token policies come from the bits of cfg, and the Allow
 // switches from its high bits.
 func fuzzRewriter(t testing.TB, cfg uint8) *Rewriter {
+	return fuzzRewriterIn(t, cfg, nil)
+}
+
+// fuzzDomains puts the fuzzing guards in lock domains: two in one domain,
+// one in another, one in none.
+var fuzzDomains = []string{"billing", "shipping", "billing", ""}
+
+// fuzzRewriterIn is fuzzRewriter with the guards in the lock domains
+// given, in guard order (nil: none).
+func fuzzRewriterIn(t testing.TB, cfg uint8, domains []string) *Rewriter {
 	specs := []string{"accounts", "public.orders:version", `"Odd ""Name"""`, "billing.ledger:epoch"}
 	c := Config{TokenSetting: "fence.token", Allow: Allow{Truncate: cfg&0x40 != 0, CopyFrom: cfg&0x40 != 0, CurrentOf: cfg&0x80 != 0}}
 	for i, s := range specs {
@@ -24,6 +34,9 @@ func fuzzRewriter(t testing.TB, cfg uint8) *Rewriter {
 		case 3:
 			g.AllowMissingToken = true
 		}
+		if domains != nil {
+			g.Domain = domains[i]
+		}
 		c.Guards = append(c.Guards, g)
 	}
 	r, err := New(c)
@@ -36,10 +49,11 @@ func fuzzRewriter(t testing.TB, cfg uint8) *Rewriter {
 // fuzzSession is what the fuzzed session has PREPAREd.
 var fuzzSession = fakeSession{"p": {"accounts"}, "q": {"public.orders", "accounts"}, "gone": {"no.such"}}
 
-// FuzzRewrite checks, for any text and configuration, that Rewrite does
-// not panic or fail, and that its result passes verify: a refusal
-// statement, or output that parses with every guarded write fenced, probes
-// where they belong and nothing else changed.
+// FuzzRewrite checks, for any text and configuration (with and without
+// lock domains), that Rewrite does not panic or fail, and that its result
+// passes verify: a refusal statement, or output that parses with every
+// guarded write fenced (and checking its lock domain, at the top level),
+// probes where they belong and nothing else changed.
 func FuzzRewrite(f *testing.F) {
 	paths, _ := filepath.Glob(filepath.Join(caseDir, "*.txt"))
 	for i, p := range paths {
@@ -49,23 +63,25 @@ func FuzzRewrite(f *testing.F) {
 		}
 		f.Add(c.input, c.mode == Prepared, uint8(i))
 	}
-	var rs [256]*Rewriter
+	var rs, ds [256]*Rewriter
 	for i := range rs {
 		rs[i] = fuzzRewriter(f, uint8(i))
+		ds[i] = fuzzRewriterIn(f, uint8(i), fuzzDomains)
 	}
 	f.Fuzz(func(t *testing.T, sql string, prepared bool, cfg uint8) {
 		mode := Simple
 		if prepared {
 			mode = Prepared
 		}
-		r := rs[cfg]
-		for _, s := range []Session{nil, fuzzSession} {
-			res, err := r.Rewrite(sql, mode, s)
-			if err != nil {
-				t.Fatalf("Rewrite(%q): %v", sql, err)
-			}
-			if err := verify(r, sql, mode, s, res); err != nil {
-				t.Fatalf("Rewrite(%q): %v", sql, err)
+		for _, r := range []*Rewriter{rs[cfg], ds[cfg]} {
+			for _, s := range []Session{nil, fuzzSession} {
+				res, err := r.Rewrite(sql, mode, s)
+				if err != nil {
+					t.Fatalf("Rewrite(%q): %v", sql, err)
+				}
+				if err := verify(r, sql, mode, s, res); err != nil {
+					t.Fatalf("Rewrite(%q) with domains %v: %v", sql, r.domains != nil, err)
+				}
 			}
 		}
 	})

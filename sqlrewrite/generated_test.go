@@ -44,7 +44,11 @@ var (
 	genWraps = []string{"%s", "%s", "%s", "EXPLAIN %s", "EXPLAIN ANALYZE %s", "EXPLAIN (ANALYZE off) %s", "PREPARE p AS %s",
 		"PREPARE p2 (int) AS %s", "WITH w AS (%s RETURNING 1) SELECT * FROM w", "WITH w AS (%s), v AS (%s) SELECT 1",
 		"COPY (%s RETURNING 1) TO STDOUT", "CREATE TABLE z AS WITH w AS (%s RETURNING 1) SELECT * FROM w",
-		"WITH w AS (%s RETURNING 1) %s", "CREATE RULE r AS ON INSERT TO audit DO ALSO %s"}
+		"WITH w AS (%s RETURNING 1) %s", "CREATE RULE r AS ON INSERT TO audit DO ALSO %s",
+		"WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r WHERE n < 2), w AS (%s RETURNING 1) SELECT * FROM w, r",
+		"SELECT * FROM (WITH w AS (%s RETURNING 1) SELECT * FROM w) q", "INSERT INTO audit (a) WITH w AS (%s RETURNING 1) SELECT * FROM w",
+		"WITH w AS (%s RETURNING 1) MERGE INTO audit USING w ON true WHEN MATCHED THEN DELETE", "WITH pgfence_domain_0 AS (SELECT 1) %s",
+		"DECLARE c CURSOR FOR WITH w AS (%s RETURNING 1) SELECT * FROM w", "EXPLAIN ANALYZE WITH RECURSIVE w AS (%s RETURNING 1) SELECT 1"}
 	genOther = []string{"SELECT 1", "INSERT INTO audit VALUES (1)", "SELECT * FROM accounts", "BEGIN", "COMMIT",
 		"DELETE FROM audit WHERE x = 'accounts'", "EXECUTE p", "EXECUTE q(1)", "EXPLAIN ANALYZE EXECUTE p", "EXECUTE nope",
 		"TRUNCATE accounts, audit", "COPY orders FROM STDIN", "MERGE INTO accounts USING t ON true WHEN MATCHED THEN DELETE",
@@ -91,7 +95,7 @@ func genStatement(rng *rand.Rand) string {
 
 // TestRewriteGenerated runs verify over many generated multi-statement
 // texts, in both modes, with and without a Session, over many
-// configurations.
+// configurations, half of them with lock domains.
 func TestRewriteGenerated(t *testing.T) {
 	rng := rand.New(rand.NewPCG(*genSeed, 2))
 	n := 1500
@@ -101,14 +105,15 @@ func TestRewriteGenerated(t *testing.T) {
 	if *genN > 0 {
 		n = *genN
 	}
-	var rs [256]*Rewriter
-	fenced, refused := 0, 0
+	var rs [2][256]*Rewriter
+	fenced, refused, domains := 0, 0, 0
 	for i := 0; i < n; i++ {
 		cfg := uint8(rng.IntN(256))
-		if rs[cfg] == nil {
-			rs[cfg] = fuzzRewriter(t, cfg)
+		d := i % 2
+		if rs[d][cfg] == nil {
+			rs[d][cfg] = fuzzRewriterIn(t, cfg, [][]string{nil, fuzzDomains}[d])
 		}
-		r := rs[cfg]
+		r := rs[d][cfg]
 		var parts []string
 		for k := 1 + rng.IntN(3); k > 0; k-- {
 			parts = append(parts, genStatement(rng))
@@ -127,12 +132,15 @@ func TestRewriteGenerated(t *testing.T) {
 				if res.Refusal != nil {
 					refused++
 				}
+				if strings.Contains(res.SQL, `"pgfence_domain_`) {
+					domains++
+				}
 			}
 		}
 	}
-	t.Logf("%d fenced, %d refused of %d", fenced, refused, 4*n)
-	if fenced < n || refused > 3*n {
-		t.Errorf("%d writes fenced, %d texts refused; the generator has drifted", fenced, refused)
+	t.Logf("%d fenced, %d refused, %d checking a lock domain of %d", fenced, refused, domains, 4*n)
+	if fenced < n || refused > 3*n || domains < n/10 {
+		t.Errorf("%d writes fenced, %d texts refused, %d checking a lock domain; the generator has drifted", fenced, refused, domains)
 	}
 }
 
@@ -142,9 +150,10 @@ func TestRewriteGenerated(t *testing.T) {
 func FuzzGenerated(f *testing.F) {
 	f.Add(uint64(1), uint8(0), "", false)
 	f.Add(uint64(7), uint8(0x5a), " /* x */ ", true)
-	var rs [256]*Rewriter
+	var rs, ds [256]*Rewriter
 	for i := range rs {
 		rs[i] = fuzzRewriter(f, uint8(i))
+		ds[i] = fuzzRewriterIn(f, uint8(i), fuzzDomains)
 	}
 	f.Fuzz(func(t *testing.T, seed uint64, cfg uint8, extra string, prepared bool) {
 		rng := rand.New(rand.NewPCG(seed, 3))
@@ -160,13 +169,15 @@ func FuzzGenerated(f *testing.F) {
 		if prepared {
 			mode = Prepared
 		}
-		for _, s := range []Session{nil, fuzzSession} {
-			res, err := rs[cfg].Rewrite(sql, mode, s)
-			if err != nil {
-				t.Fatalf("Rewrite(%q): %v", sql, err)
-			}
-			if err := verify(rs[cfg], sql, mode, s, res); err != nil {
-				t.Fatalf("Rewrite(%q): %v", sql, err)
+		for _, r := range []*Rewriter{rs[cfg], ds[cfg]} {
+			for _, s := range []Session{nil, fuzzSession} {
+				res, err := r.Rewrite(sql, mode, s)
+				if err != nil {
+					t.Fatalf("Rewrite(%q): %v", sql, err)
+				}
+				if err := verify(r, sql, mode, s, res); err != nil {
+					t.Fatalf("Rewrite(%q) with domains %v: %v", sql, r.domains != nil, err)
+				}
 			}
 		}
 	})

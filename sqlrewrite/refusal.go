@@ -15,8 +15,10 @@ const (
 	codeNoToken     = "55000" // object_not_in_prerequisite_state
 	codeBadToken    = "22023" // invalid_parameter_value
 
-	hintForgedEpoch = "pgfence sets it to the session's token itself; remove it from the statement"
-	hintUnsupported = "write guarded tables with INSERT (with a column list), UPDATE or DELETE statements, which pgfence fences"
+	hintForgedEpoch  = "pgfence sets it to the session's token itself; remove it from the statement"
+	hintUnsupported  = "write guarded tables with INSERT (with a column list), UPDATE or DELETE statements, which pgfence fences"
+	hintReservedName = "rename the WITH query: pgfence adds WITH queries named pgfence_domain_<n> itself"
+	hintStaleDomain  = "a newer holder of the lock has written to this lock domain with a higher fencing token: stop acting as the holder and acquire the lock again"
 )
 
 func forgedEpoch(g *guardInfo) *Refusal {
@@ -132,23 +134,46 @@ func trimClosingQuote(s string) string {
 func markerHint(code, text string) string {
 	switch code {
 	case codeNoToken:
-		// "no fencing token is set ... table "T"; set S first"
+		// "no fencing token is set ... table "T"; set S first", or "set
+		// S.D or S first" in a lock domain.
 		if i := strings.LastIndex(text, "; set "); i >= 0 && strings.HasSuffix(text, " first") {
-			if s := text[i+len("; set ") : len(text)-len(" first")]; validSettingName(s) {
+			if s, ok := settingsIn(text[i+len("; set ") : len(text)-len(" first")]); ok {
 				return "SET " + s + " = '<token>' (or SET LOCAL inside a transaction) before writing"
 			}
 		}
 		return "SET the fencing token setting (or SET LOCAL inside a transaction) before writing"
 	case codeBadToken:
-		// "S must be an integer fencing token ..."
-		if s, _, ok := strings.Cut(text, " must be an integer"); ok && validSettingName(s) {
-			return "the token must be a whole number, e.g. SET " + s + " = '42'"
+		// "S must be an integer fencing token ...", or "S.D or S must ..."
+		if s, _, ok := strings.Cut(text, " must be an integer"); ok {
+			if s, ok := settingsIn(s); ok {
+				return "the token must be a whole number, e.g. SET " + s + " = '42'"
+			}
 		}
 		return "the fencing token must be a whole number, e.g. '42'"
 	case codeForgedEpoch:
 		return hintForgedEpoch
 	case codeUnsupported:
 		return hintUnsupported
+	case codeReservedName:
+		return hintReservedName
+	case codeStaleDomain:
+		return hintStaleDomain
 	}
 	return ""
+}
+
+// settingsIn reads how a marker names the token settings, "S" or, in a
+// lock domain, "S.D or S", and returns them as a hint names them: "S" or
+// "S.D (or S)".
+func settingsIn(s string) (string, bool) {
+	first, second, two := strings.Cut(s, " or ")
+	switch {
+	case !validSettingName(first):
+		return "", false
+	case !two:
+		return first, true
+	case validSettingName(second):
+		return first + " (or " + second + ")", true
+	}
+	return "", false
 }

@@ -28,6 +28,10 @@ type plan struct {
 	probe   bool     // a probe follows the statement
 	prepare string   // the name, when the statement PREPAREs a guarded write
 	fence   bool     // some write's text gets a fence
+	// domains are the lock domains whose WITH queries the statement's
+	// top-level query outer gets, in index order.
+	domains []domainUse
+	outer   proto.Message
 }
 
 // Rewrite fences every write of a guarded table in sql, wherever it is
@@ -134,6 +138,9 @@ func (r *Rewriter) plan(stmt *pg_query.Node, names *preparedNames) (*plan, *Refu
 		return nil, ref
 	}
 	slices.SortStableFunc(p.writes, func(a, b *write) int { return cmp.Compare(a.pos, b.pos) })
+	if ref := r.planDomains(p, top); ref != nil {
+		return nil, ref
+	}
 	if len(p.writes) > 0 {
 		switch t := top.(type) {
 		case *pg_query.PrepareStmt:
@@ -343,6 +350,8 @@ func (r *Rewriter) guardFor(rv *pg_query.RangeVar) (*guardInfo, *Refusal) {
 			differ = "rollouts"
 		case found.AllowMissingToken != g.AllowMissingToken:
 			differ = "missing-token policies"
+		case found.Domain != g.Domain:
+			differ = "lock domains"
 		default:
 			continue
 		}

@@ -26,13 +26,14 @@ type rewriteCase struct {
 	setting    string
 	mode       Mode
 	session    fakeSession // nil: Rewrite gets no Session
-	expect     string      // "unchanged", "rewritten" or "refused"
+	expect     string      // "unchanged", "rewritten", "refused" or "config-error"
 	code       string      // SQLSTATE when refused
 	statements int         // statements in the output; -1 if not given
 	results    []string    // fenced:, probes:, remember: and session-dependent: lines
 	input      string
-	output     string // with {{TOK table}}, {{TOKA table}}, {{TOKL}} and {{PROBE table...}} placeholders
+	output     string // with {{TOK table}}, {{TOKA table}}, {{TOKL}}, {{DTOK domain}}... and {{PROBE table...}} placeholders
 	refusal    string // message and hint lines
+	configErr  string // New's error, for config-error cases
 }
 
 // fakeSession maps PREPAREd names to the guarded tables they write.
@@ -49,7 +50,7 @@ func loadCase(path string) (*rewriteCase, error) {
 		return nil, err
 	}
 	c := &rewriteCase{path: path, setting: "fence.token", statements: -1}
-	sections := map[string]*string{"input": &c.input, "output": &c.output, "refusal": &c.refusal}
+	sections := map[string]*string{"input": &c.input, "output": &c.output, "refusal": &c.refusal, "error": &c.configErr}
 	var cur *string
 	for _, line := range strings.SplitAfter(string(data), "\n") {
 		trimmed := strings.TrimRight(line, "\n")
@@ -169,10 +170,16 @@ func parseRollout(s string) (Rollout, error) {
 func (c *rewriteCase) rewriter() (*Rewriter, error) {
 	cfg := Config{TokenSetting: c.setting, Allow: c.allow}
 	for _, spec := range c.guards {
+		// "SPEC domain=NAME" puts the guard in a lock domain.
+		domain := ""
+		if i := strings.LastIndex(spec, " domain="); i >= 0 {
+			spec, domain = spec[:i], spec[i+len(" domain="):]
+		}
 		g, err := ParseGuard(spec)
 		if err != nil {
 			return nil, err
 		}
+		g.Domain = domain
 		for _, ro := range c.rollouts {
 			if ro[0] == "" || ro[0] == g.Name() {
 				if g.Rollout, err = parseRollout(ro[1]); err != nil {
@@ -198,10 +205,19 @@ func (c *rewriteCase) sessionOrNil() Session {
 func placeholders(r *Rewriter, res *Result) *strings.Replacer {
 	var pairs [][2]string
 	for _, g := range r.guards {
-		strict, allowMissing, lenient := tokenExprs(r.setting, g.name)
-		// TOKL names no table (it never raises), so it has no table either.
+		strict, allowMissing, lenient := tokenExprs(r.setting, g.name, g.Domain)
+		// TOKL names no table (it never raises), so it has no table either;
+		// in a lock domain it reads the domain's setting first: DTOKL.
+		tokl := "{{TOKL}}"
+		if g.Domain != "" {
+			tokl = "{{DTOKL " + g.Domain + "}}"
+		}
 		pairs = append(pairs, [2]string{strict, "{{TOK " + g.name + "}}"},
-			[2]string{allowMissing, "{{TOKA " + g.name + "}}"}, [2]string{lenient, "{{TOKL}}"})
+			[2]string{allowMissing, "{{TOKA " + g.name + "}}"}, [2]string{lenient, tokl})
+	}
+	for _, d := range r.domains {
+		strict, allowMissing := domainTokenExprs(r.setting, d.name)
+		pairs = append(pairs, [2]string{strict, "{{DTOK " + d.name + "}}"}, [2]string{allowMissing, "{{DTOKA " + d.name + "}}"})
 	}
 	for _, p := range res.Probes {
 		var names []string
@@ -235,6 +251,21 @@ func expand(r *Rewriter, s string) (string, error) {
 		b.WriteString(s[:i])
 		kind, names, _ := strings.Cut(s[i+2:i+j], " ")
 		s = s[i+j+2:]
+		// A lock domain's placeholders name the domain.
+		switch kind {
+		case "DTOK", "DTOKA":
+			strict, allowMissing := domainTokenExprs(r.setting, names)
+			if kind == "DTOK" {
+				b.WriteString(strict)
+			} else {
+				b.WriteString(allowMissing)
+			}
+			continue
+		case "DTOKL":
+			_, _, lenient := tokenExprs(r.setting, "", names)
+			b.WriteString(lenient)
+			continue
+		}
 		// The names are guard names separated by spaces; a quoted name may
 		// hold spaces itself, so match the longest guard name each time.
 		var gs []*guardInfo
@@ -253,14 +284,14 @@ func expand(r *Rewriter, s string) (string, error) {
 			names = strings.TrimPrefix(names[len(best.name):], " ")
 		}
 		if kind == "TOKL" && len(gs) == 0 {
-			_, _, lenient := tokenExprs(r.setting, "")
+			_, _, lenient := tokenExprs(r.setting, "", "")
 			b.WriteString(lenient)
 			continue
 		}
 		if len(gs) == 0 {
 			return "", fmt.Errorf("placeholder %q needs a table", kind)
 		}
-		strict, allowMissing, lenient := tokenExprs(r.setting, gs[0].name)
+		strict, allowMissing, lenient := tokenExprs(r.setting, gs[0].name, gs[0].Domain)
 		switch kind {
 		case "TOK":
 			b.WriteString(strict)
@@ -290,6 +321,9 @@ func resultLines(res *Result) []string {
 		l := fmt.Sprintf("probes: %d", p.Index)
 		for _, t := range p.Tables {
 			l += fmt.Sprintf(" %s:%s", t.Table, t.Rollout)
+			if t.Domain != "" {
+				l += ":" + t.Domain
+			}
 		}
 		out = append(out, l)
 	}
@@ -320,6 +354,10 @@ func TestRewriteFiles(t *testing.T) {
 
 func (c *rewriteCase) run(t *testing.T) {
 	r, err := c.rewriter()
+	if c.expect == "config-error" {
+		c.checkConfigError(t, err)
+		return
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -359,6 +397,22 @@ func (c *rewriteCase) run(t *testing.T) {
 		t.Errorf("results:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(c.results, "\n"))
 	}
 	c.checkCount(t, res)
+}
+
+// checkConfigError checks that New refused the case's configuration with
+// the error section's message.
+func (c *rewriteCase) checkConfigError(t *testing.T, err error) {
+	if err == nil {
+		t.Fatal("New accepted the configuration")
+	}
+	if *update {
+		c.configErr = err.Error()
+		c.write(t, nil, nil)
+		return
+	}
+	if c.configErr != "" && err.Error() != c.configErr {
+		t.Errorf("New error:\n%s\nwant:\n%s", err, c.configErr)
+	}
 }
 
 func (c *rewriteCase) checkRefusal(t *testing.T, res *Result) {
@@ -402,7 +456,8 @@ func (c *rewriteCase) checkCount(t *testing.T, res *Result) {
 	}
 }
 
-// write regenerates the case file from the result (go test -update).
+// write regenerates the case file from the result (go test -update); res
+// is nil for a config-error case.
 func (c *rewriteCase) write(t *testing.T, r *Rewriter, res *Result) {
 	var b strings.Builder
 	for _, h := range c.header {
@@ -411,18 +466,22 @@ func (c *rewriteCase) write(t *testing.T, r *Rewriter, res *Result) {
 		}
 		b.WriteString(h + "\n")
 	}
-	if n, err := countStmts(res.SQL); err == nil && res.Refusal == nil {
-		fmt.Fprintf(&b, "statements: %d\n", n)
-	}
-	for _, l := range resultLines(res) {
-		b.WriteString(l + "\n")
-	}
-	b.WriteString("-- input --\n" + c.input + "\n")
-	switch {
-	case res.Refusal != nil:
-		b.WriteString("-- refusal --\n" + res.Refusal.Message + "\n" + res.Refusal.Hint + "\n")
-	case c.expect == "rewritten" || res.SQL != c.input:
-		b.WriteString("-- output --\n" + placeholders(r, res).Replace(res.SQL) + "\n")
+	if res == nil {
+		b.WriteString("-- input --\n" + c.input + "\n-- error --\n" + c.configErr + "\n")
+	} else {
+		if n, err := countStmts(res.SQL); err == nil && res.Refusal == nil {
+			fmt.Fprintf(&b, "statements: %d\n", n)
+		}
+		for _, l := range resultLines(res) {
+			b.WriteString(l + "\n")
+		}
+		b.WriteString("-- input --\n" + c.input + "\n")
+		switch {
+		case res.Refusal != nil:
+			b.WriteString("-- refusal --\n" + res.Refusal.Message + "\n" + res.Refusal.Hint + "\n")
+		case c.expect == "rewritten" || res.SQL != c.input:
+			b.WriteString("-- output --\n" + placeholders(r, res).Replace(res.SQL) + "\n")
+		}
 	}
 	if err := os.WriteFile(c.path, []byte(b.String()), 0o644); err != nil {
 		t.Fatal(err)

@@ -8,14 +8,19 @@ import (
 
 // flagPrefix starts the names of the transaction-local flags a fenced
 // statement raises when a row it matched was stale: pgfence.stale_<i> for
-// the guard at index i of the Rewriter. The token setting may not use the
-// pgfence namespace.
-const flagPrefix = "pgfence.stale_"
+// the guard at index i of the Rewriter. dflagPrefix starts those it raises
+// when rows it matched were skipped because their lock domain was stale:
+// pgfence.dstale_<i>. The token setting may not use the pgfence namespace.
+const (
+	flagPrefix  = "pgfence.stale_"
+	dflagPrefix = "pgfence.dstale_"
+)
 
 // Rewriter rewrites SQL for one configuration. It is immutable and safe for
 // concurrent use.
 type Rewriter struct {
 	guards  []guardInfo
+	domains []*domainInfo // in order of first use by a guard
 	setting string
 	allow   Allow
 	needles []string // lower-cased table names as they must appear in SQL text
@@ -33,6 +38,12 @@ type guardInfo struct {
 	tok string
 	// insert is the epoch value an INSERT stamps on new rows.
 	insert string
+	// domain is the guard's lock domain, nil for none.
+	domain *domainInfo
+	// dflag is the literal naming the guard's domain-stale flag, and
+	// draise the expression that raises it (or the stale flag), when the
+	// guard is fenced by its domain (see domainFenced).
+	dflag, draise string
 }
 
 // New validates cfg and builds a Rewriter.
@@ -55,7 +66,10 @@ func New(cfg Config) (*Rewriter, error) {
 			column: quoteIdent(g.Column),
 			flag:   quoteLiteral(flagPrefix + strconv.Itoa(i)),
 		}
-		strict, allowMissing, lenient := tokenExprs(cfg.TokenSetting, gi.name)
+		if g.Domain != "" {
+			gi.domain = r.domainNamed(g.Domain)
+		}
+		strict, allowMissing, lenient := tokenExprs(cfg.TokenSetting, gi.name, g.Domain)
 		switch {
 		case g.Rollout == Shadow:
 			gi.tok, gi.insert = lenient, "COALESCE("+lenient+", 0)"
@@ -63,6 +77,9 @@ func New(cfg Config) (*Rewriter, error) {
 			gi.tok, gi.insert = allowMissing, "COALESCE("+allowMissing+", 0)"
 		default:
 			gi.tok, gi.insert = strict, strict
+		}
+		if gi.domainFenced() {
+			gi.fenceByDomain(cfg.TokenSetting)
 		}
 		r.guards = append(r.guards, gi)
 		r.needles = append(r.needles, asciiLower(strings.ReplaceAll(g.Table, `"`, `""`)))
@@ -74,7 +91,10 @@ func (g Guard) validate() error {
 	if g.Rollout < Enforce || g.Rollout > Observe {
 		return fmt.Errorf("guard %q has an unknown rollout %d", g.Name(), int(g.Rollout))
 	}
-	return g.validateNames()
+	if err := g.validateNames(); err != nil {
+		return err
+	}
+	return validDomain(g)
 }
 
 // validSettingName mirrors Postgres's valid_custom_variable_name (ASCII
@@ -162,8 +182,49 @@ func toUpper(c byte) byte {
 // tokenRE is what a token must look like to be cast to int8.
 const tokenRE = `^\s*[-+]?[0-9]{1,19}\s*$`
 
-// tokenExprs returns the three token expressions, each a scalar subquery
-// that reads the token setting once:
+// tokenExprs returns the three token expressions of a guarded table, each
+// a scalar subquery that reads the token once (see tokenSubqueries); the
+// strict and allow-missing ones name the table (and its lock domain, if
+// any) in their errors.
+func tokenExprs(setting, table, domain string) (strict, allowMissing, lenient string) {
+	subject := "guarded table \"" + table + "\""
+	if domain != "" {
+		subject += " in lock domain \"" + domain + "\""
+	}
+	return tokenSubqueries(setting, domain, subject)
+}
+
+// domainTokenExprs returns the strict and allow-missing token expressions
+// of a lock domain's own check (the WITH query that claims the domain),
+// whose errors name the domain only.
+func domainTokenExprs(setting, domain string) (strict, allowMissing string) {
+	strict, allowMissing, _ = tokenSubqueries(setting, domain, "lock domain \""+domain+"\"")
+	return strict, allowMissing
+}
+
+// tokenText is the token's text: the setting's or, for a table in a lock
+// domain, the domain's own setting (<setting>.<domain>) unless that is
+// unset or empty, then the setting's.
+func tokenText(setting, domain string) string {
+	general := "pg_catalog.current_setting(" + quoteLiteral(setting) + ", true)"
+	if domain == "" {
+		return general
+	}
+	return "COALESCE(NULLIF(pg_catalog.current_setting(" + quoteLiteral(setting+"."+domain) + ", true), " +
+		quoteLiteral("") + "), " + general + ")"
+}
+
+// settingNames is how errors name the settings a token is read from.
+func settingNames(setting, domain string) string {
+	if domain == "" {
+		return setting
+	}
+	return setting + "." + domain + " or " + setting
+}
+
+// tokenSubqueries returns the three token expressions, each a scalar
+// subquery that reads the token text (see tokenText) once; subject names
+// what is written, for the errors:
 //
 //   - TOK (strict) is the token as int8. A missing or malformed token is
 //     cast as marker text, so Postgres raises 22P02 carrying a "pgfence
@@ -177,11 +238,12 @@ const tokenRE = `^\s*[-+]?[0-9]{1,19}\s*$`
 //     integer or out of int8's range; it never raises.
 //
 // Operators are schema-qualified so that no search_path can swap them.
-func tokenExprs(setting, table string) (strict, allowMissing, lenient string) {
-	missing := "pgfence 55000: no fencing token is set for this write to guarded table \"" + table + "\"; set " + setting + " first"
-	bad := "pgfence 22023: " + setting + " must be an integer fencing token for a write to guarded table \"" + table + "\", got: "
+func tokenSubqueries(setting, domain, subject string) (strict, allowMissing, lenient string) {
+	names := settingNames(setting, domain)
+	missing := "pgfence 55000: no fencing token is set for this write to " + subject + "; set " + names + " first"
+	bad := "pgfence 22023: " + names + " must be an integer fencing token for a write to " + subject + ", got: "
 	empty := quoteLiteral("")
-	from := " END FROM pg_catalog.current_setting(" + quoteLiteral(setting) + ", true) AS pgfence_token(v))"
+	from := " END FROM " + tokenText(setting, domain) + " AS pgfence_token(v))"
 	isInt := "(SELECT CASE WHEN v OPERATOR(pg_catalog.~) " + quoteLiteral(tokenRE) + " THEN "
 	isEmpty := " WHEN coalesce(v, " + empty + ") OPERATOR(pg_catalog.=) " + empty + " THEN "
 	badCast := " ELSE (" + quoteLiteral(bad) + " OPERATOR(pg_catalog.||) v)::pg_catalog.int8"

@@ -145,7 +145,7 @@ func TestMayTouch(t *testing.T) {
 }
 
 func TestTokenExpressions(t *testing.T) {
-	strict, allowMissing, lenient := tokenExprs("fence.token", "accounts")
+	strict, allowMissing, lenient := tokenExprs("fence.token", "accounts", "")
 	const (
 		head  = `(SELECT CASE WHEN v OPERATOR(pg_catalog.~) E'^\\s*[-+]?[0-9]{1,19}\\s*$' THEN `
 		empty = ` WHEN coalesce(v, E'') OPERATOR(pg_catalog.=) E'' THEN `
@@ -174,7 +174,7 @@ func TestTokenExpressions(t *testing.T) {
 	}
 	for i, want := range []int{0, 1, 2} {
 		all := [3]string{}
-		all[0], all[1], all[2] = tokenExprs("fence.token", r.guards[i].name)
+		all[0], all[1], all[2] = tokenExprs("fence.token", r.guards[i].name, "")
 		if r.guards[i].tok != all[want] {
 			t.Errorf("guard %d uses the wrong token expression", i)
 		}
@@ -193,7 +193,7 @@ func TestRewriteExample(t *testing.T) {
 		t.Fatalf("Rewrite: %v %v", err, res.Refusal)
 	}
 	tok := r.guards[0].tok
-	probe := `SELECT pg_catalog.current_setting(E'fence.token', true), pg_catalog.current_setting(E'pgfence.stale_0', true), pg_catalog.set_config(E'pgfence.stale_0', E'', true)`
+	probe := `SELECT pg_catalog.current_setting(E'fence.token', true), pg_catalog.current_setting(E'pgfence.stale_0', true), NULL::pg_catalog.text, pg_catalog.set_config(E'pgfence.stale_0', E'', true)`
 	want := `UPDATE accounts SET "fence_epoch" = ` + tok + `, balance = 10 WHERE (id = 1) AND ("accounts"."fence_epoch" OPERATOR(pg_catalog.<=) ` + tok +
 		` OR ((id = 1) AND pg_catalog.set_config(E'pgfence.stale_0', E'1', true) IS NULL)) AND ` + tok + ` IS NOT NULL;` + probe
 	if res.SQL != want {
@@ -203,7 +203,7 @@ func TestRewriteExample(t *testing.T) {
 		t.Errorf("Fenced = %+v", res.Fenced)
 	}
 	if len(res.Probes) != 1 || res.Probes[0].Index != 1 || res.Probes[0].SQL != probe ||
-		len(res.Probes[0].Tables) != 1 || res.Probes[0].Tables[0] != (ProbeTable{"accounts", Enforce}) {
+		len(res.Probes[0].Tables) != 1 || res.Probes[0].Tables[0] != (ProbeTable{"accounts", Enforce, ""}) {
 		t.Errorf("Probes = %+v", res.Probes)
 	}
 }
@@ -226,8 +226,8 @@ func TestFlagsPerGuard(t *testing.T) {
 	if !strings.Contains(res.SQL, "E'pgfence.stale_1', E'1'") || !strings.Contains(res.SQL, "E'pgfence.stale_0', E'1'") {
 		t.Errorf("flags: %s", res.SQL)
 	}
-	want := "SELECT pg_catalog.current_setting(E'app.tok', true), pg_catalog.current_setting(E'pgfence.stale_1', true), NULL::pg_catalog.text, " +
-		"pg_catalog.current_setting(E'pgfence.stale_0', true), pg_catalog.set_config(E'pgfence.stale_1', E'', true), pg_catalog.set_config(E'pgfence.stale_0', E'', true)"
+	want := "SELECT pg_catalog.current_setting(E'app.tok', true), pg_catalog.current_setting(E'pgfence.stale_1', true), NULL::pg_catalog.text, NULL::pg_catalog.text, NULL::pg_catalog.text, " +
+		"pg_catalog.current_setting(E'pgfence.stale_0', true), NULL::pg_catalog.text, pg_catalog.set_config(E'pgfence.stale_1', E'', true), pg_catalog.set_config(E'pgfence.stale_0', E'', true)"
 	if len(res.Probes) != 1 || res.Probes[0].SQL != want || res.Probes[0].Index != -1 {
 		t.Errorf("Probes = %+v", res.Probes)
 	}

@@ -19,6 +19,10 @@ import (
 //     must be there, in the right shape, on every UPDATE, DELETE and INSERT
 //     of an Enforce or Shadow table outside a rule, function body or view,
 //     nested or not) each statement means exactly what the input's did;
+//   - every such write to an Enforce table in a lock domain also checks its
+//     domain, whose WITH query comes first in the WITH list of the
+//     statement's top-level query (once per domain), and no client WITH
+//     query there or below is named like one;
 //   - statements that write no such table are byte-identical;
 //   - a probe (with the right SQL and tables) follows each top-level
 //     statement that writes a guarded table, and nothing else is added;
@@ -104,7 +108,7 @@ func verify(r *Rewriter, in string, mode Mode, s Session, res *Result) error {
 			if a, b := codeText(stmtText(in, raw)), codeText(stmtText(res.SQL, out)); a != b {
 				return fmt.Errorf("statement without a fenced write changed:\n%q\n%q", a, b)
 			}
-		} else if err := v.checkFence(raw.Stmt, out.Stmt); err != nil {
+		} else if err := v.checkFence(raw.Stmt, out.Stmt, w); err != nil {
 			return fmt.Errorf("%v\nin:  %s\nout: %s", err, stmtText(in, raw), stmtText(res.SQL, out))
 		}
 		if !w.probe {
@@ -153,7 +157,25 @@ type stmtWrites struct {
 	tables  []*guardInfo
 	probe   bool
 	prepare string
+	// domains maps each lock domain the statement's fenced writes check
+	// to whether any of them needs a token (else all allow a missing one).
+	domains map[string]bool
 }
+
+// domainIndex is the number of a lock domain: the order in which the
+// guards first name it.
+func (v *verifier) domainIndex(name string) int {
+	var seen []string
+	for _, g := range v.r.guards {
+		if g.Domain != "" && !slices.Contains(seen, g.Domain) {
+			seen = append(seen, g.Domain)
+		}
+	}
+	return slices.Index(seen, name)
+}
+
+// domainChecked reports whether fenced writes to g check its lock domain.
+func domainChecked(g *guardInfo) bool { return g.Domain != "" && g.Rollout == Enforce }
 
 // guardOf matches a table reference to a guard: the first guard with its
 // name, in any schema if the reference is unqualified.
@@ -186,6 +208,12 @@ func (v *verifier) writes(stmt *pg_query.Node, known func(string) []string) stmt
 		all = append(all, found{g, pos})
 		if fenced {
 			w.fenced++
+			if domainChecked(g) {
+				if w.domains == nil {
+					w.domains = map[string]bool{}
+				}
+				w.domains[g.Domain] = w.domains[g.Domain] || !g.AllowMissingToken
+			}
 		}
 	}
 	var visit func(m protoreflect.Message, stored bool)
@@ -339,16 +367,23 @@ func (v *verifier) checkProbe(p Probe, tables []*guardInfo) error {
 	sql := "SELECT pg_catalog.current_setting(" + quoteLiteral(v.r.setting) + ", true)"
 	clear := ""
 	for i, g := range tables {
-		if p.Tables[i] != (ProbeTable{Table: g.name, Rollout: g.Rollout}) {
+		if p.Tables[i] != (ProbeTable{Table: g.name, Rollout: g.Rollout, Domain: g.Domain}) {
 			return fmt.Errorf("table %d is %+v, want %s", i, p.Tables[i], g.name)
 		}
 		flag := quoteLiteral(fmt.Sprintf("pgfence.stale_%d", g.index))
+		dflag := quoteLiteral(fmt.Sprintf("pgfence.dstale_%d", g.index))
 		if g.Rollout == Observe {
 			sql += ", NULL::pg_catalog.text"
-			continue
+		} else {
+			sql += ", pg_catalog.current_setting(" + flag + ", true)"
+			clear += ", pg_catalog.set_config(" + flag + ", E'', true)"
 		}
-		sql += ", pg_catalog.current_setting(" + flag + ", true)"
-		clear += ", pg_catalog.set_config(" + flag + ", E'', true)"
+		if domainChecked(g) {
+			sql += ", pg_catalog.current_setting(" + dflag + ", true)"
+			clear += ", pg_catalog.set_config(" + dflag + ", E'', true)"
+		} else {
+			sql += ", NULL::pg_catalog.text"
+		}
 	}
 	if p.SQL != sql+clear {
 		return fmt.Errorf("SQL %q, want %q", p.SQL, sql+clear)
@@ -357,8 +392,11 @@ func (v *verifier) checkProbe(p Probe, tables []*guardInfo) error {
 }
 
 // checkFence takes the fences off out and compares what is left with in.
-func (v *verifier) checkFence(in, out *pg_query.Node) error {
+func (v *verifier) checkFence(in, out *pg_query.Node, w stmtWrites) error {
 	in, out = stripLocations(in), stripLocations(out)
+	if err := v.undomain(out, w); err != nil {
+		return err
+	}
 	if err := v.unfence(out.ProtoReflect(), false); err != nil {
 		return err
 	}
@@ -366,6 +404,99 @@ func (v *verifier) checkFence(in, out *pg_query.Node) error {
 		return fmt.Errorf("fenced statement means something else")
 	}
 	return nil
+}
+
+// undomain checks that the WITH list of the statement's top-level query
+// (the one EXPLAIN, PREPARE, COPY, CREATE TABLE AS or DECLARE holds, if
+// any) starts with the WITH queries of the lock domains the statement
+// checks, in domain order, and removes them (with the WITH, if nothing
+// else is in it); and that no other WITH query anywhere is named like
+// them.
+func (v *verifier) undomain(out *pg_query.Node, w stmtWrites) error {
+	var names []string
+	for d := range w.domains {
+		names = append(names, d)
+	}
+	if len(names) == 0 {
+		return nil // pgfence adds no WITH query: any name is the client's
+	}
+	slices.SortFunc(names, func(a, b string) int { return v.domainIndex(a) - v.domainIndex(b) })
+	top := out
+	for {
+		var q *pg_query.Node
+		switch n := top.Node.(type) {
+		case *pg_query.Node_ExplainStmt:
+			q = n.ExplainStmt.Query
+		case *pg_query.Node_PrepareStmt:
+			q = n.PrepareStmt.Query
+		case *pg_query.Node_CopyStmt:
+			q = n.CopyStmt.Query
+		case *pg_query.Node_CreateTableAsStmt:
+			q = n.CreateTableAsStmt.Query
+		case *pg_query.Node_DeclareCursorStmt:
+			q = n.DeclareCursorStmt.Query
+		}
+		if q == nil {
+			break
+		}
+		top = q
+	}
+	var with **pg_query.WithClause
+	switch n := top.Node.(type) {
+	case *pg_query.Node_SelectStmt:
+		with = &n.SelectStmt.WithClause
+	case *pg_query.Node_InsertStmt:
+		with = &n.InsertStmt.WithClause
+	case *pg_query.Node_UpdateStmt:
+		with = &n.UpdateStmt.WithClause
+	case *pg_query.Node_DeleteStmt:
+		with = &n.DeleteStmt.WithClause
+	case *pg_query.Node_MergeStmt:
+		with = &n.MergeStmt.WithClause
+	}
+	if with == nil || *with == nil || len((*with).Ctes) < len(names) {
+		return fmt.Errorf("the top-level query has no WITH queries for lock domains %q", names)
+	}
+	ctes := (*with).Ctes
+	for i, d := range names {
+		if !proto.Equal(ctes[i], v.domainQuery(d, w.domains[d])) {
+			return fmt.Errorf("WITH query %d of the top-level query is not the one of lock domain %q", i, d)
+		}
+	}
+	if (*with).Ctes = ctes[len(names):]; len((*with).Ctes) == 0 {
+		if (*with).Recursive {
+			return fmt.Errorf("a WITH RECURSIVE holds nothing but lock domain checks")
+		}
+		*with = nil
+	}
+	var err error
+	eachMessage(out.ProtoReflect(), func(m proto.Message) {
+		if c, ok := m.(*pg_query.CommonTableExpr); ok && err == nil && strings.HasPrefix(c.Ctename, "pgfence_domain_") {
+			err = fmt.Errorf("WITH query %q besides the lock domain checks", c.Ctename)
+		}
+	})
+	return err
+}
+
+// domainQuery is the WITH query that claims lock domain d, parsed.
+func (v *verifier) domainQuery(d string, strict bool) *pg_query.Node {
+	dstrict, dallow := domainTokenExprs(v.r.setting, d)
+	t := dallow
+	if strict {
+		t = dstrict
+	}
+	text := fmt.Sprintf(`WITH "pgfence_domain_%d" AS (UPDATE "pgfence"."domains" SET "token" = %s WHERE "domain" OPERATOR(pg_catalog.=) %s AND "token" OPERATOR(pg_catalog.<=) %s RETURNING "token") SELECT`,
+		v.domainIndex(d), t, quoteLiteral(d), t)
+	if c, ok := exprCache.Load(text); ok {
+		return c.(*pg_query.Node)
+	}
+	tree, err := pg_query.Parse(text)
+	if err != nil {
+		panic(fmt.Sprintf("verifier WITH query %q: %v", text, err))
+	}
+	c := stripLocations(tree.Stmts[0].Stmt.GetSelectStmt().WithClause.Ctes[0])
+	exprCache.Store(text, c)
+	return c
 }
 
 // unfence removes the fences from m and everything in it, failing if a
@@ -413,7 +544,7 @@ func (v *verifier) unfence(m protoreflect.Message, stored bool) error {
 
 // The token, SET and INSERT value expressions each rollout uses.
 func (v *verifier) token(g *guardInfo) string {
-	strict, allowMissing, lenient := tokenExprs(v.r.setting, g.name)
+	strict, allowMissing, lenient := tokenExprs(v.r.setting, g.name, g.Domain)
 	switch {
 	case g.Rollout == Shadow:
 		return lenient
@@ -435,6 +566,17 @@ func (v *verifier) setText(g *guardInfo, ref string) string {
 }
 
 func (v *verifier) insertText(g *guardInfo) string {
+	if domainChecked(g) {
+		text := "pg_catalog.current_setting(" + quoteLiteral(v.r.setting) + ", true)"
+		text = "COALESCE(NULLIF(pg_catalog.current_setting(" + quoteLiteral(v.r.setting+"."+g.Domain) + ", true), E''), " + text + ")"
+		stale := "(" + quoteLiteral(`pgfence PF001: stale fencing token for lock domain "`+g.Domain+
+			`" (guarded table "`+g.Name()+`"): a newer holder has written to it; stop writing and re-acquire the lock; token: `) +
+			" OPERATOR(pg_catalog.||) COALESCE(" + text + ", E''))::pg_catalog.int8"
+		if g.AllowMissingToken {
+			stale = "CASE WHEN " + v.token(g) + " IS NULL THEN 0 ELSE " + stale + " END"
+		}
+		return fmt.Sprintf(`COALESCE((SELECT "token" FROM "pgfence_domain_%d"), %s)`, v.domainIndex(g.Domain), stale)
+	}
 	if g.Rollout == Shadow || g.AllowMissingToken {
 		return "COALESCE(" + v.token(g) + ", 0)"
 	}
@@ -447,6 +589,11 @@ func (v *verifier) whereText(g *guardInfo, ref string, cond bool) string {
 	t := v.token(g)
 	ok := ref + "." + quoteIdent(g.Column) + " OPERATOR(pg_catalog.<=) " + t
 	flag := fmt.Sprintf("pg_catalog.set_config(E'pgfence.stale_%d', E'1', true)", g.index)
+	if domainChecked(g) {
+		claimed := fmt.Sprintf(`EXISTS (SELECT 1 FROM "pgfence_domain_%d")`, v.domainIndex(g.Domain))
+		ok = "(" + claimed + " AND " + ok + ")"
+		flag = fmt.Sprintf("pg_catalog.set_config(CASE WHEN %s THEN E'pgfence.stale_%d' ELSE E'pgfence.dstale_%d' END, E'1', true)", claimed, g.index, g.index)
+	}
 	c := func(s string) string {
 		if cond {
 			return "((pgfence_verify_cond) AND " + s + ")"

@@ -31,7 +31,7 @@ func rootCmd() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(serveCmd(), demoCmd(), rewriteCmd(), versionCmd())
+	root.AddCommand(serveCmd(), demoCmd(), rewriteCmd(), initCmd(), versionCmd())
 	return root
 }
 

@@ -17,6 +17,7 @@ type policyOptions struct {
 	tokenSetting   string
 	mode           string
 	tableModes     []string
+	domains        []string
 	missingToken   string
 	notifyStale    bool
 	allowTruncate  bool
@@ -31,6 +32,7 @@ func (o *policyOptions) addFlags(cmd *cobra.Command) {
 	f.StringVar(&o.tokenSetting, "token-setting", "fence.token", "session setting that holds the fencing token")
 	f.StringVar(&o.mode, "mode", "enforce", "rollout for guarded tables: enforce, shadow (count what would be rejected, block nothing) or observe (count writes with and without a token)")
 	f.StringArrayVar(&o.tableModes, "table-mode", nil, "rollout for one table, as TABLE=MODE (repeatable; wins over --mode)")
+	f.StringArrayVar(&o.domains, "domain", nil, "put a guarded table in a lock domain, as TABLE=DOMAIN (repeatable): all tables of a domain share one token stream, read from <token-setting>.<domain> then <token-setting>")
 	f.StringVar(&o.missingToken, "missing-token", "reject", "a write to an enforced table without a token: reject (fail with SQLSTATE 55000) or allow (let it through unfenced, counted and logged)")
 	f.BoolVar(&o.notifyStale, "notify-stale", false, "send a stale writer a WARNING naming the table and its token, besides counting it")
 	f.BoolVar(&o.allowTruncate, "allow-truncate", false, "let TRUNCATE of a guarded table through unfenced (refused by default)")
@@ -55,6 +57,18 @@ func parseRollout(s string) (sqlrewrite.Rollout, error) {
 type tableRollout struct {
 	guard   sqlrewrite.Guard
 	rollout sqlrewrite.Rollout
+}
+
+// tableDomain is one --domain entry.
+type tableDomain struct {
+	guard  sqlrewrite.Guard
+	domain string
+}
+
+// matches reports whether a TABLE spec names g (a spec without a schema
+// names the table in every schema).
+func matches(spec, g sqlrewrite.Guard) bool {
+	return spec.Table == g.Table && (spec.Schema == "" || spec.Schema == g.Schema)
 }
 
 // applier returns the function that gives a guard its rollout and
@@ -88,11 +102,28 @@ func (o *policyOptions) applier() (func(sqlrewrite.Guard) sqlrewrite.Guard, erro
 		}
 		per = append(per, tableRollout{g, r})
 	}
+	var doms []tableDomain
+	for _, spec := range o.domains {
+		table, domain, ok := strings.Cut(spec, "=")
+		if !ok || domain == "" {
+			return nil, fmt.Errorf("--domain %q: want TABLE=DOMAIN, e.g. accounts=billing", spec)
+		}
+		g, err := sqlrewrite.ParseGuard(table)
+		if err != nil {
+			return nil, fmt.Errorf("--domain %q: %w", spec, err)
+		}
+		doms = append(doms, tableDomain{g, domain})
+	}
 	return func(g sqlrewrite.Guard) sqlrewrite.Guard {
 		g.Rollout, g.AllowMissingToken = def, allowMissing
 		for _, tr := range per {
-			if tr.guard.Table == g.Table && (tr.guard.Schema == "" || tr.guard.Schema == g.Schema) {
+			if matches(tr.guard, g) {
 				g.Rollout = tr.rollout
+			}
+		}
+		for _, td := range doms {
+			if matches(td.guard, g) {
+				g.Domain = td.domain
 			}
 		}
 		return g

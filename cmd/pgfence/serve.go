@@ -46,6 +46,7 @@ type serveOptions struct {
 	drainTimeout     time.Duration
 	tlsCert          string
 	tlsKey           string
+	initDomains      bool
 	logLevel         string
 	logFormat        string
 }
@@ -63,6 +64,7 @@ func (o *serveOptions) addFlags(cmd *cobra.Command) {
 	f.IntVar(&o.maxMessageSize, "max-message-size", 256<<20, "largest client message in bytes; a larger one ends that client's session")
 	f.DurationVar(&o.startupTimeout, "startup-timeout", 30*time.Second, "how long a new client may take to send its startup packet")
 	f.IntVar(&o.maxClientConns, "max-client-conns", 1000, "client sessions open at once; more are refused with SQLSTATE 53300 (0: no limit)")
+	f.BoolVar(&o.initDomains, "init-domains", true, "create the lock-domain table (pgfence.domains) and its rows when missing; false for teams that forbid runtime DDL (run 'pgfence init' instead)")
 	f.StringVar(&o.tlsCert, "tls-cert", "", "PEM certificate (chain) for client TLS; with --tls-key, pgfence accepts sslmode=require/verify-full clients and terminates their TLS")
 	f.StringVar(&o.tlsKey, "tls-key", "", "PEM private key for --tls-cert")
 	f.DurationVar(&o.drainTimeout, "drain-timeout", 30*time.Second, "on SIGTERM, how long open transactions may go on before their sessions are closed")
@@ -379,7 +381,47 @@ func (i *instance) readCatalog(ctx context.Context, o serveOptions, explicit []s
 		return nil, err
 	}
 	defer conn.Close(context.Background())
-	return fence.Discover(ctx, conn, explicit, o.discover, o.discoverColumn, apply)
+	d, err := fence.Discover(ctx, conn, explicit, o.discover, o.discoverColumn, apply)
+	if err != nil {
+		return nil, err
+	}
+	if err := prepareDomains(ctx, conn, domainsOf(d.Guards), o.initDomains); err != nil {
+		// Writes to a domain whose row is missing change nothing (fail
+		// closed), so say loudly what to do.
+		d.Problems = append(d.Problems, err.Error())
+	}
+	return d, nil
+}
+
+func domainsOf(guards []sqlrewrite.Guard) []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, g := range guards {
+		if g.Domain != "" && !seen[g.Domain] {
+			seen[g.Domain] = true
+			out = append(out, g.Domain)
+		}
+	}
+	return out
+}
+
+// prepareDomains makes sure the lock-domain table has a row per domain
+// (creating the table too when create is set).
+func prepareDomains(ctx context.Context, conn *pgx.Conn, domains []string, create bool) error {
+	if len(domains) == 0 {
+		return nil
+	}
+	if create {
+		if _, err := conn.Exec(ctx, sqlrewrite.DomainTableDDL()); err != nil {
+			return fmt.Errorf("cannot create %s (writes to lock domains change nothing until it exists; run 'pgfence init' as a role that may create it): %w", sqlrewrite.DomainTable, err)
+		}
+	}
+	for _, d := range domains {
+		if _, err := conn.Exec(ctx, sqlrewrite.DomainRowSQL(), d); err != nil {
+			return fmt.Errorf("cannot add lock domain %q to %s (writes to it change nothing until its row exists; run 'pgfence init'): %w", d, sqlrewrite.DomainTable, err)
+		}
+	}
+	return nil
 }
 
 func (i *instance) rediscoverEvery(ctx context.Context, every time.Duration) {

@@ -1,0 +1,297 @@
+package sqlrewrite
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	pg_query "github.com/pganalyze/pg_query_go/v6"
+	"google.golang.org/protobuf/proto"
+)
+
+// Lock domains. A statement that writes a table of a lock domain (Enforce
+// only, for now) gets, first in the WITH list of its top-level query, one
+// data-modifying WITH query per domain it writes:
+//
+//	"pgfence_domain_K" AS (UPDATE "pgfence"."domains" SET "token" = DTOK
+//	    WHERE "domain" OPERATOR(pg_catalog.=) E'<domain>' AND "token" OPERATOR(pg_catalog.<=) DTOK
+//	    RETURNING "token")
+//
+// It claims the domain for the statement's token: it returns a row only
+// when no write to the domain has used a higher token. Its row lock
+// serialises the writers of one domain until they commit, and under READ
+// COMMITTED a writer that waited for it re-checks "token" <= DTOK against
+// the token the other writer committed, so the check and the claim are one
+// atomic step. Postgres runs a data-modifying WITH query exactly once, to
+// completion, however often (or whether) the statement reads it, and an
+// uncorrelated EXISTS over it is an InitPlan, evaluated once: every
+// reference sees the same answer. The statement keeps its own command tag
+// and result; the WITH query's rows are never part of them.
+//
+// The writes of the domain's tables then read that answer (see fenceWhere
+// and domainStamp): UPDATE and DELETE touch a row only if the domain was
+// claimed and the row's epoch is not above the token, raising the domain
+// flag (pgfence.dstale_<i>) for matched rows when the domain was not
+// claimed and the row flag otherwise; INSERT stamps the claimed token and
+// fails with PF001 when the domain was not claimed.
+//
+// Postgres only runs a data-modifying WITH at the top level of a
+// statement, so a write to a domain table must be the top-level query
+// itself or one of its WITH queries (under EXPLAIN, PREPARE, COPY or CREATE
+// TABLE AS, that query is the one they hold); anywhere else Postgres
+// rejects it anyway, and pgfence refuses it.
+
+// domainCTEPrefix starts the names of the WITH queries that claim lock
+// domains; a client's WITH query may not use it in a statement that gets
+// one, since it could hide pgfence's.
+const domainCTEPrefix = "pgfence_domain_"
+
+// codeStaleDomain is the marker code of a stale INSERT into a domain table.
+const codeStaleDomain = "PF001"
+
+// codeReservedName refuses a client's WITH query named like pgfence's.
+const codeReservedName = "42939" // reserved_name
+
+// domainInfo is a lock domain with the SQL fragments derived from it.
+type domainInfo struct {
+	name  string
+	index int    // K in pgfence_domain_K: the domain's index in Rewriter.domains
+	cte   string // quoted WITH query name
+	// exists is true in a statement when the domain was claimed.
+	exists string
+	// query is the WITH query, strict (DTOK) and allow-missing (DTOKA): a
+	// missing token claims nothing.
+	query, queryAllowMissing string
+	text                     string // the token's text (see tokenText)
+}
+
+// domainNamed returns the lock domain called name, creating it.
+func (r *Rewriter) domainNamed(name string) *domainInfo {
+	for _, d := range r.domains {
+		if d.name == name {
+			return d
+		}
+	}
+	d := &domainInfo{name: name, index: len(r.domains), text: tokenText(r.setting, name)}
+	d.cte = quoteIdent(domainCTEPrefix + strconv.Itoa(d.index))
+	d.exists = "EXISTS (SELECT 1 FROM " + d.cte + ")"
+	strict, allowMissing := domainTokenExprs(r.setting, name)
+	d.query, d.queryAllowMissing = d.claim(strict), d.claim(allowMissing)
+	r.domains = append(r.domains, d)
+	return d
+}
+
+// claim is the WITH query that claims the domain with token expression t.
+func (d *domainInfo) claim(t string) string {
+	return d.cte + " AS (UPDATE " + quoteIdent("pgfence") + "." + quoteIdent("domains") + " SET " + quoteIdent("token") + " = " + t +
+		" WHERE " + quoteIdent("domain") + " OPERATOR(pg_catalog.=) " + quoteLiteral(d.name) +
+		" AND " + quoteIdent("token") + " OPERATOR(pg_catalog.<=) " + t + " RETURNING " + quoteIdent("token") + ")"
+}
+
+// domainFenced reports whether writes to the guard's table are checked
+// against its lock domain: it has one and is Enforce.
+func (g *guardInfo) domainFenced() bool {
+	return g.domain != nil && g.Rollout == Enforce
+}
+
+// fenceByDomain sets the fragments of a domain-fenced guard: the flag it
+// raises, and the value its INSERTs stamp,
+//
+//	COALESCE((SELECT "token" FROM "pgfence_domain_K"), STALE)
+//	COALESCE((SELECT "token" FROM "pgfence_domain_K"), CASE WHEN TOKA IS NULL THEN 0 ELSE STALE END)   allow-missing
+//
+// where STALE raises PF001 (the cast of marker text, which cannot be
+// folded at plan time as it holds the token's text).
+func (g *guardInfo) fenceByDomain(setting string) {
+	d := g.domain
+	i := strconv.Itoa(g.index)
+	g.dflag = quoteLiteral(dflagPrefix + i)
+	g.draise = "pg_catalog.set_config(CASE WHEN " + d.exists + " THEN " + g.flag + " ELSE " + g.dflag + " END, " + quoteLiteral("1") + ", true)"
+	msg := "pgfence " + codeStaleDomain + ": stale fencing token for lock domain \"" + d.name +
+		"\" (guarded table \"" + g.name + "\"): a newer holder has written to it; stop writing and re-acquire the lock; token: "
+	stale := "(" + quoteLiteral(msg) + " OPERATOR(pg_catalog.||) COALESCE(" + d.text + ", " + quoteLiteral("") + "))::pg_catalog.int8"
+	claimed := "(SELECT " + quoteIdent("token") + " FROM " + d.cte + ")"
+	if g.AllowMissingToken {
+		stale = "CASE WHEN " + g.tok + " IS NULL THEN 0 ELSE " + stale + " END"
+	}
+	g.insert = "COALESCE(" + claimed + ", " + stale + ")"
+}
+
+// validDomain checks a guard's lock domain name.
+func validDomain(g Guard) error {
+	d := g.Domain
+	if d == "" {
+		return nil
+	}
+	bad := len(d) > MaxDomainLen || d[0] >= '0' && d[0] <= '9'
+	for i := 0; i < len(d) && !bad; i++ {
+		c := d[i]
+		bad = !(c == '_' || 'a' <= c && c <= 'z' || '0' <= c && c <= '9')
+	}
+	if bad {
+		return fmt.Errorf("guard %q: invalid lock domain %q: expected a lower-case SQL identifier ([a-z_][a-z0-9_]*, at most %d bytes), e.g. billing",
+			g.Name(), strings.ToValidUTF8(d, "\uFFFD"), MaxDomainLen)
+	}
+	return nil
+}
+
+// domainUse is a lock domain a statement writes: its WITH query uses the
+// strict token unless every write to it allows a missing token.
+type domainUse struct {
+	d      *domainInfo
+	strict bool
+}
+
+// planDomains finds the lock domains a statement's fenced writes need
+// checked, and where their WITH queries go: the statement's top-level
+// query.
+func (r *Rewriter) planDomains(p *plan, top proto.Message) *Refusal {
+	outer := outerQuery(top)
+	for _, w := range p.writes {
+		g := w.guard
+		if w.node == nil || !g.domainFenced() {
+			continue
+		}
+		if w.node != outer && !isWithQueryOf(outer, w.node) {
+			return &Refusal{
+				Code: codeUnsupported,
+				Message: "pgfence: the " + w.kind + " of guarded table \"" + g.name + "\" in lock domain \"" + g.domain.name +
+					"\" is nested below the top level of its statement, where the lock domain cannot be checked",
+				Hint: "Postgres only runs a data-modifying WITH at the top level of a statement; move it there",
+			}
+		}
+		k := slices.IndexFunc(p.domains, func(u domainUse) bool { return u.d == g.domain })
+		if k < 0 {
+			p.domains = append(p.domains, domainUse{d: g.domain})
+			k = len(p.domains) - 1
+		}
+		p.domains[k].strict = p.domains[k].strict || !g.AllowMissingToken
+	}
+	if len(p.domains) == 0 {
+		return nil
+	}
+	slices.SortFunc(p.domains, func(a, b domainUse) int { return a.d.index - b.d.index })
+	p.outer = outer
+	var ref *Refusal
+	eachMessage(top.ProtoReflect(), func(m proto.Message) {
+		if c, ok := m.(*pg_query.CommonTableExpr); ok && ref == nil && strings.HasPrefix(c.Ctename, domainCTEPrefix) {
+			ref = &Refusal{
+				Code:    codeReservedName,
+				Message: "pgfence: WITH query name \"" + c.Ctename + "\" is reserved for pgfence in a statement that writes a lock domain",
+				Hint:    hintReservedName,
+			}
+		}
+	})
+	return ref
+}
+
+// outerQuery is the query a top-level statement runs as its top level:
+// the statement itself, or the one that EXPLAIN, PREPARE, COPY, CREATE
+// TABLE AS or DECLARE holds.
+func outerQuery(m proto.Message) proto.Message {
+	for {
+		var q *pg_query.Node
+		switch s := m.(type) {
+		case *pg_query.ExplainStmt:
+			q = s.Query
+		case *pg_query.PrepareStmt:
+			q = s.Query
+		case *pg_query.CopyStmt:
+			q = s.Query
+		case *pg_query.CreateTableAsStmt:
+			q = s.Query
+		case *pg_query.DeclareCursorStmt:
+			q = s.Query
+		default:
+			return m
+		}
+		if q == nil {
+			return nil
+		}
+		m = inner(q)
+	}
+}
+
+// withOf returns the WITH clause of a query, or nil.
+func withOf(m proto.Message) *pg_query.WithClause {
+	switch s := m.(type) {
+	case *pg_query.SelectStmt:
+		return s.WithClause
+	case *pg_query.InsertStmt:
+		return s.WithClause
+	case *pg_query.UpdateStmt:
+		return s.WithClause
+	case *pg_query.DeleteStmt:
+		return s.WithClause
+	case *pg_query.MergeStmt:
+		return s.WithClause
+	}
+	return nil
+}
+
+// isWithQueryOf reports whether stmt is one of the WITH queries of q.
+func isWithQueryOf(q, stmt proto.Message) bool {
+	for _, c := range withOf(q).GetCtes() {
+		if cte := c.GetCommonTableExpr(); cte != nil && cte.Ctequery != nil && inner(cte.Ctequery) == stmt {
+			return true
+		}
+	}
+	return false
+}
+
+// domainEdit puts the WITH queries of a statement's lock domains first in
+// the WITH list of its top-level query, or gives that query a WITH.
+func (r *Rewriter) domainEdit(sql string, st stmtTokens, p *plan) (edit, error) {
+	queries := make([]string, len(p.domains))
+	for i, u := range p.domains {
+		queries[i] = u.d.queryAllowMissing
+		if u.strict {
+			queries[i] = u.d.query
+		}
+	}
+	list := strings.Join(queries, ", ")
+	if wc := withOf(p.outer); wc != nil {
+		i := st.at(int(wc.Location))
+		if i < 0 || st.toks[i].Token != pg_query.Token_WITH && st.toks[i].Token != pg_query.Token_WITH_LA {
+			return edit{}, fmt.Errorf("sqlrewrite: no WITH keyword at byte %d", wc.Location)
+		}
+		if wc.Recursive {
+			if i = st.nextCode(i+1, len(st.toks)); i < 0 || st.toks[i].Token != pg_query.Token_RECURSIVE {
+				return edit{}, fmt.Errorf("sqlrewrite: no RECURSIVE after the WITH at byte %d", wc.Location)
+			}
+		}
+		return edit{at: st.end(i), text: " " + list + ","}, nil
+	}
+	// Without a WITH, the top-level query is the write itself.
+	var rv *pg_query.RangeVar
+	var want []pg_query.Token // keywords before the relation, last first
+	switch n := p.outer.(type) {
+	case *pg_query.UpdateStmt:
+		rv, want = n.Relation, []pg_query.Token{pg_query.Token_UPDATE}
+	case *pg_query.DeleteStmt:
+		rv, want = n.Relation, []pg_query.Token{pg_query.Token_FROM, pg_query.Token_DELETE_P}
+	case *pg_query.InsertStmt:
+		rv, want = n.Relation, []pg_query.Token{pg_query.Token_INTO, pg_query.Token_INSERT}
+	default:
+		return edit{}, errors.New("sqlrewrite: a lock domain's writes are in a query without a WITH")
+	}
+	k := st.at(int(rv.Location))
+	if k >= 0 {
+		k = st.lastCode(k)
+	}
+	for k >= 0 && (st.toks[k].Token == '(' || st.toks[k].Token == pg_query.Token_ONLY) {
+		k = st.lastCode(k)
+	}
+	for _, t := range want {
+		if k < 0 || st.toks[k].Token != t {
+			return edit{}, fmt.Errorf("sqlrewrite: no start of the statement writing the relation at byte %d", rv.Location)
+		}
+		if t != want[len(want)-1] {
+			k = st.lastCode(k)
+		}
+	}
+	at := st.start(k)
+	return edit{at: at, text: pad(sql, at, "WITH "+list+" ")}, nil
+}

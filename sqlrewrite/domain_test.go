@@ -1,0 +1,159 @@
+package sqlrewrite
+
+import (
+	"strings"
+	"testing"
+
+	pg_query "github.com/pganalyze/pg_query_go/v6"
+)
+
+func TestDomainValidation(t *testing.T) {
+	ok := []string{"", "billing", "_x", "a1_b2", strings.Repeat("d", MaxDomainLen)}
+	for _, d := range ok {
+		if _, err := New(Config{Guards: []Guard{{Table: "t", Column: "e", Domain: d}}, TokenSetting: "fence.token"}); err != nil {
+			t.Errorf("domain %q: %v", d, err)
+		}
+	}
+	bad := []string{"Billing", "1billing", "bill-ing", "bill ing", "billing.eu", "bil'ling", "é", "a\x00", strings.Repeat("d", MaxDomainLen+1)}
+	for _, d := range bad {
+		_, err := New(Config{Guards: []Guard{{Table: "t", Column: "e", Domain: d}}, TokenSetting: "fence.token"})
+		if err == nil || !strings.Contains(err.Error(), "lock domain") || !strings.Contains(err.Error(), `"t"`) {
+			t.Errorf("domain %q: err = %v", d, err)
+		}
+	}
+}
+
+func TestDomainSQL(t *testing.T) {
+	if DomainTable != "pgfence.domains" {
+		t.Errorf("DomainTable = %q", DomainTable)
+	}
+	const ddl = "CREATE SCHEMA IF NOT EXISTS pgfence; CREATE TABLE IF NOT EXISTS pgfence.domains (domain text PRIMARY KEY, token bigint NOT NULL)"
+	const row = "INSERT INTO pgfence.domains (domain, token) VALUES ($1, -9223372036854775808) ON CONFLICT (domain) DO NOTHING"
+	if DomainTableDDL() != ddl || DomainRowSQL() != row {
+		t.Errorf("DDL %q, row SQL %q", DomainTableDDL(), DomainRowSQL())
+	}
+	for _, sql := range []string{ddl, row} {
+		if n, err := countStmts(sql); err != nil || n != strings.Count(sql, ";")+1 {
+			t.Errorf("%q: %d statements, %v", sql, n, err)
+		}
+	}
+}
+
+// TestDomainFragments checks every fragment a lock domain adds: it parses,
+// and each operator in it is schema-qualified (the only bare '=' being the
+// SET of the domain's token).
+func TestDomainFragments(t *testing.T) {
+	g := []Guard{{Table: "accounts", Column: "fence_epoch", Domain: "billing"},
+		{Table: "orders", Column: "v", Domain: "billing", AllowMissingToken: true},
+		{Table: "ledger", Column: "e", Domain: "gl", Rollout: Shadow}}
+	r, err := New(Config{Guards: g, TokenSetting: "App.Token"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.domains) != 2 || r.domains[0].name != "billing" || r.domains[1].name != "gl" || r.guards[0].domain != r.guards[1].domain {
+		t.Fatalf("domains %+v", r.domains)
+	}
+	if r.guards[2].domainFenced() || r.guards[2].dflag != "" || !strings.Contains(r.guards[2].tok, "App.Token.gl") {
+		t.Errorf("a Shadow guard is fenced by its domain, or does not read the domain's setting: %+v", r.guards[2])
+	}
+	var frags []string
+	for _, d := range r.domains {
+		frags = append(frags, "WITH "+d.query+" SELECT", "WITH "+d.queryAllowMissing+" SELECT", "SELECT "+d.exists)
+	}
+	for _, gi := range r.guards[:2] {
+		frags = append(frags, "SELECT "+gi.insert, "SELECT "+gi.draise, "SELECT "+gi.tok)
+	}
+	for _, f := range frags {
+		if _, err := pg_query.Parse(f); err != nil {
+			t.Errorf("%v:\n%s", err, f)
+			continue
+		}
+		scan, _ := pg_query.Scan(f)
+		toks := scan.Tokens
+		for i, tk := range toks {
+			switch tk.Token {
+			case pg_query.Token_Op, pg_query.Token_ASCII_61, pg_query.Token_ASCII_60, pg_query.Token_ASCII_62,
+				pg_query.Token_LESS_EQUALS, pg_query.Token_GREATER_EQUALS, pg_query.Token_NOT_EQUALS, pg_query.Token_ASCII_43, pg_query.Token_ASCII_45:
+			default:
+				continue
+			}
+			qualified := i >= 4 && toks[i-4].Token == pg_query.Token_OPERATOR && f[toks[i-2].Start:toks[i-2].End] == "pg_catalog"
+			set := i >= 2 && toks[i-2].Token == pg_query.Token_SET && f[toks[i-1].Start:toks[i-1].End] == `"token"`
+			if !qualified && !set {
+				t.Errorf("bare operator %q at byte %d of:\n%s", f[tk.Start:tk.End], tk.Start, f)
+			}
+		}
+	}
+	// The domain's token reads its own setting first, then the general one,
+	// and its errors name both.
+	strict, _ := domainTokenExprs("App.Token", "billing")
+	for _, want := range []string{
+		`COALESCE(NULLIF(pg_catalog.current_setting(E'App.Token.billing', true), E''), pg_catalog.current_setting(E'App.Token', true)) AS pgfence_token(v)`,
+		`no fencing token is set for this write to lock domain "billing"; set App.Token.billing or App.Token first`,
+		`App.Token.billing or App.Token must be an integer fencing token for a write to lock domain "billing", got: `,
+	} {
+		if !strings.Contains(strict, want) {
+			t.Errorf("DTOK lacks %q:\n%s", want, strict)
+		}
+	}
+	if tok := r.guards[0].tok; !strings.Contains(tok, `guarded table "accounts" in lock domain "billing"; set App.Token.billing or App.Token first`) {
+		t.Errorf("TOK of a domain table:\n%s", tok)
+	}
+}
+
+func TestDomainMarkers(t *testing.T) {
+	const pre = `invalid input syntax for type bigint: "`
+	cases := []struct{ msg, code, text, hint string }{
+		{`pgfence PF001: stale fencing token for lock domain "billing" (guarded table "accounts"): a newer holder has written to it; stop writing and re-acquire the lock; token: 4"`,
+			"PF001", `pgfence: stale fencing token for lock domain "billing" (guarded table "accounts"): a newer holder has written to it; stop writing and re-acquire the lock; token: 4`, hintStaleDomain},
+		{`pgfence 55000: no fencing token is set for this write to guarded table "accounts" in lock domain "billing"; set fence.token.billing or fence.token first"`,
+			"55000", `pgfence: no fencing token is set for this write to guarded table "accounts" in lock domain "billing"; set fence.token.billing or fence.token first`,
+			"SET fence.token.billing (or fence.token) = '<token>' (or SET LOCAL inside a transaction) before writing"},
+		{`pgfence 55000: no fencing token is set for this write to lock domain "billing"; set fence.token.billing or fence.token first"`,
+			"55000", `pgfence: no fencing token is set for this write to lock domain "billing"; set fence.token.billing or fence.token first`,
+			"SET fence.token.billing (or fence.token) = '<token>' (or SET LOCAL inside a transaction) before writing"},
+		{`pgfence 22023: fence.token.billing or fence.token must be an integer fencing token for a write to lock domain "billing", got: x"`,
+			"22023", `pgfence: fence.token.billing or fence.token must be an integer fencing token for a write to lock domain "billing", got: x`,
+			"the token must be a whole number, e.g. SET fence.token.billing (or fence.token) = '42'"},
+		{`pgfence 42939: WITH query name "pgfence_domain_0" is reserved for pgfence in a statement that writes a lock domain"`,
+			"42939", `pgfence: WITH query name "pgfence_domain_0" is reserved for pgfence in a statement that writes a lock domain`, hintReservedName},
+	}
+	for _, c := range cases {
+		got, ok := ParseErrorMarker("22P02", pre+c.msg)
+		if !ok || got != (Refusal{c.code, c.text, c.hint}) {
+			t.Errorf("ParseErrorMarker(%q) = %+v, %v", c.msg, got, ok)
+		}
+	}
+}
+
+// TestDomainProbe checks the probe's layout: the token, then per table its
+// row flag and its domain flag, then the clearing columns.
+func TestDomainProbe(t *testing.T) {
+	g := []Guard{{Table: "accounts", Column: "e", Domain: "billing"}, {Table: "audit", Column: "e"},
+		{Table: "obs", Column: "e", Domain: "billing", Rollout: Observe}}
+	r, err := New(Config{Guards: g, TokenSetting: "fence.token"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := r.Rewrite("WITH a AS (DELETE FROM audit RETURNING 1), o AS (DELETE FROM obs RETURNING 1) UPDATE accounts SET x = 1", Prepared, nil)
+	if err != nil || res.Refusal != nil {
+		t.Fatalf("Rewrite: %v %+v", err, res.Refusal)
+	}
+	want := "SELECT pg_catalog.current_setting(E'fence.token', true), " +
+		"pg_catalog.current_setting(E'pgfence.stale_1', true), NULL::pg_catalog.text, " +
+		"NULL::pg_catalog.text, NULL::pg_catalog.text, " +
+		"pg_catalog.current_setting(E'pgfence.stale_0', true), pg_catalog.current_setting(E'pgfence.dstale_0', true), " +
+		"pg_catalog.set_config(E'pgfence.stale_1', E'', true), pg_catalog.set_config(E'pgfence.stale_0', E'', true), pg_catalog.set_config(E'pgfence.dstale_0', E'', true)"
+	if len(res.Probes) != 1 || res.Probes[0].SQL != want {
+		t.Fatalf("Probes = %+v", res.Probes)
+	}
+	wantTables := []ProbeTable{{"audit", Enforce, ""}, {"obs", Observe, "billing"}, {"accounts", Enforce, "billing"}}
+	for i, pt := range res.Probes[0].Tables {
+		if pt != wantTables[i] {
+			t.Errorf("table %d = %+v, want %+v", i, pt, wantTables[i])
+		}
+	}
+	if _, err := pg_query.Parse(want); err != nil {
+		t.Error(err)
+	}
+}
