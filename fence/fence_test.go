@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/sqlrewrite"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -443,5 +444,39 @@ func TestUnreadableSessionsFailClosed(t *testing.T) {
 	}
 	if v, _ := row(t, tbl, 1); v != "cafe" {
 		t.Fatalf("row = %q", v)
+	}
+}
+
+// A statement prepared before a reload that guards its table is fenced at
+// its next execution: the proxy re-prepares it under the new configuration.
+func TestReloadReachesPreparedStatements(t *testing.T) {
+	tbl := table(t, [3]any{1, "v", 50})
+	p := pgtest.StartProxy(t, nil)
+	c := p.Connect(t)
+	pgtest.Exec(t, c, "SET fence.token = '10'")
+	upd := "UPDATE " + tbl + " SET val = $1 WHERE id = 1"
+	if tag := pgtest.Exec(t, c, upd, "unguarded"); tag != "UPDATE 1" { // prepared and cached by pgx
+		t.Fatalf("before reload: %s", tag)
+	}
+	cfg := p.Policy.Config()
+	g, _ := sqlrewrite.ParseGuard(tbl)
+	cfg.Guards = append(cfg.Guards, g)
+	if err := p.Policy.Reload(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if tag := pgtest.Exec(t, c, upd, "stale"); tag != "UPDATE 0" {
+		t.Fatalf("the statement prepared before the reload was not fenced after it: %s", tag)
+	}
+	if got := rejects(t, p, tbl); got != 1 {
+		t.Fatalf("rejects %v, want 1", got)
+	}
+	// And back: unguarding re-prepares the plain statement.
+	cfg.Guards = nil
+	p.Policy.Reload(cfg)
+	if tag := pgtest.Exec(t, c, upd, "plain again"); tag != "UPDATE 1" {
+		t.Fatalf("after unguarding: %s", tag)
+	}
+	if v, _ := row(t, tbl, 1); v != "plain again" {
+		t.Fatalf("row %q", v)
 	}
 }

@@ -47,6 +47,7 @@ type Policy struct {
 	m     *Metrics
 	log   *slog.Logger
 	state atomic.Pointer[state]
+	gen   atomic.Uint64 // bumped by every Reload
 }
 
 // state is one configuration, swapped as a whole on reload.
@@ -97,8 +98,13 @@ func (p *Policy) Reload(cfg Config) error {
 	}
 	p.m.guarded.Set(float64(len(cfg.Guards)))
 	p.state.Store(st)
+	p.gen.Add(1)
 	return nil
 }
+
+// Generation implements proxy.Interceptor: it changes on every Reload, so
+// statements prepared before are planned again.
+func (p *Policy) Generation() uint64 { return p.gen.Load() }
 
 // Config returns the configuration in force.
 func (p *Policy) Config() Config { return p.state.Load().cfg }

@@ -20,6 +20,7 @@ func (passthrough) SessionEnd(*Client, error)                                   
 func (passthrough) Query(*Client, string) Plan                                     { return Plan{} }
 func (passthrough) Parse(*Client, string) Plan                                     { return Plan{} }
 func (passthrough) Error(*Client, *pgproto3.ErrorResponse) *pgproto3.ErrorResponse { return nil }
+func (passthrough) Generation() uint64                                             { return 0 }
 
 func FuzzHeader(f *testing.F) {
 	for _, s := range [][]byte{{'Q', 0, 0, 0, 4}, {'Q', 0, 0, 0, 3}, {'Q', 0x7f, 0xff, 0xff, 0xff}, {'X'}, {}} {

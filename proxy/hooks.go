@@ -23,6 +23,10 @@ type Interceptor interface {
 	// Error sees every ErrorResponse from the server and may return a
 	// replacement; nil keeps the original bytes.
 	Error(c *Client, e *pgproto3.ErrorResponse) *pgproto3.ErrorResponse
+	// Generation changes whenever the Interceptor's configuration does;
+	// a prepared statement planned under an older one is planned again
+	// (and re-prepared if its plan changed) before its next Bind.
+	Generation() uint64
 }
 
 // Plan says what to send in place of a Query or Parse text.
@@ -35,6 +39,14 @@ type Plan struct {
 	// proxy right after each Execute of a portal bound to that statement, in
 	// the same transaction.
 	Probes []ProbeAt
+}
+
+// probe is a Parse plan's probe, if any.
+func (p Plan) probe() *Probe {
+	if len(p.Probes) > 0 {
+		return p.Probes[0].Probe
+	}
+	return nil
 }
 
 // ProbeAt places a probe at a statement index of a simple Query.

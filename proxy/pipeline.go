@@ -15,6 +15,7 @@ const (
 	waitQuery                   // simple Query: statements, then ReadyForQuery
 	waitExecute                 // Execute: ends with CommandComplete, EmptyQueryResponse or PortalSuspended
 	waitProbe                   // an injected probe: probeReplies replies, all kept from the client
+	waitSwallow                 // an injected re-prepare: CloseComplete and ParseComplete, kept from the client
 )
 
 type wait struct {
@@ -22,7 +23,7 @@ type wait struct {
 	probes []ProbeAt // waitQuery: statements whose replies are probes
 	stmt   int       // waitQuery: index of the statement now replying
 	probe  *Probe    // waitProbe
-	seen   int       // waitProbe: replies consumed
+	seen   int       // waitProbe, waitSwallow: replies consumed
 	row    [][]byte  // probe row, once received
 }
 

@@ -61,11 +61,21 @@ type session struct {
 	// Owned by the client-to-server goroutine.
 	cbuf    []byte
 	out     []byte
-	stmts   map[string]*Probe // prepared statements that need a probe per Execute
-	portals map[string]*Probe // portals bound to such statements
+	stmts   map[string]*prepared // the session's prepared statements
+	portals map[string]*Probe    // portals bound to statements that need a probe per Execute
 
 	// Owned by the server-to-client goroutine.
 	sbuf []byte
+}
+
+// prepared is what the proxy remembers of a prepared statement, so that it
+// can be planned again after a configuration change.
+type prepared struct {
+	text   string // the client's SQL
+	params []byte // the Parse's parameter-type section
+	sent   string // the SQL sent in its place, "" for the client's own
+	probe  *Probe // run after each Execute of a portal bound to it
+	gen    uint64 // the Interceptor generation it was planned under
 }
 
 // clientError ends a session because of what the client sent; the client
@@ -246,15 +256,14 @@ func (s *session) parse(n int) error {
 	if err != nil {
 		return &clientError{err: fmt.Errorf("Parse: %w", err)}
 	}
-	plan := s.srv.cfg.Interceptor.Parse(s.c, string(text))
-	if len(plan.Probes) > 0 {
-		if s.stmts == nil {
-			s.stmts = make(map[string]*Probe)
-		}
-		s.stmts[string(name)] = plan.Probes[0].Probe
-	} else if len(s.stmts) > 0 {
-		delete(s.stmts, string(name))
+	ic := s.srv.cfg.Interceptor
+	gen := ic.Generation()
+	sql := string(text)
+	plan := ic.Parse(s.c, sql)
+	if s.stmts == nil {
+		s.stmts = make(map[string]*prepared)
 	}
+	s.stmts[string(name)] = &prepared{text: sql, params: bytes.Clone(params), sent: plan.SQL, probe: plan.probe(), gen: gen}
 	if plan.SQL == "" {
 		return writeMessage(s.sw, 'P', b)
 	}
@@ -277,7 +286,7 @@ func (s *session) peek(n int) ([]byte, error) {
 }
 
 func (s *session) bind(n int) error {
-	if len(s.stmts) == 0 && len(s.portals) == 0 {
+	if len(s.stmts) == 0 {
 		return forward(s.sw, s.cr, n)
 	}
 	b, err := s.peek(n)
@@ -291,15 +300,56 @@ func (s *session) bind(n int) error {
 		// the server will refuse this Bind; nothing to track.
 		return forward(s.sw, s.cr, n)
 	}
-	if p := s.stmts[string(stmt)]; p != nil {
+	var p *Probe
+	if st := s.stmts[string(stmt)]; st != nil {
+		if err := s.replan(string(stmt), st); err != nil {
+			return err
+		}
+		p = st.probe
+	}
+	if p != nil {
 		if s.portals == nil {
 			s.portals = make(map[string]*Probe)
 		}
 		s.portals[string(portal)] = p
-	} else {
+	} else if len(s.portals) > 0 {
 		delete(s.portals, string(portal))
 	}
 	return forward(s.sw, s.cr, n)
+}
+
+// replan plans a statement prepared under an older configuration again.
+// If what should be sent for it changed (a table became guarded, say), the
+// statement is re-prepared under its own name before the Bind, so a
+// configuration change reaches statements prepared before it.
+func (s *session) replan(name string, st *prepared) error {
+	ic := s.srv.cfg.Interceptor
+	gen := ic.Generation()
+	if st.gen == gen {
+		return nil
+	}
+	plan := ic.Parse(s.c, st.text)
+	st.gen, st.probe = gen, plan.probe()
+	if plan.SQL == st.sent {
+		return nil
+	}
+	st.sent = plan.SQL
+	sql := plan.SQL
+	if sql == "" {
+		sql = st.text
+	}
+	s.log.Debug("re-preparing a statement after a configuration change", "statement", name)
+	s.pipe.push(&wait{kind: waitSwallow})
+	out, _ := (&pgproto3.Close{ObjectType: 'S', Name: name}).Encode(s.out[:0])
+	s.out = out
+	if _, err := s.sw.Write(out); err != nil {
+		return err
+	}
+	s.out = append(append(append(s.out[:0], 'P', 0, 0, 0, 0), name...), 0)
+	s.out = append(append(append(s.out, sql...), 0), st.params...)
+	binary.BigEndian.PutUint32(s.out[1:5], uint32(len(s.out)-1))
+	_, err := s.sw.Write(s.out)
+	return err
 }
 
 func (s *session) execute(n int) error {
@@ -364,6 +414,8 @@ func (s *session) serverToClient() error {
 		w := s.pipe.head()
 		if w != nil && w.kind == waitProbe {
 			err = s.probeReply(w, typ, n)
+		} else if w != nil && w.kind == waitSwallow {
+			err = s.swallowReply(w, typ, n)
 		} else if w != nil && w.kind == waitQuery && w.inProbe() {
 			err = s.queryProbeReply(w, typ, n)
 		} else {
@@ -431,7 +483,7 @@ func (s *session) serverError(w *wait, n int) error {
 			if w.probes != nil {
 				w.probes = nil // the rest of the query string is not run
 			}
-		case waitExecute, waitProbe:
+		case waitExecute, waitProbe, waitSwallow:
 			s.pipe.skipToSync()
 		}
 	}
@@ -550,6 +602,18 @@ func (s *session) probeReply(w *wait, typ byte, n int) error {
 		return s.probed(w.probe, w.row)
 	}
 	return nil
+}
+
+// swallowReply keeps the replies to an injected re-prepare from the client.
+func (s *session) swallowReply(w *wait, typ byte, n int) error {
+	switch typ {
+	case '3', '1': // CloseComplete, ParseComplete
+		if w.seen++; w.seen == 2 {
+			s.pipe.pop()
+		}
+		return skip(s.sr, n)
+	}
+	return s.reply(w, typ, n)
 }
 
 // queryProbeReply handles a reply to a probe statement inside a simple Query.

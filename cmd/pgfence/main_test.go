@@ -192,9 +192,7 @@ func TestServeReloadsOnSIGHUP(t *testing.T) {
 	syscall.Kill(os.Getpid(), syscall.SIGHUP)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		// Simple protocol: a statement prepared before the reload keeps the
-		// rewrite it was prepared with (see README, limits).
-		tag, err := c.Exec(context.Background(), "UPDATE hup_t SET v = 'stale' WHERE id = 1", pgx.QueryExecModeSimpleProtocol)
+		tag, err := c.Exec(context.Background(), "UPDATE hup_t SET v = 'unguarded' WHERE id = 1")
 		if err != nil {
 			t.Fatalf("the open connection broke across the reload: %v", err)
 		}
