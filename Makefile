@@ -6,11 +6,18 @@
 #   make fuzz   30 s of fuzzing sqlrewrite's FuzzRewrite
 #   make compat install the client drivers (scripts/install-compat-deps.sh),
 #               then run the driver compatibility suite (compat/)
+#   make torture install etcd and ZooKeeper (scripts/install-lease-deps.sh),
+#               then run the Jepsen-style check (torture/): ~90 s of faults,
+#               through pgfence and straight to Postgres; TORTURE_FLAGS=-duration=10m
+#               for a soak
+#   make bench  pgfence vs Postgres and PgBouncer under pgbench, 1000 idle
+#               connections, rewriter benchmarks (~7 min; see BENCHMARKS.md)
 
 GO ?= go
 FUZZTIME ?= 30s
+TORTURE_FLAGS ?=
 
-.PHONY: all test vet ensure-postgres demo build fuzz compat clean
+.PHONY: all test vet ensure-postgres demo build fuzz compat bench torture clean
 
 all: build
 
@@ -33,6 +40,14 @@ build:
 compat: ensure-postgres
 	bash scripts/install-compat-deps.sh
 	$(GO) test -count=1 -timeout 15m ./compat/
+
+bench: ensure-postgres build
+	$(GO) build -o bin/pgfence-bench ./bench
+	GO=$(GO) bin/pgfence-bench
+
+torture: ensure-postgres
+	bash scripts/install-lease-deps.sh
+	$(GO) run ./torture $(TORTURE_FLAGS)
 
 fuzz:
 	$(GO) test -run='^$$' -fuzz='^FuzzRewrite$$' -fuzztime=$(FUZZTIME) ./sqlrewrite

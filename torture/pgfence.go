@@ -1,0 +1,138 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/pgfence/pgfence/fence"
+	"github.com/pgfence/pgfence/proxy"
+	"github.com/pgfence/pgfence/sqlrewrite"
+)
+
+// pgfence is pgfence serving in this process (the proxy and fence
+// packages, as `pgfence serve` wires them), restartable on the same
+// address.
+type pgfence struct {
+	upstream string
+	guard    sqlrewrite.Guard
+	log      *slog.Logger
+
+	mu       sync.Mutex
+	addr     string
+	ln       net.Listener
+	srv      *proxy.Server
+	served   chan struct{}
+	registry []*prometheus.Registry // one per start, for the reject count
+}
+
+func startPgfence(upstream, table string, logw io.Writer) (*pgfence, error) {
+	g, err := sqlrewrite.ParseGuard(table)
+	if err != nil {
+		return nil, err
+	}
+	p := &pgfence{
+		upstream: upstream,
+		guard:    g,
+		log:      slog.New(slog.NewTextHandler(logw, &slog.HandlerOptions{Level: slog.LevelInfo})),
+		addr:     "127.0.0.1:0",
+	}
+	if err := p.start(); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+func (p *pgfence) start() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	reg := prometheus.NewRegistry()
+	policy, err := fence.New(fence.Config{Guards: []sqlrewrite.Guard{p.guard}, TokenSetting: "fence.token"}, fence.NewMetrics(reg), p.log)
+	if err != nil {
+		return err
+	}
+	srv, err := proxy.New(proxy.Config{Upstream: p.upstream, Interceptor: policy, Logger: p.log})
+	if err != nil {
+		return err
+	}
+	// On a restart the address is the one clients know; the port was just
+	// released by our own listener, so retry briefly.
+	var ln net.Listener
+	for i := 0; ; i++ {
+		ln, err = net.Listen("tcp", p.addr)
+		if err == nil {
+			break
+		}
+		if i == 50 {
+			return fmt.Errorf("pgfence: listen %s: %w", p.addr, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	p.addr = ln.Addr().String()
+	p.ln, p.srv, p.served = ln, srv, make(chan struct{})
+	p.registry = append(p.registry, reg)
+	go func(done chan struct{}) {
+		srv.Serve(ln)
+		close(done)
+	}(p.served)
+	return nil
+}
+
+// stop drains like SIGTERM: stop accepting, end idle sessions, give the
+// rest up to drain, then close them.
+func (p *pgfence) stop(drain time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ln == nil {
+		return
+	}
+	p.ln.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), drain)
+	p.srv.Shutdown(ctx)
+	cancel()
+	p.srv.Close()
+	<-p.served
+	p.ln = nil
+}
+
+// restart stops pgfence, leaves it down for down, and starts it again on
+// the same address.
+func (p *pgfence) restart(down time.Duration) error {
+	p.stop(500 * time.Millisecond)
+	time.Sleep(down)
+	return p.start()
+}
+
+func (p *pgfence) Addr() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.addr
+}
+
+// rejects sums fencing_reject_total over every start.
+func (p *pgfence) rejects() float64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var sum float64
+	for _, reg := range p.registry {
+		mfs, err := reg.Gather()
+		if err != nil {
+			continue
+		}
+		for _, mf := range mfs {
+			if mf.GetName() != "fencing_reject_total" {
+				continue
+			}
+			for _, m := range mf.GetMetric() {
+				sum += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return sum
+}
