@@ -1,0 +1,93 @@
+package fence_test
+
+// Benchmarks of the policy's per-statement path, the one the proxy calls
+// for every Query and Parse message (make bench runs them with -benchmem).
+// They need no Postgres, but this package's TestMain starts one anyway.
+
+import (
+	"strconv"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/pgfence/pgfence/fence"
+	"github.com/pgfence/pgfence/proxy"
+	"github.com/pgfence/pgfence/sqlrewrite"
+)
+
+func benchPolicy(b *testing.B) (*fence.Policy, *proxy.Client) {
+	b.Helper()
+	g, err := sqlrewrite.ParseGuard("pgbench_accounts")
+	if err != nil {
+		b.Fatal(err)
+	}
+	p, err := fence.New(fence.Config{Guards: []sqlrewrite.Guard{g}}, fence.NewMetrics(prometheus.NewRegistry()), nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	c := &proxy.Client{RemoteAddr: "127.0.0.1:1"}
+	p.SessionStart(c)
+	b.Cleanup(func() { p.SessionEnd(c, nil) })
+	return p, c
+}
+
+// BenchmarkPolicyCacheHit is a guarded UPDATE whose rewrite is in the
+// cache: prefilter, cache lookup, and the plan handed to the proxy.
+func BenchmarkPolicyCacheHit(b *testing.B) {
+	b.Run("parse", func(b *testing.B) {
+		p, c := benchPolicy(b)
+		const sql = "UPDATE pgbench_accounts SET abalance = abalance + $1 WHERE aid = $2"
+		if plan := p.Parse(c, sql); plan.SQL == "" || len(plan.Probes) != 1 {
+			b.Fatalf("not fenced: %+v", plan)
+		}
+		b.ReportAllocs()
+		for b.Loop() {
+			p.Parse(c, sql)
+		}
+	})
+	b.Run("query", func(b *testing.B) {
+		p, c := benchPolicy(b)
+		const sql = "UPDATE pgbench_accounts SET abalance = abalance + -1234 WHERE aid = 567890;"
+		if plan := p.Query(c, sql); plan.SQL == "" || len(plan.Probes) != 1 {
+			b.Fatalf("not fenced: %+v", plan)
+		}
+		b.ReportAllocs()
+		for b.Loop() {
+			p.Query(c, sql)
+		}
+	})
+}
+
+// BenchmarkPolicyCacheMiss is a guarded UPDATE seen for the first time:
+// every iteration has a new text (as pgbench -M simple sends them), so the
+// rewrite is parsed and built, then added to the LRU (evicting another).
+func BenchmarkPolicyCacheMiss(b *testing.B) {
+	p, c := benchPolicy(b)
+	texts := make([]string, 1<<16) // far more than the cache's 4096
+	for i := range texts {
+		texts[i] = "UPDATE pgbench_accounts SET abalance = abalance + -1234 WHERE aid = " + strconv.Itoa(i) + ";"
+	}
+	for _, t := range texts[:8192] { // fill the cache, so Adds evict
+		p.Query(c, t)
+	}
+	b.ReportAllocs()
+	i := 8192
+	for b.Loop() {
+		p.Query(c, texts[i%len(texts)])
+		i++
+	}
+}
+
+// BenchmarkPolicyPassthrough is a statement the prefilter passes without
+// parsing, through the whole policy (what an unguarded statement costs).
+func BenchmarkPolicyPassthrough(b *testing.B) {
+	p, c := benchPolicy(b)
+	const sql = "SELECT abalance FROM pgbench_branches WHERE bid = $1"
+	if plan := p.Parse(c, sql); plan.SQL != "" || len(plan.Probes) != 0 {
+		b.Fatalf("rewritten: %+v", plan)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		p.Parse(c, sql)
+	}
+}
