@@ -16,6 +16,10 @@
 // each round) and repeated; medians are printed. Everything it starts is
 // stopped and its temporary directory removed when it ends, however it ends.
 //
+// A sixth section, lock-domain cost, measures fenced writes through a
+// pgfence that also puts pgbench_accounts in a lock domain; BENCH_ONLY=domain
+// runs only it (~2 min; see domain.go).
+//
 // Environment: BENCH_SECONDS (per pgbench run, default 3), BENCH_ROUNDS
 // (default 3), BENCH_CONNS (default 1000), PGFENCE_BIN (default
 // bin/pgfence), BENCH_PGFENCE_PROF=1 to run the profiling build
@@ -120,9 +124,14 @@ func main() {
 		os.Exit(130)
 	}()
 	var err error
-	if os.Getenv("BENCH_PGFENCE_PROF") != "" {
+	switch only := os.Getenv("BENCH_ONLY"); {
+	case os.Getenv("BENCH_PGFENCE_PROF") != "":
 		err = r.profile()
-	} else {
+	case only == "domain":
+		err = r.benchDomainOnly()
+	case only != "":
+		err = fmt.Errorf("BENCH_ONLY=%q: the only section that runs alone is domain", only)
+	default:
 		err = r.bench()
 	}
 	r.cleanup()
@@ -258,6 +267,11 @@ type measurement struct {
 // interleave runs every measurement in every mode, rounds times,
 // round-robin, and returns the runs by mode and label.
 func (r *runner) interleave(section string, ms []measurement) (map[string]map[string]series, error) {
+	return r.interleaveModes(section, modes, ms)
+}
+
+// interleaveModes is interleave over the given protocol modes only.
+func (r *runner) interleaveModes(section string, modes []string, ms []measurement) (map[string]map[string]series, error) {
 	out := map[string]map[string]series{}
 	for _, m := range modes {
 		out[m] = map[string]series{}
@@ -268,7 +282,11 @@ func (r *runner) interleave(section string, ms []measurement) (map[string]map[st
 			for k := range ms {
 				// Rotate the order so no target always runs first.
 				m := ms[(k+round+mi)%len(ms)]
-				res, err := r.pgbench(m.t, mode, m.workload)
+				clients := m.t.clients
+				if clients == 0 {
+					clients = r.clients
+				}
+				res, err := r.pgbenchClients(m.t, mode, clients, m.workload)
 				if err != nil {
 					return nil, err
 				}
@@ -358,6 +376,11 @@ func (r *runner) bench() error {
 		return fmt.Errorf("after the fenced writes no row has epoch 1000 (%d, %v)", n, err)
 	}
 
+	// 2b. Lock-domain cost (still token 1000, before the storm raises rows to 2000).
+	if rep.domain, err = r.benchDomain(r.pgfenceGuard); err != nil {
+		return err
+	}
+
 	// 3. Stale-writer storm: every row at epoch 2000, half the writers at 1000.
 	logf("storm: setting every row's epoch to 2000")
 	if err := r.sql("UPDATE pgbench_accounts SET fence_epoch = 2000", "VACUUM ANALYZE pgbench_accounts"); err != nil {
@@ -413,7 +436,7 @@ func pgfenceVersion(bin string) string {
 	out, _ := exec.Command("git", "status", "--porcelain", "--untracked-files=no").Output()
 	dirs := map[string]bool{}
 	var list []string
-	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+	for _, line := range strings.Split(strings.TrimRight(string(out), "\n"), "\n") {
 		if len(line) < 4 {
 			continue
 		}

@@ -32,8 +32,14 @@ var (
 // pgbench runs pgbench against t in protocol mode mode; workload is either
 // ["-S"] or ["-f", script].
 func (r *runner) pgbench(t target, mode string, workload []string, env ...string) (run, error) {
+	return r.pgbenchClients(t, mode, r.clients, workload, env...)
+}
+
+// pgbenchClients is pgbench with clients clients (threads: at most
+// r.threads, at most one per client).
+func (r *runner) pgbenchClients(t target, mode string, clients int, workload []string, env ...string) (run, error) {
 	args := []string{"-h", "127.0.0.1", "-p", strconv.Itoa(t.port), "-U", "postgres",
-		"-n", "-M", mode, "-c", strconv.Itoa(r.clients), "-j", strconv.Itoa(r.threads),
+		"-n", "-M", mode, "-c", strconv.Itoa(clients), "-j", strconv.Itoa(min(r.threads, clients)),
 		"-T", strconv.Itoa(r.seconds)}
 	args = append(append(args, workload...), "postgres")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(r.seconds+60)*time.Second)

@@ -27,6 +27,7 @@ type target struct {
 	port    int
 	pid     int    // the proxy's process, 0 for Postgres itself
 	metrics string // pgfence's /metrics URL, "" otherwise
+	clients int    // pgbench -c in interleave; 0 means the runner's default
 }
 
 // service is a long-running child process.

@@ -27,6 +27,7 @@ type report struct {
 	elapsed               time.Duration
 
 	selectOnly, writes, storm map[string]map[string]series
+	domain                    map[string]map[string]series // lock-domain cost, -M prepared
 	memPgfence, memPgBouncer  memResult
 	goBench                   []*goBench
 	goBenchErr                string
@@ -200,6 +201,10 @@ func (r *report) render() string {
 			f1(pb.pgCPUUs()), f1(pf.pgCPUUs()), f0(rej), f2(perTxn))
 	}
 	p("%s\n", t3.String())
+
+	if r.domain != nil {
+		p("%s", renderDomain(r.domain))
+	}
 
 	// 4. Connections.
 	p("### 4. %d idle client connections (each did SELECT 1, then idles)\n\n", r.conns)

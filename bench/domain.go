@@ -1,0 +1,159 @@
+package main
+
+// Lock-domain cost: the fenced-writes script (SET fence.token + UPDATE
+// pgbench_accounts) through a pgfence guarding pgbench_accounts with
+// row-only fencing, against a pgfence that also puts the table in a lock
+// domain (--domain pgbench_accounts=bench). A domain write first checks and
+// raises the domain's token row in pgfence.domains, in the same statement,
+// so every writer of the domain takes that row's lock until it commits:
+// writers of one domain are serialised. Run at 1, 4 and 8 clients, -M
+// extended and -M prepared, interleaved and repeated like the other sections.
+//
+// BENCH_ONLY=domain runs this section alone (setup, the two pgfence
+// processes, 3 rounds × 2 modes × 2 targets × 3 client counts × 3 s:
+// about 2 min) and writes its table to bench/last-run-domain.md.
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+const benchDomain = "bench"
+
+var domainClients = []int{1, 4, 8}
+
+var domainModes = []string{"extended", "prepared"}
+
+func domainLabel(domain bool, clients int) string {
+	kind := "row-only"
+	if domain {
+		kind = "domain"
+	}
+	if clients == 1 {
+		return kind + ", 1 client"
+	}
+	return fmt.Sprintf("%s, %d clients", kind, clients)
+}
+
+// benchDomain starts the domain pgfence and runs the section; rowOnly is
+// the pgfence that guards pgbench_accounts without a domain. Every write
+// uses token 1000, so no row may be at a higher epoch.
+func (r *runner) benchDomain(rowOnly target) (map[string]map[string]series, error) {
+	logf("starting pgfence with --guard pgbench_accounts --domain pgbench_accounts=%s", benchDomain)
+	dom, _, err := r.startPgfence("pgfence domain", r.pgfenceBin,
+		"--guard", "pgbench_accounts", "--domain", "pgbench_accounts="+benchDomain)
+	if err != nil {
+		return nil, err
+	}
+	// checkFencing wants row 1 below token 5; earlier sections may have
+	// raised it to 1000.
+	if err := r.sql("UPDATE pgbench_accounts SET fence_epoch = 0 WHERE aid = 1"); err != nil {
+		return nil, err
+	}
+	if err := r.checkFencing(dom); err != nil {
+		return nil, err
+	}
+	script := []string{"-f", r.scripts["fenced-pgfence"]}
+	var ms []measurement
+	for _, c := range domainClients {
+		ro, do := rowOnly, dom
+		ro.clients, do.clients = c, c
+		ms = append(ms,
+			measurement{domainLabel(false, c), ro, script},
+			measurement{domainLabel(true, c), do, script})
+	}
+	w0, err := r.queryInt("SELECT count(*) FROM pgbench_accounts WHERE fence_epoch = 1000")
+	if err != nil {
+		return nil, err
+	}
+	out, err := r.interleaveModes("lock domain", domainModes, ms)
+	if err != nil {
+		return nil, err
+	}
+	// The domain's token row was raised to 1000 and no write was fenced.
+	tok, err := r.queryInt("SELECT token FROM pgfence.domains WHERE domain = '" + benchDomain + "'")
+	if err != nil || tok != 1000 {
+		return nil, fmt.Errorf("after the domain runs pgfence.domains has token %d for %q, want 1000 (%v)", tok, benchDomain, err)
+	}
+	if w1, err := r.queryInt("SELECT count(*) FROM pgbench_accounts WHERE fence_epoch = 1000"); err != nil || w1 <= w0 {
+		return nil, fmt.Errorf("the domain runs raised no row to epoch 1000 (%d before, %d after, %v)", w0, w1, err)
+	}
+	for _, mode := range domainModes {
+		for label, s := range out[mode] {
+			for i, x := range s {
+				if x.rejects != 0 {
+					return nil, fmt.Errorf("lock domain -M %s %s round %d: %.0f fenced writes, want 0", mode, label, i+1, x.rejects)
+				}
+			}
+		}
+	}
+	return out, nil
+}
+
+// benchDomainOnly is BENCH_ONLY=domain.
+func (r *runner) benchDomainOnly() error {
+	start := time.Now()
+	load := loadAvg()
+	if err := r.setup(); err != nil {
+		return err
+	}
+	logf("starting pgfence with --guard pgbench_accounts")
+	rowOnly, _, err := r.startPgfence("pgfence guarded", r.pgfenceBin, "--guard", "pgbench_accounts")
+	if err != nil {
+		return err
+	}
+	if err := r.checkFencing(rowOnly); err != nil {
+		return err
+	}
+	res, err := r.benchDomain(rowOnly)
+	if err != nil {
+		return err
+	}
+	m := machineInfo()
+	var b strings.Builder
+	fmt.Fprintf(&b, "## Results (BENCH_ONLY=domain)\n\nRun %s, took %s. pgbench -T %d per run, %d interleaved rounds; "+
+		"medians (ratios: median of the per-round ratios). Load average before %s, after %s.\n\n",
+		time.Now().Format("2006-01-02 15:04 MST"), time.Since(start).Round(time.Second), r.seconds, r.rounds, load, loadAvg())
+	fmt.Fprintf(&b, "Machine: %d CPUs (%s), %s RAM, %s; %s; %s.\n\npgfence: %s.\n\n", m.nproc, m.cpu, m.mem, m.kernel,
+		firstLine(exec.Command(filepath.Join(r.pg.BinDir, "postgres"), "--version")),
+		firstLine(exec.Command(r.pgbenchBin, "--version")), pgfenceVersion(r.pgfenceBin))
+	b.WriteString(renderDomain(res))
+	text := b.String()
+	fmt.Println(text)
+	if err := os.WriteFile(filepath.Join("bench", "last-run-domain.md"), []byte(text), 0o644); err != nil {
+		logf("writing bench/last-run-domain.md: %v", err)
+	}
+	return nil
+}
+
+func renderDomain(res map[string]map[string]series) string {
+	var b strings.Builder
+	b.WriteString("### Lock-domain cost (fenced writes, row-only fencing vs pgbench_accounts in a lock domain)\n\n")
+	var t table
+	t.add("mode", "clients", "row-only tps", "domain tps", "domain/row-only",
+		"pgfence CPU µs/txn: row-only", "domain", "Postgres CPU µs/txn: row-only", "domain")
+	var raw []string
+	for _, mode := range domainModes {
+		for _, c := range domainClients {
+			ro, do := res[mode][domainLabel(false, c)], res[mode][domainLabel(true, c)]
+			t.add(mode, fmt.Sprint(c), f0(ro.tps()), f0(do.tps()), f2(ratio(do, ro)),
+				f1(ro.cpuUs()), f1(do.cpuUs()), f1(ro.pgCPUUs()), f1(do.pgCPUUs()))
+			for _, l := range []string{domainLabel(false, c), domainLabel(true, c)} {
+				var parts []string
+				for _, x := range res[mode][l] {
+					parts = append(parts, fmt.Sprintf("%.0f/%.1f/%.1f", x.tps, x.cpuUs, x.pgCPUUs))
+				}
+				raw = append(raw, fmt.Sprintf("%-9s %-20s %s", mode, l, strings.Join(parts, "  ")))
+			}
+		}
+	}
+	b.WriteString(t.String())
+	b.WriteString("\n<details><summary>Every lock-domain run, in round order (tps/pgfence CPU µs/txn/Postgres CPU µs/txn)</summary>\n\n```\n")
+	b.WriteString(strings.Join(raw, "\n"))
+	b.WriteString("\n```\n</details>\n\n")
+	return b.String()
+}
