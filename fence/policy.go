@@ -54,7 +54,7 @@ type Policy struct {
 type state struct {
 	cfg    Config
 	rw     *sqlrewrite.Rewriter
-	cache  *lru.Cache[cacheKey, *sqlrewrite.Result]
+	cache  *lru.Cache[cacheKey, *planned]
 	probes sync.Map // probe SQL -> *proxy.Probe
 }
 
@@ -91,7 +91,7 @@ func (p *Policy) Reload(cfg Config) error {
 		if size == 0 {
 			size = 4096
 		}
-		st.cache, _ = lru.New[cacheKey, *sqlrewrite.Result](size)
+		st.cache, _ = lru.New[cacheKey, *planned](size)
 	}
 	for _, g := range cfg.Guards {
 		p.m.watch(g.Name(), g.Rollout.String(), g.Domain != "")
@@ -141,20 +141,20 @@ func (p *Policy) plan(c *proxy.Client, sql string, mode sqlrewrite.Mode) proxy.P
 		p.m.passthrough.Inc()
 		return proxy.Plan{}
 	}
-	res := p.rewrite(st, c, sess, sql, mode)
-	if res.Refusal != nil {
+	pl := p.rewrite(st, c, sess, sql, mode)
+	res := pl.res
+	switch {
+	case res.Refusal != nil:
 		p.m.refused.Inc()
 		p.log.Info("statement refused", "code", res.Refusal.Code, "reason", res.Refusal.Message,
 			"client", c.RemoteAddr, "application_name", c.ApplicationName())
-		return proxy.Plan{SQL: res.SQL}
+		return pl.plan
+	case pl.plan.SQL == "" && len(pl.plan.Probes) == 0:
+		p.m.passthrough.Inc()
+	default:
+		p.m.fenced.Inc()
 	}
 	sess.remember(res.Prepared)
-	changed := res.SQL != sql
-	if !changed && len(res.Probes) == 0 {
-		p.m.passthrough.Inc()
-		return proxy.Plan{}
-	}
-	p.m.fenced.Inc()
 	for _, f := range res.Fenced {
 		switch f.Kind {
 		case "TRUNCATE", "COPY FROM", "CURRENT OF":
@@ -163,27 +163,42 @@ func (p *Policy) plan(c *proxy.Client, sql string, mode sqlrewrite.Mode) proxy.P
 				"client", c.RemoteAddr, "application_name", c.ApplicationName())
 		}
 	}
-	plan := proxy.Plan{Probes: make([]proxy.ProbeAt, len(res.Probes))}
-	if changed {
-		plan.SQL = res.SQL
-	}
-	for i, pr := range res.Probes {
-		plan.Probes[i] = proxy.ProbeAt{Index: pr.Index, Probe: p.probe(st, pr)}
-	}
-	return plan
+	return pl.plan
 }
 
-// rewrite returns sql's rewrite, from the cache when it can.
-func (p *Policy) rewrite(st *state, c *proxy.Client, sess *session, sql string, mode sqlrewrite.Mode) *sqlrewrite.Result {
+// planned is a rewrite and the proxy plan made from it, cached together so
+// that a cache hit allocates nothing.
+type planned struct {
+	res  *sqlrewrite.Result
+	plan proxy.Plan
+}
+
+func (p *Policy) newPlanned(st *state, sql string, res *sqlrewrite.Result) *planned {
+	pl := &planned{res: res}
+	if res.SQL != sql {
+		pl.plan.SQL = res.SQL // a rewrite, or a refusal the server raises
+	}
+	if res.Refusal != nil || len(res.Probes) == 0 {
+		return pl
+	}
+	pl.plan.Probes = make([]proxy.ProbeAt, len(res.Probes))
+	for i, pr := range res.Probes {
+		pl.plan.Probes[i] = proxy.ProbeAt{Index: pr.Index, Probe: p.probe(st, pr)}
+	}
+	return pl
+}
+
+// rewrite returns sql's rewrite and plan, from the cache when it can.
+func (p *Policy) rewrite(st *state, c *proxy.Client, sess *session, sql string, mode sqlrewrite.Mode) *planned {
 	if ref := unreadable(c, sql); ref != nil {
-		return sqlrewrite.Refuse(ref)
+		return p.newPlanned(st, sql, sqlrewrite.Refuse(ref))
 	}
 	key := cacheKey{mode, sql}
 	cacheable := st.cache != nil && len(sql) <= maxCachedText
 	if cacheable {
-		if res, ok := st.cache.Get(key); ok {
+		if pl, ok := st.cache.Get(key); ok {
 			p.m.cacheHits.Inc()
-			return res
+			return pl
 		}
 		p.m.cacheMisses.Inc()
 	}
@@ -195,14 +210,15 @@ func (p *Policy) rewrite(st *state, c *proxy.Client, sess *session, sql string, 
 	if err != nil {
 		// Never forward a statement the rewriter could not judge.
 		p.log.Error("rewriter failed; refusing the statement", "err", err, "client", c.RemoteAddr)
-		return sqlrewrite.Refuse(&sqlrewrite.Refusal{Code: "XX000",
+		return p.newPlanned(st, sql, sqlrewrite.Refuse(&sqlrewrite.Refusal{Code: "XX000",
 			Message: "pgfence: internal error while fencing this statement: " + err.Error(),
-			Hint:    "please report this statement to the pgfence maintainers"})
+			Hint:    "please report this statement to the pgfence maintainers"}))
 	}
+	pl := p.newPlanned(st, sql, res)
 	if cacheable && !res.SessionDependent {
-		st.cache.Add(key, res)
+		st.cache.Add(key, pl)
 	}
-	return res
+	return pl
 }
 
 // unreadable refuses text that mentions a guarded table when the session
