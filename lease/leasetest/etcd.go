@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 )
@@ -31,17 +30,13 @@ type EtcdOptions struct {
 
 // Etcd is a running single-member etcd.
 type Etcd struct {
-	Dir        string // temporary directory, removed by Stop
+	daemon
 	DataDir    string
 	ClientAddr string // 127.0.0.1:port
 
 	bin     string
 	args    []string
-	log     *logFile
 	timeout time.Duration
-	mu      sync.Mutex
-	proc    *process
-	removed bool
 }
 
 // StartEtcd starts etcd and returns once it reports healthy.
@@ -68,7 +63,7 @@ func StartEtcd(ctx context.Context, opt EtcdOptions) (_ *Etcd, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("leasetest: %w", err)
 	}
-	e := &Etcd{Dir: dir, DataDir: filepath.Join(dir, "data"), bin: bin, timeout: timeout}
+	e := &Etcd{daemon: daemon{Dir: dir}, DataDir: filepath.Join(dir, "data"), bin: bin, timeout: timeout}
 	defer func() {
 		if err != nil {
 			e.Stop()
@@ -152,25 +147,6 @@ func (e *Etcd) Restart(ctx context.Context) error {
 	e.Halt()
 	return e.Resume(ctx)
 }
-
-// Stop stops etcd and removes its directory. Idempotent.
-func (e *Etcd) Stop() {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.removed {
-		return
-	}
-	e.removed = true
-	e.proc.stop(10 * time.Second)
-	e.proc = nil
-	if e.log != nil {
-		e.log.Close()
-	}
-	os.RemoveAll(e.Dir)
-}
-
-// LogTail is the end of etcd's log, for diagnostics.
-func (e *Etcd) LogTail() string { return e.log.Tail() }
 
 func (e *Etcd) waitHealthy(ctx context.Context, p *process) error {
 	ctx, cancel := context.WithTimeout(ctx, e.timeout)

@@ -104,6 +104,35 @@ func (p *process) exited() bool {
 	}
 }
 
+// daemon is what the servers here have in common: a process, its output
+// and a temporary directory.
+type daemon struct {
+	Dir     string // temporary directory, removed by Stop
+	log     *logFile
+	mu      sync.Mutex
+	proc    *process
+	removed bool
+}
+
+// Stop stops the server and removes its directory. Idempotent.
+func (d *daemon) Stop() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.removed {
+		return
+	}
+	d.removed = true
+	d.proc.stop(10 * time.Second)
+	d.proc = nil
+	if d.log != nil {
+		d.log.Close()
+	}
+	os.RemoveAll(d.Dir)
+}
+
+// LogTail is the end of the server's output, for diagnostics.
+func (d *daemon) LogTail() string { return d.log.Tail() }
+
 // logFile is a server's log, kept in its directory; Tail reads its end
 // for error messages.
 type logFile struct {

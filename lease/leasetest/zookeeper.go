@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 )
@@ -33,13 +32,8 @@ type ZooKeeperOptions struct {
 
 // ZooKeeper is a running standalone ZooKeeper server.
 type ZooKeeper struct {
-	Dir  string // temporary directory, removed by Stop
+	daemon
 	Addr string // 127.0.0.1:port
-
-	log     *logFile
-	mu      sync.Mutex
-	proc    *process
-	removed bool
 }
 
 // StartZooKeeper starts a standalone ZooKeeper (QuorumPeerMain with a
@@ -71,7 +65,7 @@ func StartZooKeeper(ctx context.Context, opt ZooKeeperOptions) (_ *ZooKeeper, er
 	if err != nil {
 		return nil, fmt.Errorf("leasetest: %w", err)
 	}
-	z := &ZooKeeper{Dir: dir}
+	z := &ZooKeeper{daemon: daemon{Dir: dir}}
 	defer func() {
 		if err != nil {
 			z.Stop()
@@ -132,25 +126,6 @@ func StartZooKeeper(ctx context.Context, opt ZooKeeperOptions) (_ *ZooKeeper, er
 		}
 	}
 }
-
-// Stop stops the server and removes its directory. Idempotent.
-func (z *ZooKeeper) Stop() {
-	z.mu.Lock()
-	defer z.mu.Unlock()
-	if z.removed {
-		return
-	}
-	z.removed = true
-	z.proc.stop(10 * time.Second)
-	z.proc = nil
-	if z.log != nil {
-		z.log.Close()
-	}
-	os.RemoveAll(z.Dir)
-}
-
-// LogTail is the end of the server's output, for diagnostics.
-func (z *ZooKeeper) LogTail() string { return z.log.Tail() }
 
 func waitRuok(ctx context.Context, addr string, p *process, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
