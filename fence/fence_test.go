@@ -480,3 +480,56 @@ func TestReloadReachesPreparedStatements(t *testing.T) {
 		t.Fatalf("row %q", v)
 	}
 }
+
+// The probe's statement is prepared once per session, and prepared again
+// after the client deallocates statements or a probe could not run.
+func TestProbeStatementLifecycle(t *testing.T) {
+	tbl := table(t, [3]any{1, "v", 50})
+	p := pgtest.StartProxy(t, []string{tbl})
+	c := p.Connect(t)
+	stale := func(want float64) {
+		t.Helper()
+		pgtest.Exec(t, c, "SET fence.token = '10'")
+		if tag := pgtest.Exec(t, c, "UPDATE "+tbl+" SET val = $1 WHERE id = 1", "stale"); tag != "UPDATE 0" {
+			t.Fatalf("stale update: %s", tag)
+		}
+		if got := rejects(t, p, tbl); got != want {
+			t.Fatalf("rejects %v, want %v", got, want)
+		}
+	}
+	probes := func() int {
+		var n int
+		if err := c.QueryRow(ctx, "SELECT count(*) FROM pg_prepared_statements WHERE name LIKE 'pgfence.probe.%'", pgx.QueryExecModeSimpleProtocol).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	stale(1)
+	stale(2)
+	stale(3)
+	if n := probes(); n != 1 {
+		t.Fatalf("%d probe statements prepared in the session, want 1", n)
+	}
+	// (pgx's DeallocateAll sends DEALLOCATE ALL and empties pgx's own
+	// statement cache, which DEALLOCATE behind its back would break.)
+	if err := c.DeallocateAll(ctx); err != nil {
+		t.Fatal(err)
+	}
+	stale(4)
+	if _, err := c.PgConn().Exec(ctx, "DISCARD ALL").ReadAll(); err != nil {
+		t.Fatal(err)
+	}
+	c.DeallocateAll(ctx)
+	stale(5)
+	// A fenced Execute that the server skips (aborted transaction) leaves
+	// the session working.
+	pgtest.Exec(t, c, "BEGIN")
+	if _, err := c.Exec(ctx, "SELECT 1/0"); err == nil {
+		t.Fatal("1/0 succeeded")
+	}
+	if _, err := c.Exec(ctx, "UPDATE "+tbl+" SET val = $1 WHERE id = 1", "in failed tx"); err == nil {
+		t.Fatal("a statement ran in an aborted transaction")
+	}
+	pgtest.Exec(t, c, "ROLLBACK")
+	stale(6)
+}

@@ -6,6 +6,7 @@ package fence
 import (
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -139,16 +140,18 @@ func (p *Policy) plan(c *proxy.Client, sql string, mode sqlrewrite.Mode) proxy.P
 	sess := sessionOf(c)
 	if !st.rw.MayTouch(sql) && !sess.mayExecute(sql) {
 		p.m.passthrough.Inc()
-		return proxy.Plan{}
+		return proxy.Plan{Forget: mayDeallocate(sql)}
 	}
 	pl := p.rewrite(st, c, sess, sql, mode)
 	res := pl.res
+	plan := pl.plan
+	plan.Forget = mayDeallocate(sql)
 	switch {
 	case res.Refusal != nil:
 		p.m.refused.Inc()
 		p.log.Info("statement refused", "code", res.Refusal.Code, "reason", res.Refusal.Message,
 			"client", c.RemoteAddr, "application_name", c.ApplicationName())
-		return pl.plan
+		return plan
 	case pl.plan.SQL == "" && len(pl.plan.Probes) == 0:
 		p.m.passthrough.Inc()
 	default:
@@ -163,7 +166,27 @@ func (p *Policy) plan(c *proxy.Client, sql string, mode sqlrewrite.Mode) proxy.P
 				"client", c.RemoteAddr, "application_name", c.ApplicationName())
 		}
 	}
-	return pl.plan
+	return plan
+}
+
+// mayDeallocate reports, conservatively, whether sql could drop prepared
+// statements (DEALLOCATE, DISCARD ALL), so the proxy prepares its probe
+// statements again: a false alarm costs one Parse, a miss would fail a
+// probe.
+func mayDeallocate(sql string) bool {
+	for i := 0; i < len(sql); i++ {
+		if sql[i]|0x20 != 'd' {
+			continue
+		}
+		if hasFoldPrefix(sql[i:], "deallocate") || hasFoldPrefix(sql[i:], "discard") {
+			return true
+		}
+	}
+	return false
+}
+
+func hasFoldPrefix(s, lower string) bool {
+	return len(s) >= len(lower) && strings.EqualFold(s[:len(lower)], lower)
 }
 
 // planned is a rewrite and the proxy plan made from it, cached together so

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"fmt"
 	"sync/atomic"
 
 	"github.com/jackc/pgx/v5/pgproto3"
@@ -33,6 +34,9 @@ type Interceptor interface {
 type Plan struct {
 	// SQL replaces the client's text; "" forwards the original bytes.
 	SQL string
+	// Forget says the text may deallocate prepared statements (DEALLOCATE,
+	// DISCARD): the proxy prepares its probes again before their next use.
+	Forget bool
 	// Probes, for a Query, are statements of SQL whose results the proxy
 	// keeps from the client and hands to the Probe instead, by index among
 	// the statements of SQL. For a Parse, Probes[0] (if any) is run by the
@@ -59,9 +63,10 @@ type ProbeAt struct {
 // something (such as whether a fenced write was rejected) without the client
 // seeing it.
 type Probe struct {
-	sql  string
-	wire []byte // Parse/Bind/Execute/Close/Close, pre-encoded
-	done ProbeFunc
+	sql     string
+	prepare []byte // Close and Parse of the probe's statement, pre-encoded
+	run     []byte // Bind, Execute and Close of its portal, pre-encoded
+	done    ProbeFunc
 }
 
 // ProbeFunc receives a probe's row: its text values, nil for NULL. A
@@ -69,26 +74,34 @@ type Probe struct {
 // results.
 type ProbeFunc func(c *Client, row [][]byte) (notice *pgproto3.NoticeResponse)
 
-// probeName names the statement and portal the proxy uses for probes.
-// Probes never outlive the message sequence that ran them.
-const probeName = "pgfence.probe"
+// probeIDs numbers probes, so each has a statement name of its own.
+var probeIDs atomic.Uint64
 
 // NewProbe returns a probe running sql (a single-row SELECT without
 // parameters); done receives the row's text values (nil for NULL).
+//
+// In the extended protocol a session prepares the probe's statement once
+// and then only binds and executes it, so a fenced write costs Postgres no
+// extra parse.
 func NewProbe(sql string, done ProbeFunc) *Probe {
-	var b []byte
-	b, _ = (&pgproto3.Parse{Name: probeName, Query: sql}).Encode(b)
-	b, _ = (&pgproto3.Bind{DestinationPortal: probeName, PreparedStatement: probeName}).Encode(b)
-	b, _ = (&pgproto3.Execute{Portal: probeName}).Encode(b)
-	b, _ = (&pgproto3.Close{ObjectType: 'P', Name: probeName}).Encode(b)
-	b, _ = (&pgproto3.Close{ObjectType: 'S', Name: probeName}).Encode(b)
-	return &Probe{sql: sql, wire: b, done: done}
+	name := fmt.Sprintf("pgfence.probe.%d", probeIDs.Add(1))
+	var prep, run []byte
+	// Close first: re-preparing after the client may have deallocated it
+	// must not fail on a statement that still exists.
+	prep, _ = (&pgproto3.Close{ObjectType: 'S', Name: name}).Encode(prep)
+	prep, _ = (&pgproto3.Parse{Name: name, Query: sql}).Encode(prep)
+	run, _ = (&pgproto3.Bind{DestinationPortal: name, PreparedStatement: name}).Encode(run)
+	run, _ = (&pgproto3.Execute{Portal: name}).Encode(run)
+	run, _ = (&pgproto3.Close{ObjectType: 'P', Name: name}).Encode(run)
+	return &Probe{sql: sql, prepare: prep, run: run, done: done}
 }
 
-// probeReplies is how many replies the injected extended-protocol probe
-// produces: ParseComplete, BindComplete, DataRow, CommandComplete and two
-// CloseComplete.
-const probeReplies = 6
+// Replies to an injected probe: BindComplete, DataRow, CommandComplete and
+// CloseComplete, plus CloseComplete and ParseComplete when it prepares.
+const (
+	probeRunReplies     = 4
+	probePrepareReplies = 2
+)
 
 // Client describes one client session, for logs and metrics.
 type Client struct {

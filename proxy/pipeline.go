@@ -1,6 +1,9 @@
 package proxy
 
-import "sync"
+import (
+	"sync"
+	"sync/atomic"
+)
 
 // The pipeline lets the server-side relay attribute each reply to the client
 // message that caused it, so that replies to probes the proxy injected can be
@@ -20,11 +23,13 @@ const (
 
 type wait struct {
 	kind   waitKind
-	probes []ProbeAt // waitQuery: statements whose replies are probes
-	stmt   int       // waitQuery: index of the statement now replying
-	probe  *Probe    // waitProbe
-	seen   int       // waitProbe, waitSwallow: replies consumed
-	row    [][]byte  // probe row, once received
+	probes []ProbeAt    // waitQuery: statements whose replies are probes
+	stmt   int          // waitQuery: index of the statement now replying
+	probe  *Probe       // waitProbe
+	seen   int          // waitProbe, waitSwallow: replies consumed
+	want   int          // waitProbe: replies expected
+	ready  *atomic.Bool // waitProbe that prepares: set once Postgres has the statement
+	row    [][]byte     // probe row, once received
 }
 
 type pipeline struct {

@@ -63,6 +63,9 @@ type session struct {
 	out     []byte
 	stmts   map[string]*prepared // the session's prepared statements
 	portals map[string]*Probe    // portals bound to statements that need a probe per Execute
+	// probes are the probe statements this session's backend has prepared
+	// (set by the server side once Postgres confirms).
+	probes map[*Probe]*atomic.Bool
 
 	// Owned by the server-to-client goroutine.
 	sbuf []byte
@@ -228,6 +231,9 @@ func (s *session) query(n int) error {
 		return &clientError{err: fmt.Errorf("Query: %w", err)}
 	}
 	plan := s.srv.cfg.Interceptor.Query(s.c, string(text))
+	if plan.Forget {
+		s.forgetProbes()
+	}
 	// A simple Query destroys the unnamed statement and portal.
 	delete(s.stmts, "")
 	delete(s.portals, "")
@@ -260,6 +266,9 @@ func (s *session) parse(n int) error {
 	gen := ic.Generation()
 	sql := string(text)
 	plan := ic.Parse(s.c, sql)
+	if plan.Forget {
+		s.forgetProbes()
+	}
 	if s.stmts == nil {
 		s.stmts = make(map[string]*prepared)
 	}
@@ -370,11 +379,39 @@ func (s *session) execute(n int) error {
 	if p != nil {
 		// Run the probe right after the Execute, in the same transaction,
 		// before whatever the client sends next.
-		s.pipe.push(&wait{kind: waitProbe, probe: p})
-		_, err := s.sw.Write(p.wire)
-		return err
+		return s.injectProbe(p)
 	}
 	return nil
+}
+
+// injectProbe runs p, preparing its statement first unless this session's
+// backend is known to have it.
+func (s *session) injectProbe(p *Probe) error {
+	if s.probes == nil {
+		s.probes = make(map[*Probe]*atomic.Bool)
+	}
+	ready := s.probes[p]
+	if ready == nil {
+		ready = new(atomic.Bool)
+		s.probes[p] = ready
+	}
+	w := &wait{kind: waitProbe, probe: p, want: probeRunReplies, ready: ready}
+	if !ready.Load() {
+		w.want += probePrepareReplies
+		if _, err := s.sw.Write(p.prepare); err != nil {
+			return err
+		}
+	}
+	s.pipe.push(w)
+	_, err := s.sw.Write(p.run)
+	return err
+}
+
+// forgetProbes makes every probe prepare again before its next use.
+func (s *session) forgetProbes() {
+	for _, ready := range s.probes {
+		ready.Store(false)
+	}
 }
 
 func (s *session) close(n int) error {
@@ -580,7 +617,9 @@ func (s *session) keyData(n int) {
 // probeReply handles a reply to an injected extended-protocol probe.
 func (s *session) probeReply(w *wait, typ byte, n int) error {
 	switch typ {
-	case '1', '2', 'C', '3': // ParseComplete, BindComplete, CommandComplete, CloseComplete
+	case '1': // ParseComplete: the backend has the statement now
+		w.ready.Store(true)
+	case '2', 'C', '3': // BindComplete, CommandComplete, CloseComplete
 	case 'D':
 		if err := s.captureRow(w, n); err != nil {
 			return err
@@ -589,6 +628,7 @@ func (s *session) probeReply(w *wait, typ byte, n int) error {
 		return nil
 	case 'E':
 		s.log.Warn("probe failed; the client's transaction is aborted", "client", s.c.RemoteAddr)
+		w.ready.Store(false) // prepare it again next time, whatever went wrong
 		return s.serverError(w, n)
 	default:
 		return s.reply(w, typ, n)
@@ -597,7 +637,7 @@ func (s *session) probeReply(w *wait, typ byte, n int) error {
 	if err := skip(s.sr, n); err != nil {
 		return err
 	}
-	if w.seen == probeReplies {
+	if w.seen == w.want {
 		s.pipe.pop()
 		return s.probed(w.probe, w.row)
 	}
