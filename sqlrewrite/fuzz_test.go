@@ -69,20 +69,27 @@ func FuzzRewrite(f *testing.F) {
 		ds[i] = fuzzRewriterIn(f, uint8(i), fuzzDomains)
 	}
 	f.Fuzz(func(t *testing.T, sql string, prepared bool, cfg uint8) {
-		mode := Simple
-		if prepared {
-			mode = Prepared
-		}
-		for _, r := range []*Rewriter{rs[cfg], ds[cfg]} {
-			for _, s := range []Session{nil, fuzzSession} {
-				res, err := r.Rewrite(sql, mode, s)
-				if err != nil {
-					t.Fatalf("Rewrite(%q): %v", sql, err)
-				}
-				if err := verify(r, sql, mode, s, res); err != nil {
-					t.Fatalf("Rewrite(%q) with domains %v: %v", sql, r.domains != nil, err)
-				}
+		rewriteAndVerify(t, sql, prepared, rs[cfg], ds[cfg])
+	})
+}
+
+// rewriteAndVerify rewrites sql with each rewriter, with and without a
+// session, and fails on an error or on output the verifier rejects.
+func rewriteAndVerify(t *testing.T, sql string, prepared bool, rws ...*Rewriter) {
+	t.Helper()
+	mode := Simple
+	if prepared {
+		mode = Prepared
+	}
+	for _, r := range rws {
+		for _, s := range []Session{nil, fuzzSession} {
+			res, err := r.Rewrite(sql, mode, s)
+			if err != nil {
+				t.Fatalf("Rewrite(%q): %v", sql, err)
+			}
+			if err := verify(r, sql, mode, s, res); err != nil {
+				t.Fatalf("Rewrite(%q) with domains %v: %v", sql, r.domains != nil, err)
 			}
 		}
-	})
+	}
 }

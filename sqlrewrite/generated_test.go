@@ -165,20 +165,6 @@ func FuzzGenerated(f *testing.F) {
 		if at := rng.IntN(len(sql) + 1); extra != "" {
 			sql = sql[:at] + extra + sql[at:]
 		}
-		mode := Simple
-		if prepared {
-			mode = Prepared
-		}
-		for _, r := range []*Rewriter{rs[cfg], ds[cfg]} {
-			for _, s := range []Session{nil, fuzzSession} {
-				res, err := r.Rewrite(sql, mode, s)
-				if err != nil {
-					t.Fatalf("Rewrite(%q): %v", sql, err)
-				}
-				if err := verify(r, sql, mode, s, res); err != nil {
-					t.Fatalf("Rewrite(%q) with domains %v: %v", sql, r.domains != nil, err)
-				}
-			}
-		}
+		rewriteAndVerify(t, sql, prepared, rs[cfg], ds[cfg])
 	})
 }
