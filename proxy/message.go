@@ -1,12 +1,27 @@
 package proxy
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
 )
+
+// msgReader is what a relay reads messages from: a bufio.Reader over the
+// connection, or the event loop's buffer of what it has read.
+type msgReader interface {
+	Peek(n int) ([]byte, error)
+	Discard(n int) (int, error)
+	Buffered() int
+	Read(p []byte) (int, error)
+}
+
+// msgWriter is what a relay writes messages to; Flush sends what is
+// buffered.
+type msgWriter interface {
+	Write(p []byte) (int, error)
+	Flush() error
+}
 
 // ErrMalformed is wrapped by every error about bytes that are not a valid
 // protocol message.
@@ -15,7 +30,7 @@ var ErrMalformed = errors.New("malformed message")
 // header peeks at the next message's type and body length without consuming
 // it, the way an interceptor decides whether a message matters before
 // touching its body. max bounds the body length.
-func header(r *bufio.Reader, max int) (typ byte, n int, err error) {
+func header(r msgReader, max int) (typ byte, n int, err error) {
 	h, err := r.Peek(5)
 	if err != nil {
 		return 0, 0, err
@@ -32,8 +47,14 @@ func header(r *bufio.Reader, max int) (typ byte, n int, err error) {
 
 // forward copies the next message (header and body of n bytes) from r to w
 // untouched, without an intermediate buffer or allocation.
-func forward(w *bufio.Writer, r *bufio.Reader, n int) error {
+func forward(w msgWriter, r msgReader, n int) error {
 	n += 5
+	if ib, ok := r.(*inbuf); ok {
+		// The event loop has only what it has read so far: the rest of a
+		// large message follows as it arrives.
+		ib.forward(w, n)
+		return nil
+	}
 	for n > 0 {
 		if r.Buffered() == 0 {
 			if _, err := r.Peek(1); err != nil {
@@ -52,14 +73,14 @@ func forward(w *bufio.Writer, r *bufio.Reader, n int) error {
 }
 
 // skip drops the next message.
-func skip(r *bufio.Reader, n int) error {
+func skip(r msgReader, n int) error {
 	_, err := r.Discard(n + 5)
 	return err
 }
 
 // body consumes the next message and returns its body in buf (grown as
 // needed and reused across calls).
-func body(r *bufio.Reader, n int, buf *[]byte) ([]byte, error) {
+func body(r msgReader, n int, buf *[]byte) ([]byte, error) {
 	if _, err := r.Discard(5); err != nil {
 		return nil, err
 	}
@@ -73,7 +94,7 @@ func body(r *bufio.Reader, n int, buf *[]byte) ([]byte, error) {
 	return b, nil
 }
 
-func readFull(r *bufio.Reader, b []byte) (int, error) {
+func readFull(r msgReader, b []byte) (int, error) {
 	n := 0
 	for n < len(b) {
 		k, err := r.Read(b[n:])
@@ -95,7 +116,7 @@ func cstring(b []byte) (s, rest []byte, err error) {
 }
 
 // writeMessage writes a message of type typ with body b.
-func writeMessage(w *bufio.Writer, typ byte, b []byte) error {
+func writeMessage(w msgWriter, typ byte, b []byte) error {
 	var h [5]byte
 	h[0] = typ
 	binary.BigEndian.PutUint32(h[1:], uint32(len(b)+4))

@@ -49,6 +49,11 @@ type Config struct {
 	// goes on in plain text otherwise (sslmode=prefer).
 	UpstreamTLS         *tls.Config
 	UpstreamTLSRequired bool
+	// GoroutineRelay relays every session with two goroutines of its own
+	// instead of the event loop (see loop_linux.go). Slower; the event loop
+	// is Linux-only and never relays TLS sessions, which always use
+	// goroutines.
+	GoroutineRelay bool
 }
 
 // Server accepts clients and relays each to its own Postgres connection.

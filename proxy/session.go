@@ -38,12 +38,17 @@ type session struct {
 	log    *slog.Logger
 	client net.Conn
 	server net.Conn
-	cr     *bufio.Reader
-	cw     *bufio.Writer
-	sr     *bufio.Reader
-	sw     *bufio.Writer
-	pipe   pipeline
-	mu     sync.Mutex // guards server until the relay starts
+	// The relay reads and writes through these: bufio over the connections
+	// when goroutines relay, the event loop's buffers when it does.
+	cr   msgReader
+	cw   msgWriter
+	sr   msgReader
+	sw   msgWriter
+	pipe pipeline
+	mu   sync.Mutex // guards server and stop
+	// stop, set while the event loop relays, ends the session from outside
+	// the loop (closing server does that for goroutines).
+	stop func()
 	// idle is true while the session is outside a transaction with nothing
 	// in flight, so a drain may end it.
 	idle atomic.Bool
@@ -97,42 +102,76 @@ var errDrained = errors.New("pgfence is shutting down")
 func (s *session) setServer(server net.Conn) {
 	s.mu.Lock()
 	s.server = server
-	s.sr = bufio.NewReaderSize(server, 32<<10)
-	s.sw = bufio.NewWriterSize(server, 32<<10)
 	s.mu.Unlock()
 }
 
-// closeServer closes the server connection, if there is one yet.
+// closeServer ends the session from outside the relay, as if Postgres had
+// closed the connection.
 func (s *session) closeServer() {
 	s.mu.Lock()
-	if s.server != nil {
+	switch {
+	case s.stop != nil:
+		s.stop()
+	case s.server != nil:
 		s.server.Close()
 	}
 	s.mu.Unlock()
 }
 
 // relay runs both directions until either side ends, and reports why the
-// session ended (nil for a normal end). Whichever side ends first, the other
-// is unblocked by closing its connection; the client is told why when the
-// end was not its own doing.
+// session ended (nil for a normal end). Plain TCP and Unix-socket sessions
+// are relayed by the event loop; TLS sessions by two goroutines.
 func (s *session) relay() error {
 	s.pipe.push(readyWait) // the ReadyForQuery that ends authentication
+	if l := eventLoop(); l != nil && !s.srv.cfg.GoroutineRelay {
+		if e, ok := l.relay(s); ok {
+			if e.fromClient {
+				s.cancelIfBusy()
+			}
+			end := s.finish(e.fromClient, e.err)
+			s.server.Close()
+			s.client.Close()
+			return end
+		}
+	}
+	s.sr = bufio.NewReaderSize(s.server, 32<<10)
+	s.sw = bufio.NewWriterSize(s.server, 32<<10)
 	cerr := make(chan error, 1)
 	serr := make(chan error, 1)
 	go func() { cerr <- s.clientToServer() }()
 	go func() { serr <- s.serverToClient() }()
 	select {
 	case err := <-cerr:
-		if !s.idle.Load() {
-			// The client left mid-query or mid-transaction: cancel what runs
-			// so the backend sees the closed socket, rolls back and exits now
-			// rather than when the query ends.
-			if p := s.cancel.Load(); p != nil {
-				s.srv.forwardCancel(*p)
-			}
-		}
+		s.cancelIfBusy()
 		s.server.Close()
 		<-serr // the server side owns the client writer until it returns
+		return s.finish(true, err)
+	case err := <-serr:
+		end := s.finish(false, err)
+		s.server.Close()
+		s.client.Close()
+		<-cerr
+		return end
+	}
+}
+
+// cancelIfBusy cancels what the backend runs when the client left
+// mid-query or mid-transaction, so that the backend sees the closed socket,
+// rolls back and exits now rather than when the query ends.
+func (s *session) cancelIfBusy() {
+	if s.idle.Load() || s.terminated.Load() {
+		return
+	}
+	if p := s.cancel.Load(); p != nil {
+		s.srv.forwardCancel(*p)
+	}
+}
+
+// finish tells the client why its session ends, when the end was not its
+// own doing, once both directions have stopped. fromClient says which side
+// ended first, with err.
+func (s *session) finish(fromClient bool, err error) error {
+	if fromClient {
 		var ce *clientError
 		if errors.As(err, &ce) {
 			code, hint := ce.code, ce.hint
@@ -142,83 +181,88 @@ func (s *session) relay() error {
 			s.sendFatal(code, ce.Error(), hint)
 			return err
 		}
-		if isClosed(err) {
-			return nil
-		}
-		return err
-	case err := <-serr:
+	} else {
 		switch {
 		case s.terminated.Load():
 			err = nil
 		case s.srv.draining.Load():
 			s.sendFatal(codeAdminShutdown, "terminating connection because pgfence is shutting down", "reconnect: another pgfence or the restarted one will serve you")
 			err = nil
+		case s.srv.isClosed():
 		case !s.fatal:
 			s.sendFatal(codeConnectionFailure, "lost the connection to Postgres: "+err.Error(), "reconnect when Postgres is back")
 		}
-		s.server.Close()
-		s.client.Close()
-		<-cerr
-		if isClosed(err) {
-			return nil
-		}
-		return err
 	}
+	if isClosed(err) {
+		return nil
+	}
+	return err
 }
 
 func isClosed(err error) bool {
 	return errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) || errors.Is(err, io.ErrUnexpectedEOF)
 }
 
-// clientToServer forwards the client's messages, handing the few that matter
-// to the Interceptor.
+// clientToServer forwards the client's messages until the session ends.
 func (s *session) clientToServer() error {
-	max := s.srv.cfg.MaxMessageSize
 	for {
 		if s.cr.Buffered() == 0 {
 			if err := s.sw.Flush(); err != nil {
 				return err
 			}
 		}
-		typ, n, err := header(s.cr, max)
+		typ, n, err := header(s.cr, s.srv.cfg.MaxMessageSize)
 		if err != nil {
-			if errors.Is(err, ErrMalformed) {
-				return &clientError{err: err}
-			}
-			return err
+			return framingError(err)
 		}
-		s.idle.Store(false)
-		switch typ {
-		case 'Q':
-			err = s.query(n)
-		case 'P':
-			err = s.parse(n)
-		case 'B':
-			err = s.bind(n)
-		case 'E':
-			err = s.execute(n)
-		case 'C':
-			err = s.close(n)
-		case 'S', 'F': // Sync and FunctionCall end with ReadyForQuery
-			s.pipe.push(readyWait)
-			err = forward(s.sw, s.cr, n)
-		case 'p':
-			err = s.saslInitial(n)
-		case 'X':
-			s.terminated.Store(true)
-			if err = forward(s.sw, s.cr, n); err == nil {
-				err = s.sw.Flush()
-			}
-			if err == nil {
-				return io.EOF
-			}
-		default:
-			err = forward(s.sw, s.cr, n)
-		}
-		if err != nil {
+		if err := s.clientMessage(typ, n); err != nil {
 			return err
 		}
 	}
+}
+
+// framingError makes a malformed client message an error the client is
+// told about before its session ends.
+func framingError(err error) error {
+	if errors.Is(err, ErrMalformed) {
+		return &clientError{err: err}
+	}
+	return err
+}
+
+// clientMessage forwards the client's next message, whose header is typ
+// and n, handing the few that matter to the Interceptor. It returns io.EOF
+// after the client's Terminate.
+func (s *session) clientMessage(typ byte, n int) error {
+	s.idle.Store(false)
+	switch typ {
+	case 'Q':
+		return s.query(n)
+	case 'P':
+		return s.parse(n)
+	case 'B':
+		return s.bind(n)
+	case 'E':
+		return s.execute(n)
+	case 'C':
+		return s.close(n)
+	case 'S', 'F': // Sync and FunctionCall end with ReadyForQuery
+		s.pipe.push(readyWait)
+		return forward(s.sw, s.cr, n)
+	case 'p':
+		return s.saslInitial(n)
+	case 'X':
+		s.terminated.Store(true)
+		err := forward(s.sw, s.cr, n)
+		if err == nil {
+			err = s.sw.Flush()
+		}
+		if err == nil {
+			err = io.EOF
+		}
+		return err
+	}
+	return forward(s.sw, s.cr, n)
 }
 
 func (s *session) query(n int) error {
@@ -435,8 +479,7 @@ func (s *session) close(n int) error {
 	return forward(s.sw, s.cr, n)
 }
 
-// serverToClient forwards the server's replies, keeping probe replies from
-// the client and letting the Interceptor see errors.
+// serverToClient forwards the server's replies until the session ends.
 func (s *session) serverToClient() error {
 	for {
 		if s.sr.Buffered() == 0 {
@@ -445,23 +488,41 @@ func (s *session) serverToClient() error {
 			}
 		}
 		typ, n, err := header(s.sr, maxServerMessage)
-		if err != nil {
-			return err
-		}
-		w := s.pipe.head()
-		if w != nil && w.kind == waitProbe {
-			err = s.probeReply(w, typ, n)
-		} else if w != nil && w.kind == waitSwallow {
-			err = s.swallowReply(w, typ, n)
-		} else if w != nil && w.kind == waitQuery && w.inProbe() {
-			err = s.queryProbeReply(w, typ, n)
-		} else {
-			err = s.reply(w, typ, n)
+		if err == nil {
+			err = s.serverMessage(typ, n)
 		}
 		if err != nil {
 			return err
 		}
 	}
+}
+
+// serverMessage forwards the server's next message, keeping probe replies
+// from the client and letting the Interceptor see errors.
+func (s *session) serverMessage(typ byte, n int) error {
+	w := s.pipe.head()
+	switch {
+	case w == nil:
+		return s.reply(w, typ, n)
+	case w.kind == waitProbe:
+		return s.probeReply(w, typ, n)
+	case w.kind == waitSwallow:
+		return s.swallowReply(w, typ, n)
+	case w.kind == waitQuery && w.inProbe():
+		return s.queryProbeReply(w, typ, n)
+	}
+	return s.reply(w, typ, n)
+}
+
+// wholeServerMessage reports whether serverMessage needs all of a server
+// message in hand rather than its first peekLimit bytes: the ones it
+// decodes, and every reply to a probe.
+func (s *session) wholeServerMessage(typ byte) bool {
+	if typ == 'E' || typ == 'S' {
+		return true
+	}
+	w := s.pipe.head()
+	return w != nil && (w.kind == waitProbe || w.kind == waitSwallow || w.kind == waitQuery && w.inProbe())
 }
 
 // inProbe reports whether the statement now replying is a probe.
@@ -727,11 +788,11 @@ func (s *session) sendFatal(code, msg, hint string) {
 	s.cw.Flush()
 }
 
-func writeFatal(w *bufio.Writer, code, msg, hint string) {
+func writeFatal(w io.Writer, code, msg, hint string) {
 	writeError(w, "FATAL", code, msg, hint)
 }
 
-func writeError(w *bufio.Writer, severity, code, msg, hint string) {
+func writeError(w io.Writer, severity, code, msg, hint string) {
 	e := pgproto3.ErrorResponse{Severity: severity, SeverityUnlocalized: severity, Code: code, Message: "pgfence: " + msg, Hint: hint}
 	b, _ := e.Encode(nil)
 	w.Write(b)

@@ -43,6 +43,7 @@ type serveOptions struct {
 	maxMessageSize   int
 	startupTimeout   time.Duration
 	maxClientConns   int
+	goroutineRelay   bool
 	drainTimeout     time.Duration
 	tlsCert          string
 	tlsKey           string
@@ -64,6 +65,7 @@ func (o *serveOptions) addFlags(cmd *cobra.Command) {
 	f.IntVar(&o.maxMessageSize, "max-message-size", 256<<20, "largest client message in bytes; a larger one ends that client's session")
 	f.DurationVar(&o.startupTimeout, "startup-timeout", 30*time.Second, "how long a new client may take to send its startup packet")
 	f.IntVar(&o.maxClientConns, "max-client-conns", 1000, "client sessions open at once; more are refused with SQLSTATE 53300 (0: no limit)")
+	f.BoolVar(&o.goroutineRelay, "goroutine-relay", false, "relay every session with goroutines of its own instead of the event loop (slower; the event loop is Linux-only, and TLS sessions always use goroutines)")
 	f.BoolVar(&o.initDomains, "init-domains", true, "create the lock-domain table (pgfence.domains) and its rows when missing; false for teams that forbid runtime DDL (run 'pgfence init' instead)")
 	f.StringVar(&o.tlsCert, "tls-cert", "", "PEM certificate (chain) for client TLS; with --tls-key, pgfence accepts sslmode=require/verify-full clients and terminates their TLS")
 	f.StringVar(&o.tlsKey, "tls-key", "", "PEM private key for --tls-cert")
@@ -286,6 +288,7 @@ func start(o serveOptions, log *slog.Logger) (*instance, error) {
 		MaxMessageSize:      o.maxMessageSize,
 		StartupTimeout:      o.startupTimeout,
 		MaxClientConns:      o.maxClientConns,
+		GoroutineRelay:      o.goroutineRelay,
 	})
 	if err != nil {
 		return nil, err

@@ -72,7 +72,9 @@ func StartProxy(t testing.TB, guards []string, edit ...func(*proxy.Config, *fenc
 	logs := &LogBuffer{}
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	fcfg := fence.Config{Guards: gs, TokenSetting: "fence.token"}
-	pcfg := proxy.Config{Upstream: pg.Addr(), Logger: log}
+	// PGFENCE_TEST_RELAY=goroutines runs the tests on the goroutine relay
+	// instead of the event loop (make test runs both).
+	pcfg := proxy.Config{Upstream: pg.Addr(), Logger: log, GoroutineRelay: os.Getenv("PGFENCE_TEST_RELAY") == "goroutines"}
 	for _, e := range edit {
 		e(&pcfg, &fcfg)
 	}

@@ -1,0 +1,504 @@
+package proxy
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"runtime"
+	"sync"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// The event loop relays every plain-TCP and Unix-socket session of the
+// process on one goroutine, the way PgBouncer does on its one thread: one
+// epoll set, level-triggered, non-blocking reads and writes straight on the
+// file descriptors. Two goroutines per session on Go's netpoller cost about
+// twice PgBouncer's CPU per message: every read first fails with EAGAIN, and
+// each message wakes a parked goroutine and often another thread. Here a
+// message costs a read and a write, and one epoll_wait serves many.
+//
+// While busy, the loop waits in epoll_wait as a raw system call, so the Go
+// scheduler never sees it block and never hands its P to another thread;
+// the loop goes back to an ordinary (scheduler-aware) wait after
+// hotTimeout without events. Each session's own goroutine waits for the
+// loop to hand it back at the end, and ends it as goroutines would.
+
+// hotTimeout is how long a busy loop waits for events while holding its P.
+const hotTimeout = 5 // milliseconds
+
+var (
+	theLoop     *loop
+	theLoopOnce sync.Once
+)
+
+// eventLoop returns the process's event loop, starting it on first use, or
+// nil if it cannot run (the session is then relayed by goroutines).
+func eventLoop() *loop {
+	theLoopOnce.Do(func() {
+		l, err := newLoop()
+		if err != nil {
+			return
+		}
+		theLoop = l
+		go l.run()
+	})
+	return theLoop
+}
+
+type loop struct {
+	ep, wake int // the epoll set, and an eventfd in it that post signals
+
+	mu    sync.Mutex
+	queue []func() // work posted from other goroutines
+
+	// Owned by the loop goroutine.
+	sides []*side // by file descriptor
+	pool  bufPool
+}
+
+// side is one connection of a session relayed by the loop.
+type side struct {
+	fd     int
+	ls     *loopSession
+	client bool
+	peer   *side
+	in     inbuf  // read from fd, not yet relayed
+	out    outbuf // to be written to fd
+	events uint32 // what epoll watches on fd
+}
+
+type loopSession struct {
+	s     *session
+	c, sv side
+	done  chan loopEnd
+	ended bool
+}
+
+// loopEnd says how a session ended: which side first, and why.
+type loopEnd struct {
+	fromClient bool
+	err        error
+}
+
+func newLoop() (*loop, error) {
+	ep, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		return nil, err
+	}
+	wake, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+	if err != nil {
+		unix.Close(ep)
+		return nil, err
+	}
+	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(wake)}
+	if err := unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, wake, &ev); err != nil {
+		unix.Close(ep)
+		unix.Close(wake)
+		return nil, err
+	}
+	return &loop{ep: ep, wake: wake}, nil
+}
+
+// post runs f on the loop goroutine.
+func (l *loop) post(f func()) {
+	l.mu.Lock()
+	l.queue = append(l.queue, f)
+	l.mu.Unlock()
+	one := [8]byte{1}
+	unix.Write(l.wake, one[:])
+}
+
+// relay runs s on the loop until it ends, then gives s connections of its
+// own again (with whatever the loop had not written yet buffered in s.cw
+// and s.sw) for the end of the session. ok is false, with nothing done,
+// when the connections cannot be relayed by the loop (TLS).
+func (l *loop) relay(s *session) (end loopEnd, ok bool) {
+	cfd, sfd := -1, -1
+	s.mu.Lock()
+	if s.stop == nil {
+		cfd = dupFD(s.client)
+		sfd = dupFD(s.server)
+	}
+	if cfd < 0 || sfd < 0 {
+		s.mu.Unlock()
+		closeFDs(cfd, sfd)
+		return loopEnd{}, false
+	}
+	ls := &loopSession{s: s, done: make(chan loopEnd, 1)}
+	ls.c = side{fd: cfd, ls: ls, client: true, peer: &ls.sv}
+	ls.sv = side{fd: sfd, ls: ls, peer: &ls.c}
+	ls.c.out.pool, ls.sv.out.pool = &l.pool, &l.pool
+	// What the client sent right behind its startup packet was read ahead.
+	var early []byte
+	if n := s.cr.Buffered(); n > 0 {
+		b, _ := s.cr.Peek(n)
+		early = append(early, b...)
+	}
+	s.cr, s.cw, s.sr, s.sw = &ls.c.in, &ls.c.out, &ls.sv.in, &ls.sv.out
+	s.stop = func() { l.post(func() { l.end(ls, false, net.ErrClosed) }) }
+	// Closing the originals takes them out of Go's netpoller, which would
+	// otherwise wake for every byte the loop moves.
+	s.client.Close()
+	s.server.Close()
+	s.mu.Unlock()
+
+	l.post(func() { l.add(ls, early) })
+	end = <-ls.done
+
+	s.mu.Lock()
+	s.stop = nil
+	s.client, s.server = fileConn(cfd, "client"), fileConn(sfd, "server")
+	s.mu.Unlock()
+	s.cw = handBack(s.client, ls.c.out.pendingBytes())
+	s.sw = handBack(s.server, ls.sv.out.pendingBytes())
+	s.server.SetWriteDeadline(time.Now().Add(time.Second))
+	s.sw.Flush() // a Terminate, say; Postgres may be gone, which is fine
+	return end, true
+}
+
+// dupFD returns a descriptor of c's own for the loop, or -1 if c is not a
+// plain socket.
+func dupFD(c net.Conn) int {
+	var sc syscall.Conn
+	switch c := c.(type) {
+	case *net.TCPConn:
+		sc = c
+	case *net.UnixConn:
+		sc = c
+	default:
+		return -1
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return -1
+	}
+	fd := -1
+	if rc.Control(func(f uintptr) { fd, _ = unix.FcntlInt(f, unix.F_DUPFD_CLOEXEC, 0) }) != nil {
+		return -1
+	}
+	return fd
+}
+
+func closeFDs(fds ...int) {
+	for _, fd := range fds {
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+	}
+}
+
+// fileConn turns a descriptor back into a net.Conn, closing the
+// descriptor. If that fails the session still ends; its conn just refuses
+// I/O.
+func fileConn(fd int, name string) net.Conn {
+	f := os.NewFile(uintptr(fd), name)
+	defer f.Close()
+	c, err := net.FileConn(f)
+	if err != nil {
+		return deadConn{err}
+	}
+	return c
+}
+
+// handBack is a writer on c that has pending already buffered.
+func handBack(c net.Conn, pending []byte) *bufio.Writer {
+	w := bufio.NewWriterSize(c, max(4<<10, len(pending)))
+	w.Write(pending)
+	return w
+}
+
+// add starts relaying ls.
+func (l *loop) add(ls *loopSession, early []byte) {
+	for _, x := range []*side{&ls.c, &ls.sv} {
+		for x.fd >= len(l.sides) {
+			l.sides = append(l.sides, nil)
+		}
+		l.sides[x.fd] = x
+		x.events = unix.EPOLLIN
+		ev := unix.EpollEvent{Events: x.events, Fd: int32(x.fd)}
+		if err := unix.EpollCtl(l.ep, unix.EPOLL_CTL_ADD, x.fd, &ev); err != nil {
+			l.end(ls, x.client, fmt.Errorf("event loop: %w", err))
+			return
+		}
+	}
+	if len(early) > 0 {
+		copy(ls.c.in.space(&l.pool, len(early)), early)
+		ls.c.in.w += len(early)
+		l.relayed(&ls.c)
+	}
+}
+
+// end stops relaying ls and hands it back to its goroutine.
+func (l *loop) end(ls *loopSession, fromClient bool, err error) {
+	if ls.ended {
+		return
+	}
+	ls.ended = true
+	for _, x := range []*side{&ls.c, &ls.sv} {
+		l.write(x) // best effort: what is left is handed back
+		if x.fd < len(l.sides) && l.sides[x.fd] == x {
+			l.sides[x.fd] = nil
+			unix.EpollCtl(l.ep, unix.EPOLL_CTL_DEL, x.fd, nil)
+		}
+		x.in.release(&l.pool)
+	}
+	ls.done <- loopEnd{fromClient, err}
+}
+
+func (l *loop) run() {
+	evs := make([]unix.EpollEvent, 256)
+	hot, multi := false, runtime.GOMAXPROCS(0) > 1
+	for {
+		var n int
+		var err error
+		if hot && multi {
+			n, err = rawEpollWait(l.ep, evs, hotTimeout)
+		} else {
+			if n, err = rawEpollWait(l.ep, evs, 0); n == 0 && err == nil {
+				n, err = unix.EpollWait(l.ep, evs, -1)
+				multi = runtime.GOMAXPROCS(0) > 1
+			}
+		}
+		if err != nil {
+			if err == unix.EINTR {
+				continue
+			}
+			panic(fmt.Sprintf("pgfence: event loop: epoll_wait: %v", err))
+		}
+		hot = n > 0
+		for i := range n {
+			fd, ev := int(evs[i].Fd), evs[i].Events
+			if fd == l.wake {
+				l.drainPosts()
+				continue
+			}
+			if fd >= len(l.sides) || l.sides[fd] == nil {
+				continue // its session ended earlier in this batch
+			}
+			x := l.sides[fd]
+			if ev&unix.EPOLLOUT != 0 {
+				l.writable(x)
+			}
+			if ev&(unix.EPOLLIN|unix.EPOLLHUP|unix.EPOLLERR) != 0 && !x.ls.ended {
+				l.readable(x)
+			}
+		}
+	}
+}
+
+func (l *loop) drainPosts() {
+	var b [8]byte
+	unix.Read(l.wake, b[:])
+	l.mu.Lock()
+	q := l.queue
+	l.queue = nil
+	l.mu.Unlock()
+	for _, f := range q {
+		f()
+	}
+}
+
+// readable reads what x has sent and relays it.
+func (l *loop) readable(x *side) {
+	buf := x.in.space(&l.pool, x.need())
+	n, err := rawRead(x.fd, buf)
+	switch {
+	case err == unix.EAGAIN || err == unix.EINTR:
+		return
+	case err != nil:
+		l.end(x.ls, x.client, err)
+		return
+	case n == 0:
+		l.end(x.ls, x.client, io.EOF)
+		return
+	}
+	x.in.w += n
+	l.relayed(x)
+}
+
+// relayed hands every message x's buffer holds to the session, then writes
+// what that produced for the peer.
+func (l *loop) relayed(x *side) {
+	if err := x.dispatch(); err != nil {
+		if x.client {
+			err = framingError(err)
+		}
+		l.end(x.ls, x.client, err)
+		return
+	}
+	x.in.release(&l.pool)
+	if err := l.write(x.peer); err != nil {
+		l.end(x.ls, x.peer.client, err)
+		return
+	}
+	l.watch(x)
+	l.watch(x.peer)
+}
+
+// need is how much of the message at the front of x's buffer must be in
+// hand before its handler runs (0 if there is no valid header there yet).
+func (x *side) need() int {
+	if x.in.pending > 0 {
+		return 0
+	}
+	typ, n, err := header(&x.in, x.maxMessage())
+	if err != nil {
+		return 0
+	}
+	if 5+n <= bufSize || x.whole(typ) {
+		return 5 + n
+	}
+	// A large message the handler only forwards: its first bytes suffice,
+	// the rest streams through.
+	return 5 + peekLimit
+}
+
+func (x *side) maxMessage() int {
+	if x.client {
+		return x.ls.s.srv.cfg.MaxMessageSize
+	}
+	return maxServerMessage
+}
+
+// whole reports whether the handler of a message of type typ reads all of
+// it, or does more after forwarding it.
+func (x *side) whole(typ byte) bool {
+	if x.client {
+		return typ == 'Q' || typ == 'P' || typ == 'E' || typ == 'X'
+	}
+	return x.ls.s.wholeServerMessage(typ)
+}
+
+// dispatch runs the session's handler for each message in x's buffer that
+// is in hand, leaving a partial one for later.
+func (x *side) dispatch() error {
+	s, in := x.ls.s, &x.in
+	for {
+		if in.pending > 0 {
+			k := min(in.pending, in.Buffered())
+			if k == 0 {
+				return nil
+			}
+			x.peer.out.Write(in.b[in.r : in.r+k])
+			in.r += k
+			in.pending -= k
+			continue
+		}
+		if in.Buffered() < 5 {
+			return nil
+		}
+		typ, n, err := header(in, x.maxMessage())
+		if err != nil {
+			return err
+		}
+		if in.Buffered() < x.need() {
+			return nil
+		}
+		if x.client {
+			err = s.clientMessage(typ, n)
+		} else {
+			err = s.serverMessage(typ, n)
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// write sends what is buffered for x, as much as x takes now.
+func (l *loop) write(x *side) error {
+	for x.out.off < len(x.out.b) {
+		n, err := rawWrite(x.fd, x.out.b[x.out.off:])
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err == unix.EAGAIN:
+			return nil
+		case err != nil:
+			return err
+		}
+		x.out.off += n
+	}
+	x.out.release()
+	return nil
+}
+
+// writable continues writing to x once it takes more.
+func (l *loop) writable(x *side) {
+	if err := l.write(x); err != nil {
+		l.end(x.ls, x.client, err)
+		return
+	}
+	l.watch(x)
+	l.watch(x.peer)
+}
+
+// watch sets what epoll watches on x: its writability while bytes wait
+// for it, and its readability unless its peer is backed up (so a slow
+// reader slows its writer instead of growing a buffer).
+func (l *loop) watch(x *side) {
+	if x.ls.ended {
+		return
+	}
+	var want uint32
+	if x.peer.out.off == len(x.peer.out.b) {
+		want |= unix.EPOLLIN
+	}
+	if x.out.off < len(x.out.b) {
+		want |= unix.EPOLLOUT
+	}
+	if want == x.events {
+		return
+	}
+	x.events = want
+	ev := unix.EpollEvent{Events: want, Fd: int32(x.fd)}
+	if err := unix.EpollCtl(l.ep, unix.EPOLL_CTL_MOD, x.fd, &ev); err != nil {
+		l.end(x.ls, x.client, fmt.Errorf("event loop: %w", err))
+	}
+}
+
+// The raw system calls below do not tell the Go scheduler that the thread
+// may block: that is the point (see the top of this file). They are only
+// made on non-blocking descriptors, or with a bounded timeout.
+
+func rawEpollWait(ep int, evs []unix.EpollEvent, msec int) (int, error) {
+	r, _, e := unix.RawSyscall6(unix.SYS_EPOLL_PWAIT, uintptr(ep), uintptr(unsafe.Pointer(&evs[0])), uintptr(len(evs)), uintptr(msec), 0, 0)
+	if e != 0 {
+		return 0, e
+	}
+	return int(r), nil
+}
+
+func rawRead(fd int, b []byte) (int, error) {
+	r, _, e := unix.RawSyscall(unix.SYS_READ, uintptr(fd), uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)))
+	if e != 0 {
+		return 0, e
+	}
+	return int(r), nil
+}
+
+func rawWrite(fd int, b []byte) (int, error) {
+	r, _, e := unix.RawSyscall(unix.SYS_WRITE, uintptr(fd), uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)))
+	if e != 0 {
+		return 0, e
+	}
+	return int(r), nil
+}
+
+// deadConn stands in for a connection that could not be handed back.
+type deadConn struct{ err error }
+
+func (d deadConn) Read([]byte) (int, error)         { return 0, d.err }
+func (d deadConn) Write([]byte) (int, error)        { return 0, d.err }
+func (d deadConn) Close() error                     { return nil }
+func (d deadConn) LocalAddr() net.Addr              { return nil }
+func (d deadConn) RemoteAddr() net.Addr             { return nil }
+func (d deadConn) SetDeadline(time.Time) error      { return nil }
+func (d deadConn) SetReadDeadline(time.Time) error  { return nil }
+func (d deadConn) SetWriteDeadline(time.Time) error { return nil }

@@ -1,0 +1,17 @@
+//go:build !linux
+
+package proxy
+
+// Without epoll every session is relayed by goroutines.
+
+type loop struct{}
+
+// loopEnd says how a session ended: which side first, and why.
+type loopEnd struct {
+	fromClient bool
+	err        error
+}
+
+func eventLoop() *loop { return nil }
+
+func (l *loop) relay(s *session) (loopEnd, bool) { return loopEnd{}, false }
