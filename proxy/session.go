@@ -308,15 +308,21 @@ func (s *session) parse(n int) error {
 	}
 	ic := s.srv.cfg.Interceptor
 	gen := ic.Generation()
-	sql := string(text)
-	plan := ic.Parse(s.c, sql)
+	// Drivers that use the unnamed statement parse the same text again and
+	// again: keep what is remembered of it rather than allocate it anew.
+	st := s.stmts[string(name)]
+	if st == nil || st.text != string(text) || !bytes.Equal(st.params, params) {
+		st = &prepared{text: string(text), params: bytes.Clone(params)}
+		if s.stmts == nil {
+			s.stmts = make(map[string]*prepared)
+		}
+		s.stmts[string(name)] = st
+	}
+	plan := ic.Parse(s.c, st.text)
 	if plan.Forget {
 		s.forgetProbes()
 	}
-	if s.stmts == nil {
-		s.stmts = make(map[string]*prepared)
-	}
-	s.stmts[string(name)] = &prepared{text: sql, params: bytes.Clone(params), sent: plan.SQL, probe: plan.probe(), gen: gen}
+	st.sent, st.probe, st.gen = plan.SQL, plan.probe(), gen
 	if plan.SQL == "" {
 		return writeMessage(s.sw, 'P', b)
 	}
