@@ -119,12 +119,8 @@ func (l *loop) post(f func()) {
 // and s.sw) for the end of the session. ok is false, with nothing done,
 // when the connections cannot be relayed by the loop (TLS).
 func (l *loop) relay(s *session) (end loopEnd, ok bool) {
-	cfd, sfd := -1, -1
 	s.mu.Lock()
-	if s.stop == nil {
-		cfd = dupFD(s.client)
-		sfd = dupFD(s.server)
-	}
+	cfd, sfd := dupFD(s.client), dupFD(s.server)
 	if cfd < 0 || sfd < 0 {
 		s.mu.Unlock()
 		closeFDs(cfd, sfd)

@@ -34,7 +34,8 @@ type wait struct {
 
 type pipeline struct {
 	mu sync.Mutex
-	q  []*wait
+	q  []*wait // q[h:] are the waits, oldest first
+	h  int
 	// skipping is set when the server reported an error in extended-protocol
 	// work and no Sync was queued yet: the server discards every message up
 	// to the next Sync, so waits pushed until then will get no reply.
@@ -55,19 +56,27 @@ func (p *pipeline) push(w *wait) {
 func (p *pipeline) head() *wait {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if len(p.q) == 0 {
+	if p.h == len(p.q) {
 		return nil
 	}
-	return p.q[0]
+	return p.q[p.h]
 }
 
 func (p *pipeline) pop() {
 	p.mu.Lock()
-	if len(p.q) > 0 {
-		p.q[0] = nil
-		p.q = p.q[1:]
+	if p.h < len(p.q) {
+		p.drop()
 	}
 	p.mu.Unlock()
+}
+
+// drop removes the head. An emptied queue starts again at the front of its
+// array, so a session's pushes stop allocating once it is big enough.
+func (p *pipeline) drop() {
+	p.q[p.h] = nil
+	if p.h++; p.h == len(p.q) {
+		p.q, p.h = p.q[:0], 0
+	}
 }
 
 // skipToSync drops the waits the server will skip after an error in
@@ -75,11 +84,10 @@ func (p *pipeline) pop() {
 func (p *pipeline) skipToSync() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for len(p.q) > 0 && p.q[0].kind != waitReady {
-		p.q[0] = nil
-		p.q = p.q[1:]
+	for p.h < len(p.q) && p.q[p.h].kind != waitReady {
+		p.drop()
 	}
-	if len(p.q) == 0 {
+	if p.h == len(p.q) {
 		p.skipping = true
 	}
 }
@@ -88,10 +96,9 @@ func (p *pipeline) skipToSync() {
 func (p *pipeline) ready() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for len(p.q) > 0 {
-		k := p.q[0].kind
-		p.q[0] = nil
-		p.q = p.q[1:]
+	for p.h < len(p.q) {
+		k := p.q[p.h].kind
+		p.drop()
 		if k == waitReady || k == waitQuery {
 			return
 		}
