@@ -347,6 +347,11 @@ func (x *side) need() int {
 	if err != nil {
 		return 0
 	}
+	return x.needFor(typ, n)
+}
+
+// needFor is need for a message whose header says typ and n.
+func (x *side) needFor(typ byte, n int) int {
 	if 5+n <= bufSize || x.whole(typ) {
 		return 5 + n
 	}
@@ -393,7 +398,7 @@ func (x *side) dispatch() error {
 		if err != nil {
 			return err
 		}
-		if in.Buffered() < x.need() {
+		if in.Buffered() < x.needFor(typ, n) {
 			return nil
 		}
 		if x.client {
