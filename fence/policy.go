@@ -200,6 +200,10 @@ func (p *Policy) newPlanned(st *state, sql string, res *sqlrewrite.Result) *plan
 	pl := &planned{res: res}
 	if res.SQL != sql {
 		pl.plan.SQL = res.SQL // a rewrite, or a refusal the server raises
+		// pgfence's rewrite made the text costlier for Postgres to parse
+		// and plan; a session that parses it again and again may reuse one
+		// server-side statement of it instead.
+		pl.plan.Reuse = res.NoRows && res.Refusal == nil
 	}
 	if res.Refusal != nil || len(res.Probes) == 0 {
 		return pl

@@ -37,6 +37,14 @@ type Plan struct {
 	// Forget says the text may deallocate prepared statements (DEALLOCATE,
 	// DISCARD): the proxy prepares its probes again before their next use.
 	Forget bool
+	// Reuse, for a Parse of the unnamed statement with SQL set, lets the
+	// proxy prepare SQL once per session as a statement of its own and bind
+	// that for every later Parse of the same text, so Postgres parses and
+	// plans it once rather than every time. Set it only for SQL that
+	// returns no rows (a server-side plan cache could otherwise fail the
+	// statement after a column change), as a named statement's plan may be
+	// cached where an unnamed one's is not.
+	Reuse bool
 	// Probes, for a Query, are statements of SQL whose results the proxy
 	// keeps from the client and hands to the Probe instead, by index among
 	// the statements of SQL. For a Parse, Probes[0] (if any) is run by the

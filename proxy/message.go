@@ -48,7 +48,11 @@ func header(r msgReader, max int) (typ byte, n int, err error) {
 // forward copies the next message (header and body of n bytes) from r to w
 // untouched, without an intermediate buffer or allocation.
 func forward(w msgWriter, r msgReader, n int) error {
-	n += 5
+	return forwardBytes(w, r, n+5)
+}
+
+// forwardBytes copies the next n bytes from r to w.
+func forwardBytes(w msgWriter, r msgReader, n int) error {
 	if ib, ok := r.(*inbuf); ok {
 		// The event loop has only what it has read so far: the rest of a
 		// large message follows as it arrives.

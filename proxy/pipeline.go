@@ -7,8 +7,9 @@ import (
 
 // The pipeline lets the server-side relay attribute each reply to the client
 // message that caused it, so that replies to probes the proxy injected can be
-// kept from the client. Only messages whose replies end a unit of work are
-// tracked: replies to Parse, Bind, Describe and Close have types of their own
+// kept from the client. Tracked are the messages whose replies end a unit of
+// work, and Parse, so that the proxy knows which Parse a ParseComplete or an
+// error answers; replies to Bind, Describe and Close have types of their own
 // and pass straight through.
 
 type waitKind uint8
@@ -19,6 +20,7 @@ const (
 	waitExecute                 // Execute: ends with CommandComplete, EmptyQueryResponse or PortalSuspended
 	waitProbe                   // an injected probe: probeReplies replies, all kept from the client
 	waitSwallow                 // an injected re-prepare: CloseComplete and ParseComplete, kept from the client
+	waitParse                   // Parse: ends with ParseComplete
 )
 
 type wait struct {
@@ -30,6 +32,14 @@ type wait struct {
 	want   int          // waitProbe: replies expected
 	ready  *atomic.Bool // waitProbe that prepares: set once Postgres has the statement
 	row    [][]byte     // probe row, once received
+	reuse  *serverStmt  // waitParse preparing a statement the proxy reuses
+}
+
+// dropped notes that w will get no reply: the server skipped its message.
+func (w *wait) dropped() {
+	if w.reuse != nil {
+		w.reuse.state.Store(stmtAbsent)
+	}
 }
 
 type pipeline struct {
@@ -46,6 +56,7 @@ func (p *pipeline) push(w *wait) {
 	p.mu.Lock()
 	if p.skipping && w.kind != waitReady {
 		p.mu.Unlock()
+		w.dropped()
 		return
 	}
 	p.skipping = false
@@ -85,6 +96,7 @@ func (p *pipeline) skipToSync() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for p.h < len(p.q) && p.q[p.h].kind != waitReady {
+		p.q[p.h].dropped()
 		p.drop()
 	}
 	if p.h == len(p.q) {
@@ -98,6 +110,9 @@ func (p *pipeline) ready() {
 	defer p.mu.Unlock()
 	for p.h < len(p.q) {
 		k := p.q[p.h].kind
+		if k == waitParse {
+			p.q[p.h].dropped() // unanswered, so the server skipped it
+		}
 		p.drop()
 		if k == waitReady || k == waitQuery {
 			return

@@ -21,6 +21,7 @@ var (
 	readyWait   = &wait{kind: waitReady}
 	queryWait   = &wait{kind: waitQuery}
 	executeWait = &wait{kind: waitExecute}
+	parseWait   = &wait{kind: waitParse}
 )
 
 // maxServerMessage bounds what the server may send in one message (Postgres
@@ -71,6 +72,13 @@ type session struct {
 	// probes are the probe statements this session's backend has prepared
 	// (set by the server side once Postgres confirms).
 	probes map[*Probe]*atomic.Bool
+	// reused are the statements prepared for reuse (see reuse.go), by the
+	// SQL they hold; unnamed is the one the client's unnamed statement now
+	// stands for, nil when the server's own unnamed statement is the
+	// client's; reuses counts those prepared.
+	reused  map[string]*serverStmt
+	unnamed *serverStmt
+	reuses  int
 
 	// Owned by the server-to-client goroutine.
 	sbuf []byte
@@ -246,6 +254,8 @@ func (s *session) clientMessage(typ byte, n int) error {
 		return s.execute(n)
 	case 'C':
 		return s.close(n)
+	case 'D':
+		return s.describe(n)
 	case 'S', 'F': // Sync and FunctionCall end with ReadyForQuery
 		s.pipe.push(readyWait)
 		return forward(s.sw, s.cr, n)
@@ -277,10 +287,12 @@ func (s *session) query(n int) error {
 	plan := s.srv.cfg.Interceptor.Query(s.c, string(text))
 	if plan.Forget {
 		s.forgetProbes()
+		s.forgetReused()
 	}
 	// A simple Query destroys the unnamed statement and portal.
 	delete(s.stmts, "")
 	delete(s.portals, "")
+	s.unnamed = nil
 	if len(plan.Probes) > 0 {
 		s.pipe.push(&wait{kind: waitQuery, probes: plan.Probes})
 	} else {
@@ -321,8 +333,16 @@ func (s *session) parse(n int) error {
 	plan := ic.Parse(s.c, st.text)
 	if plan.Forget {
 		s.forgetProbes()
+		s.forgetReused()
 	}
 	st.sent, st.probe, st.gen = plan.SQL, plan.probe(), gen
+	if len(name) == 0 {
+		s.unnamed = nil
+		if plan.Reuse && plan.SQL != "" {
+			return s.parseReused(plan.SQL, params)
+		}
+	}
+	s.pipe.push(parseWait)
 	if plan.SQL == "" {
 		return writeMessage(s.sw, 'P', b)
 	}
@@ -374,6 +394,9 @@ func (s *session) bind(n int) error {
 	} else if len(s.portals) > 0 {
 		delete(s.portals, string(portal))
 	}
+	if len(stmt) == 0 && s.unnamed != nil {
+		return s.bindReused(s.unnamed, portal, n)
+	}
 	return forward(s.sw, s.cr, n)
 }
 
@@ -393,6 +416,9 @@ func (s *session) replan(name string, st *prepared) error {
 		return nil
 	}
 	st.sent = plan.SQL
+	if name == "" {
+		s.unnamed = nil // it stood for the statement of the old rewrite
+	}
 	sql := plan.SQL
 	if sql == "" {
 		sql = st.text
@@ -477,6 +503,9 @@ func (s *session) close(n int) error {
 			switch b[0] {
 			case 'S':
 				delete(s.stmts, string(name))
+				if len(name) == 0 {
+					s.unnamed = nil
+				}
 			case 'P':
 				delete(s.portals, string(name))
 			}
@@ -538,6 +567,13 @@ func (w *wait) inProbe() bool {
 
 func (s *session) reply(w *wait, typ byte, n int) error {
 	switch typ {
+	case '1': // ParseComplete
+		if w != nil && w.kind == waitParse {
+			if w.reuse != nil {
+				w.reuse.state.Store(stmtReady)
+			}
+			s.pipe.pop()
+		}
 	case 'C', 'I', 's': // CommandComplete, EmptyQueryResponse, PortalSuspended
 		if w != nil {
 			switch w.kind {
@@ -587,7 +623,7 @@ func (s *session) serverError(w *wait, n int) error {
 			if w.probes != nil {
 				w.probes = nil // the rest of the query string is not run
 			}
-		case waitExecute, waitProbe, waitSwallow:
+		case waitExecute, waitProbe, waitSwallow, waitParse:
 			s.pipe.skipToSync()
 		}
 	}

@@ -137,6 +137,11 @@ type Result struct {
 	// (it was asked about an EXECUTE that the text does not PREPARE
 	// itself): it must not be cached by text.
 	SessionDependent bool
+	// NoRows is true when the text is a single INSERT, UPDATE or DELETE
+	// without RETURNING: it returns no rows whatever the tables' columns
+	// become, so a server-side prepared statement of it can never fail
+	// with "cached plan must not change result type".
+	NoRows bool
 	// Refusal is non-nil when the input was refused. SQL then is a statement
 	// that makes the server raise the refusal (see ParseErrorMarker), so the
 	// session's transaction state stays exactly what Postgres says it is.

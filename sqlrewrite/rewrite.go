@@ -69,7 +69,22 @@ func (r *Rewriter) Rewrite(sql string, mode Mode, s Session) (*Result, error) {
 	if !writes {
 		return res, nil
 	}
+	res.NoRows = len(tree.Stmts) == 1 && returnsNoRows(tree.Stmts[0].Stmt)
 	return r.build(res, tree.Stmts, plans, mode)
+}
+
+// returnsNoRows reports whether a statement is an INSERT, UPDATE or DELETE
+// without RETURNING.
+func returnsNoRows(n *pg_query.Node) bool {
+	switch s := inner(n).(type) {
+	case *pg_query.InsertStmt:
+		return len(s.ReturningList) == 0
+	case *pg_query.UpdateStmt:
+		return len(s.ReturningList) == 0
+	case *pg_query.DeleteStmt:
+		return len(s.ReturningList) == 0
+	}
+	return false
 }
 
 func refused(ref *Refusal) *Result {

@@ -1,0 +1,139 @@
+package proxy
+
+import (
+	"bytes"
+	"encoding/binary"
+	"strconv"
+	"sync/atomic"
+)
+
+// Drivers in the extended protocol without named statements (pgx's default,
+// libpq's PQexecParams, pgbench -M extended) send the same Parse of the
+// unnamed statement before every execution, and Postgres parses, analyses
+// and plans the text each time. For a text the Interceptor rewrote (Plan.
+// Reuse) that is pgfence's cost: the fenced text is several times the
+// client's. So the session prepares the rewritten text once under a name of
+// its own and answers later Parses of it with an empty Parse, whose
+// ParseComplete the client takes for its own, and points the client's Binds
+// and Describes of the unnamed statement at the prepared one.
+
+// maxReused bounds the statements one session prepares for reuse (for the
+// lifetime of the session, so that forgetting them cannot make the backend's
+// memory grow without bound). Past it, texts are parsed as the client sends
+// them.
+const maxReused = 100
+
+// reusePrefix starts the names of the statements the proxy prepares for
+// reuse. Postgres takes any name; a client would have to pick this one on
+// purpose.
+const reusePrefix = "pgfence.s."
+
+// States of a serverStmt.
+const (
+	stmtAbsent  int32 = iota // not on the server (its Parse failed or was skipped, or it was deallocated)
+	stmtPending              // its Parse is sent, not yet answered
+	stmtReady                // the server has it
+)
+
+// serverStmt is a statement the proxy prepared on the session's backend.
+type serverStmt struct {
+	name   string
+	params []byte       // the Parse's parameter-type section
+	state  atomic.Int32 // written by the server side once Postgres answers
+}
+
+// emptyParse is the body of a Parse of the unnamed statement with no text:
+// the cheapest message Postgres answers with a ParseComplete.
+var emptyParse = []byte{0, 0, 0, 0}
+
+// parseReused sends the Parse of the unnamed statement whose rewrite is
+// sql, reusing this session's server-side statement of sql when it has one,
+// else preparing one.
+func (s *session) parseReused(sql string, params []byte) error {
+	ss := s.reused[sql]
+	if ss != nil && !bytes.Equal(ss.params, params) {
+		ss = nil // the same text with other parameter types: a new statement
+	}
+	switch {
+	case ss != nil && ss.state.Load() == stmtReady:
+		s.unnamed = ss
+		s.pipe.push(parseWait)
+		return writeMessage(s.sw, 'P', emptyParse)
+	case ss != nil && ss.state.Load() == stmtPending:
+		// Its Parse may yet fail: parse this one as sent.
+		return s.parseAs("", sql, params, parseWait)
+	case ss != nil:
+		// Its Parse failed or was skipped, so the name is free: try again.
+	case s.reuses == maxReused:
+		return s.parseAs("", sql, params, parseWait)
+	default:
+		s.reuses++
+		ss = &serverStmt{name: reusePrefix + strconv.Itoa(s.reuses), params: bytes.Clone(params)}
+		if s.reused == nil {
+			s.reused = make(map[string]*serverStmt)
+		}
+		s.reused[sql] = ss
+	}
+	ss.state.Store(stmtPending)
+	// Binds that follow reach the statement before anything else the
+	// server runs, or are skipped with it if its Parse fails.
+	s.unnamed = ss
+	return s.parseAs(ss.name, sql, params, &wait{kind: waitParse, reuse: ss})
+}
+
+// parseAs sends a Parse of sql named name, answered by w.
+func (s *session) parseAs(name, sql string, params []byte, w *wait) error {
+	s.pipe.push(w)
+	s.out = append(append(s.out[:0], 'P', 0, 0, 0, 0), name...)
+	s.out = append(append(append(s.out, 0), sql...), 0)
+	s.out = append(s.out, params...)
+	binary.BigEndian.PutUint32(s.out[1:5], uint32(len(s.out)-1))
+	_, err := s.sw.Write(s.out)
+	return err
+}
+
+// bindReused forwards the client's Bind of the unnamed statement to portal,
+// whose body is n bytes, as a Bind of ss.
+func (s *session) bindReused(ss *serverStmt, portal []byte, n int) error {
+	prefix := len(portal) + 2
+	s.out = append(append(s.out[:0], 'B', 0, 0, 0, 0), portal...)
+	s.out = append(append(append(s.out, 0), ss.name...), 0)
+	binary.BigEndian.PutUint32(s.out[1:5], uint32(4+n+len(ss.name)))
+	if _, err := s.sw.Write(s.out); err != nil {
+		return err
+	}
+	if _, err := s.cr.Discard(5 + prefix); err != nil {
+		return err
+	}
+	return forwardBytes(s.sw, s.cr, n-prefix)
+}
+
+// describe forwards a Describe, pointing one of the unnamed statement at
+// the statement it stands for.
+func (s *session) describe(n int) error {
+	if s.unnamed == nil || n != 2 {
+		return forward(s.sw, s.cr, n)
+	}
+	b, err := s.peek(n)
+	if err != nil {
+		return err
+	}
+	if b[0] != 'S' || b[1] != 0 {
+		return forward(s.sw, s.cr, n)
+	}
+	if _, err := s.cr.Discard(5 + n); err != nil {
+		return err
+	}
+	s.out = append(append(append(s.out[:0], 'S'), s.unnamed.name...), 0)
+	return writeMessage(s.sw, 'D', s.out)
+}
+
+// forgetReused drops what the session knows of its server-side statements,
+// after a text that may have deallocated them.
+func (s *session) forgetReused() {
+	for _, ss := range s.reused {
+		ss.state.Store(stmtAbsent)
+	}
+	clear(s.reused)
+	s.unnamed = nil
+}
