@@ -63,6 +63,7 @@ func TestDomainFragments(t *testing.T) {
 	for _, gi := range r.guards[:2] {
 		frags = append(frags, "SELECT "+gi.insert, "SELECT "+gi.draise, "SELECT "+gi.tok)
 	}
+	frags = append(frags, "SELECT "+r.guards[0].cast, "SELECT "+r.guards[0].gate)
 	for _, f := range frags {
 		if _, err := pg_query.Parse(f); err != nil {
 			t.Errorf("%v:\n%s", err, f)
@@ -96,8 +97,14 @@ func TestDomainFragments(t *testing.T) {
 			t.Errorf("DTOK lacks %q:\n%s", want, strict)
 		}
 	}
-	if tok := r.guards[0].tok; !strings.Contains(tok, `guarded table "accounts" in lock domain "billing"; set App.Token.billing or App.Token first`) {
-		t.Errorf("TOK of a domain table:\n%s", tok)
+	for _, tok := range []string{r.guards[0].tok, r.guards[0].gate} {
+		if !strings.Contains(tok, `guarded table "accounts" in lock domain "billing"; set App.Token.billing or App.Token first`) ||
+			!strings.Contains(tok, `App.Token.billing or App.Token must be an integer fencing token for a write to guarded table "accounts" in lock domain "billing", got: `) {
+			t.Errorf("TOK or GATE of a domain table:\n%s", tok)
+		}
+	}
+	if cast := r.guards[0].cast; !strings.HasPrefix(cast, `COALESCE(NULLIF(pg_catalog.current_setting(E'App.Token.billing', true), E''), `) {
+		t.Errorf("TOKC of a domain table:\n%s", cast)
 	}
 }
 

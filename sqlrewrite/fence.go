@@ -214,16 +214,18 @@ func (sp span) returning(list []*pg_query.Node) (int, error) {
 // condition ends before limit. With T the guard's token expression, OK the
 // epoch check REF.C <= T and FLAG setting its stale flag:
 //
-//	Enforce:      WHERE (COND) AND (OK OR ((COND) AND FLAG IS NULL)) AND T IS NOT NULL
+//	Enforce:       WHERE (COND) AND (OK OR ((COND) AND FLAG IS NULL)) AND GATE
 //	allow-missing: WHERE (COND) AND (T IS NULL OR OK OR ((COND) AND FLAG IS NULL))
-//	Shadow:       WHERE (COND) AND (T IS NULL OR OK OR ((COND) AND FLAG IS NOT NULL))
+//	Shadow:        WHERE (COND) AND (T IS NULL OR OK OR ((COND) AND FLAG IS NOT NULL))
 //
 // and without a client WHERE the same without the (COND) AND parts. A row
 // with an epoch above the token is left alone (Enforce) or written and
 // flagged (Shadow, as set_config returns its value), and the flag is raised
 // only for rows the client's own COND matched, whatever order the planner
-// evaluates the quals in. T IS NOT NULL is a pseudo-constant qual, so a
-// missing token errors even when no row matches.
+// evaluates the quals in. Enforce (strict) uses TOKC and GATE (see
+// strictCheck): OK is pg_catalog.int8le(REF.C, TOKC), and GATE is a
+// pseudo-constant qual, so a missing or malformed token errors even when
+// no row matches.
 //
 // In a lock domain (Enforce only), OK also needs the domain claimed, and
 // FLAG raises the domain flag when it was not, else the stale flag; all in
@@ -241,12 +243,16 @@ func (r *Rewriter) fenceWhere(sql string, sp span, g *guardInfo, ref string, fro
 		return nil, fmt.Errorf("sqlrewrite: no condition end after byte %d", sp.start(sp.rel))
 	}
 	condEnd := sp.end(last)
-	epochOK := ref + "." + g.column + " OPERATOR(pg_catalog.<=) " + g.tok
+	// A function call, not the operator: see strictCheck.
+	epochOK := "pg_catalog.int8le(" + ref + "." + g.column + ", " + g.cast + ")"
+	if g.Rollout == Shadow || g.AllowMissingToken {
+		epochOK = ref + "." + g.column + " OPERATOR(pg_catalog.<=) " + g.tok
+	}
 	raise := "pg_catalog.set_config(" + g.flag + ", " + quoteLiteral("1") + ", true)"
 	if g.domainFenced() {
 		epochOK, raise = "("+g.domain.exists+" AND "+epochOK+")", g.draise
 	}
-	stale, lead, gate := raise+" IS NULL", epochOK, " AND "+g.tok+" IS NOT NULL"
+	stale, lead, gate := raise+" IS NULL", epochOK, " AND "+g.gate
 	switch {
 	case g.Rollout == Shadow:
 		stale, lead, gate = raise+" IS NOT NULL", g.tok+" IS NULL OR "+epochOK, ""
@@ -265,9 +271,10 @@ func (r *Rewriter) fenceWhere(sql string, sp span, g *guardInfo, ref string, fro
 }
 
 // setValue is what an UPDATE (or DO UPDATE) sets the epoch to: the token
-// (Enforce), the token or else the row's epoch (allow-missing), or the
-// greater of the row's epoch and the token, GREATEST ignoring a NULL token
-// (Shadow).
+// (Enforce: the plain cast TOKC, as GATE has already failed the statement
+// for a token it cannot cast), the token or else the row's epoch
+// (allow-missing), or the greater of the row's epoch and the token,
+// GREATEST ignoring a NULL token (Shadow).
 func (g *guardInfo) setValue(ref string) string {
 	switch {
 	case g.Rollout == Shadow:
@@ -275,7 +282,7 @@ func (g *guardInfo) setValue(ref string) string {
 	case g.AllowMissingToken:
 		return "COALESCE(" + g.tok + ", " + ref + "." + g.column + ")"
 	}
-	return g.tok
+	return g.cast
 }
 
 // fenceInsert stamps the rows an INSERT adds with the epoch column, and

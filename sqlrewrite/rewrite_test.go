@@ -31,7 +31,7 @@ type rewriteCase struct {
 	statements int         // statements in the output; -1 if not given
 	results    []string    // fenced:, probes:, remember: and session-dependent: lines
 	input      string
-	output     string // with {{TOK table}}, {{TOKA table}}, {{TOKL}}, {{DTOK domain}}... and {{PROBE table...}} placeholders
+	output     string // with {{TOK table}}, {{TOKA table}}, {{TOKL}}, {{TOKC table}}, {{GATE table}}, {{DTOK domain}}... and {{PROBE table...}} placeholders
 	refusal    string // message and hint lines
 	configErr  string // New's error, for config-error cases
 }
@@ -214,6 +214,10 @@ func placeholders(r *Rewriter, res *Result) *strings.Replacer {
 		}
 		pairs = append(pairs, [2]string{strict, "{{TOK " + g.name + "}}"},
 			[2]string{allowMissing, "{{TOKA " + g.name + "}}"}, [2]string{lenient, tokl})
+		// TOKC is the same for every table of a lock domain (or of none): it
+		// is written with the first such guard's name (see write).
+		cast, gate := strictCheck(r.setting, g.name, g.Domain)
+		pairs = append(pairs, [2]string{cast, "{{TOKC " + g.name + "}}"}, [2]string{gate, "{{GATE " + g.name + "}}"})
 	}
 	for _, d := range r.domains {
 		strict, allowMissing := domainTokenExprs(r.setting, d.name)
@@ -292,6 +296,7 @@ func expand(r *Rewriter, s string) (string, error) {
 			return "", fmt.Errorf("placeholder %q needs a table", kind)
 		}
 		strict, allowMissing, lenient := tokenExprs(r.setting, gs[0].name, gs[0].Domain)
+		cast, gate := strictCheck(r.setting, gs[0].name, gs[0].Domain)
 		switch kind {
 		case "TOK":
 			b.WriteString(strict)
@@ -299,6 +304,10 @@ func expand(r *Rewriter, s string) (string, error) {
 			b.WriteString(allowMissing)
 		case "TOKL":
 			b.WriteString(lenient)
+		case "TOKC":
+			b.WriteString(cast)
+		case "GATE":
+			b.WriteString(gate)
 		case "PROBE":
 			b.WriteString(r.probeSQL(gs))
 		default:
@@ -480,7 +489,13 @@ func (c *rewriteCase) write(t *testing.T, r *Rewriter, res *Result) {
 		case res.Refusal != nil:
 			b.WriteString("-- refusal --\n" + res.Refusal.Message + "\n" + res.Refusal.Hint + "\n")
 		case c.expect == "rewritten" || res.SQL != c.input:
-			b.WriteString("-- output --\n" + placeholders(r, res).Replace(res.SQL) + "\n")
+			// An output that still expands to the result is kept as written:
+			// it may name another table with the same {{TOKC T}}.
+			out := placeholders(r, res).Replace(res.SQL)
+			if want, err := expand(r, c.output); err == nil && want == res.SQL {
+				out = c.output
+			}
+			b.WriteString("-- output --\n" + out + "\n")
 		}
 	}
 	if err := os.WriteFile(c.path, []byte(b.String()), 0o644); err != nil {

@@ -36,6 +36,10 @@ type guardInfo struct {
 	// tok is the token expression the guard's rollout uses: TOK (Enforce),
 	// TOKA (Enforce with AllowMissingToken) or TOKL (Shadow).
 	tok string
+	// cast and gate are what a strict guard's UPDATE, DELETE and DO UPDATE
+	// use instead of TOK: TOKC and GATE (see strictCheck). INSERT stamps
+	// still use TOK.
+	cast, gate string
 	// insert is the epoch value an INSERT stamps on new rows.
 	insert string
 	// domain is the guard's lock domain, nil for none.
@@ -77,6 +81,7 @@ func New(cfg Config) (*Rewriter, error) {
 			gi.tok, gi.insert = allowMissing, "COALESCE("+allowMissing+", 0)"
 		default:
 			gi.tok, gi.insert = strict, strict
+			gi.cast, gi.gate = strictCheck(cfg.TokenSetting, gi.name, g.Domain)
 		}
 		if gi.domainFenced() {
 			gi.fenceByDomain(cfg.TokenSetting)
@@ -187,11 +192,16 @@ const tokenRE = `^\s*[-+]?[0-9]{1,19}\s*$`
 // strict and allow-missing ones name the table (and its lock domain, if
 // any) in their errors.
 func tokenExprs(setting, table, domain string) (strict, allowMissing, lenient string) {
+	return tokenSubqueries(setting, domain, tableSubject(table, domain))
+}
+
+// tableSubject is how errors name a guarded table.
+func tableSubject(table, domain string) string {
 	subject := "guarded table \"" + table + "\""
 	if domain != "" {
 		subject += " in lock domain \"" + domain + "\""
 	}
-	return tokenSubqueries(setting, domain, subject)
+	return subject
 }
 
 // domainTokenExprs returns the strict and allow-missing token expressions
@@ -231,7 +241,9 @@ func settingNames(setting, domain string) string {
 //     CODE: ..." message (see ParseErrorMarker): 55000 when the token is
 //     missing or empty, 22023 when it is not an integer. Concatenating v
 //     keeps the cast from being folded at plan time, so the error only
-//     fires when the statement runs.
+//     fires when the statement runs. Strict guards use it for their INSERT
+//     stamps (and lock domains for their own check); their UPDATE, DELETE
+//     and DO UPDATE use the cheaper TOKC and GATE (see strictCheck).
 //   - TOKA (allow-missing) is NULL when the token is missing or empty and
 //     raises 22023 when it is not an integer.
 //   - TOKL (lenient) is NULL when the token is missing, empty, not an
@@ -239,16 +251,14 @@ func settingNames(setting, domain string) string {
 //
 // Operators are schema-qualified so that no search_path can swap them.
 func tokenSubqueries(setting, domain, subject string) (strict, allowMissing, lenient string) {
-	names := settingNames(setting, domain)
-	missing := "pgfence 55000: no fencing token is set for this write to " + subject + "; set " + names + " first"
-	bad := "pgfence 22023: " + names + " must be an integer fencing token for a write to " + subject + ", got: "
+	missing, bad := tokenMarkers(setting, domain, subject)
 	empty := quoteLiteral("")
 	from := " END FROM " + tokenText(setting, domain) + " AS pgfence_token(v))"
 	isInt := "(SELECT CASE WHEN v OPERATOR(pg_catalog.~) " + quoteLiteral(tokenRE) + " THEN "
 	isEmpty := " WHEN coalesce(v, " + empty + ") OPERATOR(pg_catalog.=) " + empty + " THEN "
-	badCast := " ELSE (" + quoteLiteral(bad) + " OPERATOR(pg_catalog.||) v)::pg_catalog.int8"
+	badCast := " ELSE (" + bad + " OPERATOR(pg_catalog.||) v)::pg_catalog.int8"
 	strict = isInt + "v::pg_catalog.int8" +
-		isEmpty + "(" + quoteLiteral(missing) + " OPERATOR(pg_catalog.||) coalesce(v, " + empty + "))::pg_catalog.int8" +
+		isEmpty + "(" + missing + " OPERATOR(pg_catalog.||) coalesce(v, " + empty + "))::pg_catalog.int8" +
 		badCast + from
 	allowMissing = isInt + "v::pg_catalog.int8" + isEmpty + "NULL::pg_catalog.int8" + badCast + from
 	// The regex admits 19 digits, more than int8 holds: range-check as
@@ -257,4 +267,56 @@ func tokenSubqueries(setting, domain, subject string) (strict, allowMissing, len
 		" AND v::pg_catalog.numeric OPERATOR(pg_catalog.>=) (-9223372036854775808)::pg_catalog.numeric" +
 		" THEN v::pg_catalog.int8 END" + from
 	return strict, allowMissing, lenient
+}
+
+// tokenMarkers returns the marker texts, as literals, of a missing or empty
+// token (55000) and of one that is not an integer (22023; the token follows
+// it); subject names what is written.
+func tokenMarkers(setting, domain, subject string) (missing, bad string) {
+	names := settingNames(setting, domain)
+	return quoteLiteral("pgfence 55000: no fencing token is set for this write to " + subject + "; set " + names + " first"),
+		quoteLiteral("pgfence 22023: " + names + " must be an integer fencing token for a write to " + subject + ", got: ")
+}
+
+// intChars holds the characters Postgres's int8 input accepts: white space
+// (isspace: space, \t, \n, \r, \f, \v), a sign and digits; escapes, so the
+// SQL holds no control bytes.
+const intChars = `E' \t\n\r\f\x0B+-0123456789'`
+
+// strictCheck returns the token expressions a strict guard (Enforce without
+// AllowMissingToken) fences UPDATE, DELETE and DO UPDATE with, v being the
+// token's text (see tokenText):
+//
+//	TOKC: v::pg_catalog.int8
+//	GATE: CASE WHEN coalesce(v, E'') = E'' THEN (<55000 marker> || coalesce(v, E''))::pg_catalog.int8
+//	           WHEN pg_catalog.btrim(v, <intChars>) <> E'' THEN (<22023 marker> || v)::pg_catalog.int8
+//	           ELSE v::pg_catalog.int8 END IS NOT NULL
+//
+// They are much cheaper for Postgres to parse and plan than TOK's three
+// scalar subqueries and regex. GATE has no column and nothing volatile in
+// it, so Postgres runs it once, as a one-time filter, before it reads any
+// row: a missing, empty or non-integer token fails the statement with
+// pgfence's error even when no row matches, and the per-row casts of TOKC
+// only ever see a valid token. Concatenating v keeps the marker casts from
+// being folded at plan time. A token made only of intChars that is still
+// no int8 ('1-2', '+', blanks, out of range) fails with Postgres's own
+// 22P02 or 22003 from the cast instead of pgfence's 22023: it still fails.
+//
+// To estimate the selectivity of REF.C <= TOKC the planner would evaluate
+// TOKC with the token's current value, so an empty or non-integer token
+// would raise the cast's plain 22P02 at plan time, before GATE runs. So
+// fenceWhere writes the epoch check as pg_catalog.int8le(REF.C, TOKC), a
+// function call the planner does not evaluate (it estimates it as it did
+// REF.C <= TOK, whose InitPlan it could not evaluate either).
+func strictCheck(setting, table, domain string) (cast, gate string) {
+	v := tokenText(setting, domain)
+	missing, bad := tokenMarkers(setting, domain, tableSubject(table, domain))
+	empty := quoteLiteral("")
+	cast = v + "::pg_catalog.int8"
+	gate = "CASE WHEN coalesce(" + v + ", " + empty + ") OPERATOR(pg_catalog.=) " + empty +
+		" THEN (" + missing + " OPERATOR(pg_catalog.||) coalesce(" + v + ", " + empty + "))::pg_catalog.int8" +
+		" WHEN pg_catalog.btrim(" + v + ", " + intChars + ") OPERATOR(pg_catalog.<>) " + empty +
+		" THEN (" + bad + " OPERATOR(pg_catalog.||) " + v + ")::pg_catalog.int8" +
+		" ELSE " + cast + " END IS NOT NULL"
+	return cast, gate
 }

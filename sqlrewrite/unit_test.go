@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	pg_query "github.com/pganalyze/pg_query_go/v6"
+	"google.golang.org/protobuf/proto"
 )
 
 func mustNew(t testing.TB, setting string, specs ...string) *Rewriter {
@@ -179,10 +180,70 @@ func TestTokenExpressions(t *testing.T) {
 			t.Errorf("guard %d uses the wrong token expression", i)
 		}
 	}
+	t.Run("TOKC and GATE", testStrictCheck)
+	if g := r.guards; g[0].cast == "" || g[0].gate == "" || g[1].cast+g[1].gate+g[2].cast+g[2].gate != "" {
+		t.Errorf("only the strict guard gets TOKC and GATE: %+v", g)
+	}
 	// Names with quotes and backslashes stay inside their literals.
 	odd := mustNew(t, "fence.token", `"it's \ ""odd"""`)
-	if _, err := pg_query.Parse("SELECT " + odd.guards[0].tok); err != nil {
-		t.Errorf("TOK for an odd name does not parse: %v\n%s", err, odd.guards[0].tok)
+	for _, e := range []string{odd.guards[0].tok, odd.guards[0].cast, odd.guards[0].gate} {
+		if _, err := pg_query.Parse("SELECT " + e); err != nil {
+			t.Errorf("token expression for an odd name does not parse: %v\n%s", err, e)
+		}
+	}
+}
+
+// testStrictCheck pins TOKC and GATE, the strict guards' token expressions
+// in UPDATE, DELETE and DO UPDATE, for a table outside and inside a lock
+// domain.
+func testStrictCheck(t *testing.T) {
+	const (
+		plainV  = `pg_catalog.current_setting(E'fence.token', true)`
+		domainV = `COALESCE(NULLIF(pg_catalog.current_setting(E'fence.token.billing', true), E''), pg_catalog.current_setting(E'fence.token', true))`
+	)
+	cases := []struct {
+		domain, v, cast, gate string
+	}{
+		{"", plainV, plainV + `::pg_catalog.int8`,
+			`CASE WHEN coalesce(` + plainV + `, E'') OPERATOR(pg_catalog.=) E''` +
+				` THEN (E'pgfence 55000: no fencing token is set for this write to guarded table "accounts"; set fence.token first' OPERATOR(pg_catalog.||) coalesce(` + plainV + `, E''))::pg_catalog.int8` +
+				` WHEN pg_catalog.btrim(` + plainV + `, E' \t\n\r\f\x0B+-0123456789') OPERATOR(pg_catalog.<>) E''` +
+				` THEN (E'pgfence 22023: fence.token must be an integer fencing token for a write to guarded table "accounts", got: ' OPERATOR(pg_catalog.||) ` + plainV + `)::pg_catalog.int8` +
+				` ELSE ` + plainV + `::pg_catalog.int8 END IS NOT NULL`},
+		{"billing", domainV, domainV + `::pg_catalog.int8`,
+			`CASE WHEN coalesce(` + domainV + `, E'') OPERATOR(pg_catalog.=) E''` +
+				` THEN (E'pgfence 55000: no fencing token is set for this write to guarded table "accounts" in lock domain "billing"; set fence.token.billing or fence.token first' OPERATOR(pg_catalog.||) coalesce(` + domainV + `, E''))::pg_catalog.int8` +
+				` WHEN pg_catalog.btrim(` + domainV + `, E' \t\n\r\f\x0B+-0123456789') OPERATOR(pg_catalog.<>) E''` +
+				` THEN (E'pgfence 22023: fence.token.billing or fence.token must be an integer fencing token for a write to guarded table "accounts" in lock domain "billing", got: ' OPERATOR(pg_catalog.||) ` + domainV + `)::pg_catalog.int8` +
+				` ELSE ` + domainV + `::pg_catalog.int8 END IS NOT NULL`},
+	}
+	for _, c := range cases {
+		r, err := New(Config{Guards: []Guard{{Table: "accounts", Column: "fence_epoch", Domain: c.domain}}, TokenSetting: "fence.token"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		g := r.guards[0]
+		for _, e := range []struct{ name, got, want string }{{"TOKC", g.cast, c.cast}, {"GATE", g.gate, c.gate}} {
+			if e.got != e.want {
+				t.Errorf("%s in domain %q:\n%s\nwant:\n%s", e.name, c.domain, e.got, e.want)
+			}
+			if _, err := pg_query.Parse("SELECT " + e.got); err != nil {
+				t.Errorf("%s in domain %q does not parse: %v", e.name, c.domain, err)
+			}
+			if strings.Count(e.got, "OPERATOR(") != strings.Count(e.got, "OPERATOR(pg_catalog.") {
+				t.Errorf("%s in domain %q has an operator that is not schema-qualified", e.name, c.domain)
+			}
+		}
+		// TOKC casts the whole token text, without parentheses.
+		tree, err := pg_query.Parse("SELECT " + g.cast + ", " + c.v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tl := tree.Stmts[0].Stmt.GetSelectStmt().TargetList
+		cast := stripLocations(tl[0].GetResTarget().Val).GetTypeCast()
+		if cast == nil || !proto.Equal(stripLocations(cast.Arg), stripLocations(tl[1].GetResTarget().Val)) {
+			t.Errorf("TOKC in domain %q is not a cast of the token text: %v", c.domain, tl[0])
+		}
 	}
 }
 
@@ -192,10 +253,10 @@ func TestRewriteExample(t *testing.T) {
 	if err != nil || res.Refusal != nil {
 		t.Fatalf("Rewrite: %v %v", err, res.Refusal)
 	}
-	tok := r.guards[0].tok
+	cast, gate := r.guards[0].cast, r.guards[0].gate
 	probe := `SELECT pg_catalog.current_setting(E'fence.token', true), pg_catalog.current_setting(E'pgfence.stale_0', true), NULL::pg_catalog.text, pg_catalog.set_config(E'pgfence.stale_0', E'', true)`
-	want := `UPDATE accounts SET "fence_epoch" = ` + tok + `, balance = 10 WHERE (id = 1) AND ("accounts"."fence_epoch" OPERATOR(pg_catalog.<=) ` + tok +
-		` OR ((id = 1) AND pg_catalog.set_config(E'pgfence.stale_0', E'1', true) IS NULL)) AND ` + tok + ` IS NOT NULL;` + probe
+	want := `UPDATE accounts SET "fence_epoch" = ` + cast + `, balance = 10 WHERE (id = 1) AND (pg_catalog.int8le("accounts"."fence_epoch", ` + cast +
+		`) OR ((id = 1) AND pg_catalog.set_config(E'pgfence.stale_0', E'1', true) IS NULL)) AND ` + gate + `;` + probe
 	if res.SQL != want {
 		t.Errorf("got:\n%s\nwant:\n%s", res.SQL, want)
 	}

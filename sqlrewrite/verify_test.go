@@ -562,13 +562,44 @@ func (v *verifier) setText(g *guardInfo, ref string) string {
 	case g.AllowMissingToken:
 		return "COALESCE(" + t + ", " + col + ")"
 	}
-	return t
+	return v.strictCast(g)
+}
+
+// tokenText is the token's text: in a lock domain, the domain's setting
+// unless it is unset or empty.
+func (v *verifier) tokenText(g *guardInfo) string {
+	text := "pg_catalog.current_setting(" + quoteLiteral(v.r.setting) + ", true)"
+	if g.Domain != "" {
+		text = "COALESCE(NULLIF(pg_catalog.current_setting(" + quoteLiteral(v.r.setting+"."+g.Domain) + ", true), E''), " + text + ")"
+	}
+	return text
+}
+
+// strictCast is the token a strict (Enforce, token required) UPDATE, DELETE
+// and DO UPDATE set and compare the epoch with, and strictGate the check
+// that fails the statement for a missing, empty or non-integer token.
+func (v *verifier) strictCast(g *guardInfo) string {
+	return v.tokenText(g) + "::pg_catalog.int8"
+}
+
+func (v *verifier) strictGate(g *guardInfo) string {
+	text, subject, names := v.tokenText(g), `guarded table "`+g.Name()+`"`, v.r.setting
+	if g.Domain != "" {
+		subject += ` in lock domain "` + g.Domain + `"`
+		names = v.r.setting + "." + g.Domain + " or " + v.r.setting
+	}
+	missing := quoteLiteral("pgfence 55000: no fencing token is set for this write to " + subject + "; set " + names + " first")
+	bad := quoteLiteral("pgfence 22023: " + names + " must be an integer fencing token for a write to " + subject + ", got: ")
+	// Space, \t, \n, \r, \f, \v, sign and digits: what int8 input takes.
+	const intChars = `E'\x20\x09\x0a\x0d\x0c\x0b+-0123456789'`
+	return fmt.Sprintf("CASE WHEN coalesce(%[1]s, E'') OPERATOR(pg_catalog.=) E'' THEN (%[2]s OPERATOR(pg_catalog.||) coalesce(%[1]s, E''))::pg_catalog.int8"+
+		" WHEN pg_catalog.btrim(%[1]s, %[4]s) OPERATOR(pg_catalog.<>) E'' THEN (%[3]s OPERATOR(pg_catalog.||) %[1]s)::pg_catalog.int8"+
+		" ELSE %[1]s::pg_catalog.int8 END IS NOT NULL", text, missing, bad, intChars)
 }
 
 func (v *verifier) insertText(g *guardInfo) string {
 	if domainChecked(g) {
-		text := "pg_catalog.current_setting(" + quoteLiteral(v.r.setting) + ", true)"
-		text = "COALESCE(NULLIF(pg_catalog.current_setting(" + quoteLiteral(v.r.setting+"."+g.Domain) + ", true), E''), " + text + ")"
+		text := v.tokenText(g)
 		stale := "(" + quoteLiteral(`pgfence PF001: stale fencing token for lock domain "`+g.Domain+
 			`" (guarded table "`+g.Name()+`"): a newer holder has written to it; stop writing and re-acquire the lock; token: `) +
 			" OPERATOR(pg_catalog.||) COALESCE(" + text + ", E''))::pg_catalog.int8"
@@ -586,8 +617,11 @@ func (v *verifier) insertText(g *guardInfo) string {
 // whereText is the fenced WHERE with pgfence_verify_cond standing for the
 // client's condition, or without it.
 func (v *verifier) whereText(g *guardInfo, ref string, cond bool) string {
-	t := v.token(g)
-	ok := ref + "." + quoteIdent(g.Column) + " OPERATOR(pg_catalog.<=) " + t
+	t, col := v.token(g), ref+"."+quoteIdent(g.Column)
+	ok := col + " OPERATOR(pg_catalog.<=) " + t
+	if g.Rollout == Enforce && !g.AllowMissingToken {
+		ok = "pg_catalog.int8le(" + col + ", " + v.strictCast(g) + ")"
+	}
 	flag := fmt.Sprintf("pg_catalog.set_config(E'pgfence.stale_%d', E'1', true)", g.index)
 	if domainChecked(g) {
 		claimed := fmt.Sprintf(`EXISTS (SELECT 1 FROM "pgfence_domain_%d")`, v.domainIndex(g.Domain))
@@ -607,7 +641,7 @@ func (v *verifier) whereText(g *guardInfo, ref string, cond bool) string {
 	case g.AllowMissingToken:
 		w = "(" + t + " IS NULL OR " + ok + " OR " + c(flag+" IS NULL") + ")"
 	default:
-		w = "(" + ok + " OR " + c(flag+" IS NULL") + ") AND " + t + " IS NOT NULL"
+		w = "(" + ok + " OR " + c(flag+" IS NULL") + ") AND " + v.strictGate(g)
 	}
 	if cond {
 		w = "(pgfence_verify_cond) AND " + w
@@ -650,7 +684,7 @@ func (v *verifier) unfenceWhere(g *guardInfo, ref string, w *pg_query.Node) (*pg
 		return nil, nil
 	}
 	and := w.GetBoolExpr()
-	fence := 1 // AND args the fence adds after the client's condition
+	fence := 1 // AND args the fence adds after the client's condition: (OK OR ...) [AND GATE]
 	if g.Rollout == Enforce && !g.AllowMissingToken {
 		fence = 2
 	}

@@ -140,7 +140,7 @@ func TestRewriteCommand(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"-- UPDATE accounts (enforce)", `"fence_epoch" = (SELECT`, "WHERE (id = 1) AND", "pgfence.stale", "-- keep me", "statement 2 is pgfence's probe"} {
+	for _, want := range []string{"-- UPDATE accounts (enforce)", `"fence_epoch" = pg_catalog.current_setting(`, "WHERE (id = 1) AND", "pgfence.stale", "-- keep me", "statement 2 is pgfence's probe"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}
