@@ -229,6 +229,10 @@ func (p *Policy) rewrite(st *state, c *proxy.Client, sess *session, sql string, 
 		}
 		p.m.cacheMisses.Inc()
 	}
+	// The proxy's text is only lent (see proxy.Interceptor): the rewrite
+	// and the cache keep this copy.
+	sql = strings.Clone(sql)
+	key.sql = sql
 	var s sqlrewrite.Session
 	if len(sess.prepared) > 0 {
 		s = sess

@@ -17,9 +17,13 @@ type Interceptor interface {
 	// SessionEnd is called when the session is over; err is nil for a clean
 	// Terminate or disconnect.
 	SessionEnd(c *Client, err error)
-	// Query sees the text of a simple-protocol Query message.
+	// Query sees the text of a simple-protocol Query message. sql shares
+	// the proxy's read buffer, so that a Query costs no copy: it is valid
+	// only until Query returns, and must be copied (strings.Clone) to be
+	// kept.
 	Query(c *Client, sql string) Plan
-	// Parse sees the text of an extended-protocol Parse message.
+	// Parse sees the text of an extended-protocol Parse message; like
+	// Query's, sql must be copied to be kept.
 	Parse(c *Client, sql string) Plan
 	// Error sees every ErrorResponse from the server and may return a
 	// replacement; nil keeps the original bytes.

@@ -144,8 +144,10 @@ func (l *loop) relay(s *session) (end loopEnd, ok bool) {
 	s.server.Close()
 	s.mu.Unlock()
 
+	s.pipe.single = true // post and done order it with the loop's use
 	l.post(func() { l.add(ls, early) })
 	end = <-ls.done
+	s.pipe.single = false
 
 	s.mu.Lock()
 	s.stop = nil

@@ -44,29 +44,44 @@ func (w *wait) dropped() {
 
 type pipeline struct {
 	mu sync.Mutex
-	q  []*wait // q[h:] are the waits, oldest first
-	h  int
+	// single is set while the event loop relays the session: one goroutine
+	// then does all the pushing and popping, and the pipeline takes no lock.
+	single bool
+	q      []*wait // q[h:] are the waits, oldest first
+	h      int
 	// skipping is set when the server reported an error in extended-protocol
 	// work and no Sync was queued yet: the server discards every message up
 	// to the next Sync, so waits pushed until then will get no reply.
 	skipping bool
 }
 
-func (p *pipeline) push(w *wait) {
-	p.mu.Lock()
-	if p.skipping && w.kind != waitReady {
+func (p *pipeline) lock() {
+	if !p.single {
+		p.mu.Lock()
+	}
+}
+
+func (p *pipeline) unlock() {
+	if !p.single {
 		p.mu.Unlock()
+	}
+}
+
+func (p *pipeline) push(w *wait) {
+	p.lock()
+	if p.skipping && w.kind != waitReady {
+		p.unlock()
 		w.dropped()
 		return
 	}
 	p.skipping = false
 	p.q = append(p.q, w)
-	p.mu.Unlock()
+	p.unlock()
 }
 
 func (p *pipeline) head() *wait {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	p.lock()
+	defer p.unlock()
 	if p.h == len(p.q) {
 		return nil
 	}
@@ -74,11 +89,11 @@ func (p *pipeline) head() *wait {
 }
 
 func (p *pipeline) pop() {
-	p.mu.Lock()
+	p.lock()
 	if p.h < len(p.q) {
 		p.drop()
 	}
-	p.mu.Unlock()
+	p.unlock()
 }
 
 // drop removes the head. An emptied queue starts again at the front of its
@@ -93,8 +108,8 @@ func (p *pipeline) drop() {
 // skipToSync drops the waits the server will skip after an error in
 // extended-protocol work.
 func (p *pipeline) skipToSync() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	p.lock()
+	defer p.unlock()
 	for p.h < len(p.q) && p.q[p.h].kind != waitReady {
 		p.q[p.h].dropped()
 		p.drop()
@@ -106,8 +121,8 @@ func (p *pipeline) skipToSync() {
 
 // ready drops waits up to and including the one a ReadyForQuery answers.
 func (p *pipeline) ready() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	p.lock()
+	defer p.unlock()
 	for p.h < len(p.q) {
 		k := p.q[p.h].kind
 		if k == waitParse {

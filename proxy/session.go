@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 
 	"github.com/jackc/pgx/v5/pgproto3"
 )
@@ -242,7 +243,9 @@ func framingError(err error) error {
 // and n, handing the few that matter to the Interceptor. It returns io.EOF
 // after the client's Terminate.
 func (s *session) clientMessage(typ byte, n int) error {
-	s.idle.Store(false)
+	if s.idle.Load() { // a load is cheaper than a store on every message
+		s.idle.Store(false)
+	}
 	switch typ {
 	case 'Q':
 		return s.query(n)
@@ -284,7 +287,7 @@ func (s *session) query(n int) error {
 	if err != nil {
 		return &clientError{err: fmt.Errorf("Query: %w", err)}
 	}
-	plan := s.srv.cfg.Interceptor.Query(s.c, string(text))
+	plan := s.srv.cfg.Interceptor.Query(s.c, unsafe.String(unsafe.SliceData(text), len(text)))
 	if plan.Forget {
 		s.forgetProbes()
 		s.forgetReused()
