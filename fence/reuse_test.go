@@ -159,6 +159,24 @@ func TestReusedStatementLifecycle(t *testing.T) {
 		t.Fatalf("epoch %d, want 10", epoch)
 	}
 
+	// The reused statement follows search_path, as a fresh Parse would:
+	// the same text writes the table the session's path finds now.
+	for _, schema := range []string{"reuse_a", "reuse_b"} {
+		pgtest.Exec(t, db, fmt.Sprintf("DROP SCHEMA IF EXISTS %[1]s CASCADE; CREATE SCHEMA %[1]s; CREATE TABLE %[1]s.%[2]s (id int PRIMARY KEY, val text, fence_epoch bigint NOT NULL DEFAULT 0); INSERT INTO %[1]s.%[2]s VALUES (1, 'v', 0)", schema, tbl))
+		t.Cleanup(func() { pgtest.Exec(t, pgtest.Direct(t), "DROP SCHEMA "+schema+" CASCADE") })
+	}
+	for _, schema := range []string{"reuse_a", "reuse_b", "reuse_a"} {
+		pgtest.Exec(t, c, "SET search_path = "+schema)
+		if tag, err := c.Exec(ctx, upd, "in "+schema); err != nil || tag.String() != "UPDATE 1" {
+			t.Fatalf("write under search_path %s: %v, %v", schema, tag, err)
+		}
+		var val string
+		if err := db.QueryRow(ctx, "SELECT val FROM "+schema+"."+tbl+" WHERE id = 1").Scan(&val); err != nil || val != "in "+schema {
+			t.Fatalf("under search_path %s the row of %s.%s is %q (%v)", schema, schema, tbl, val, err)
+		}
+	}
+	pgtest.Exec(t, c, "RESET search_path")
+
 	// Pipelined: the same write three times in one batch, in a session
 	// that has not prepared it yet.
 	c2 := execMode(t, p)
