@@ -341,7 +341,7 @@ func (s *session) parse(n int) error {
 	st.sent, st.probe, st.gen = plan.SQL, plan.probe(), gen
 	if len(name) == 0 {
 		s.unnamed = nil
-		if plan.Reuse && plan.SQL != "" {
+		if plan.Reuse && plan.SQL != "" && !plan.Forget {
 			return s.parseReused(plan.SQL, params)
 		}
 	}
