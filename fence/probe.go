@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/pgfence/pgfence/proxy"
 	"github.com/pgfence/pgfence/sqlrewrite"
@@ -18,29 +19,37 @@ func (p *Policy) probe(st *state, pr sqlrewrite.Probe) *proxy.Probe {
 	}
 	tables := pr.Tables
 	notify := st.cfg.NotifyStale
+	// Every fenced write counts itself per table: resolve those series once.
+	writes := make([][2]prometheus.Counter, len(tables))
+	for i, t := range tables {
+		mode := t.Rollout.String()
+		writes[i] = [2]prometheus.Counter{
+			p.m.guardedWrites.WithLabelValues(t.Table, mode, "set"),
+			p.m.guardedWrites.WithLabelValues(t.Table, mode, "missing"),
+		}
+	}
 	v, _ := st.probes.LoadOrStore(pr.SQL, proxy.NewProbe(pr.SQL, func(c *proxy.Client, row [][]byte) *pgproto3.NoticeResponse {
-		return p.probed(c, tables, notify, row)
+		return p.probed(c, tables, writes, notify, row)
 	}))
 	return v.(*proxy.Probe)
 }
 
 // probed classifies what a guarded write left behind: the token it ran
-// with, and per table whether it met a stale row.
-func (p *Policy) probed(c *proxy.Client, tables []sqlrewrite.ProbeTable, notify bool, row [][]byte) *pgproto3.NoticeResponse {
+// with, and per table whether it met a stale row. writes are the tables'
+// pgfence_guarded_writes_total series, with and without a token.
+func (p *Policy) probed(c *proxy.Client, tables []sqlrewrite.ProbeTable, writes [][2]prometheus.Counter, notify bool, row [][]byte) *pgproto3.NoticeResponse {
 	if len(row) < 1+2*len(tables) {
 		p.log.Error("probe returned a short row; reject counts may be low", "columns", len(row), "tables", len(tables))
 		return nil
 	}
-	token := string(row[0])
-	tokenLabel := "set"
-	if token == "" {
-		tokenLabel = "missing"
-	}
+	missing := len(row[0]) == 0
 	var stale []string
 	for i, t := range tables {
 		mode := t.Rollout.String()
-		p.m.guardedWrites.WithLabelValues(t.Table, mode, tokenLabel).Inc()
-		if token == "" {
+		if !missing {
+			writes[i][0].Inc()
+		} else {
+			writes[i][1].Inc()
 			p.m.withoutToken.WithLabelValues(t.Table, mode, "allowed").Inc()
 			p.log.Warn("write without fencing token let through", "table", t.Table, "mode", mode,
 				"client", c.RemoteAddr, "application_name", c.ApplicationName(), "user", c.User)
@@ -56,6 +65,7 @@ func (p *Policy) probed(c *proxy.Client, tables []sqlrewrite.ProbeTable, notify 
 		default:
 			continue
 		}
+		token := string(row[0])
 		p.m.rejects.WithLabelValues(t.Table, mode, kind).Inc()
 		msg := "stale write fenced"
 		if t.Rollout == sqlrewrite.Shadow {
@@ -75,7 +85,7 @@ func (p *Policy) probed(c *proxy.Client, tables []sqlrewrite.ProbeTable, notify 
 		SeverityUnlocalized: "WARNING",
 		Code:                "01000",
 		Message: fmt.Sprintf("pgfence: stale write fenced: rows of %s were written under a newer fencing token than %s and were left unchanged",
-			strings.Join(quoteAll(stale), ", "), token),
+			strings.Join(quoteAll(stale), ", "), row[0]),
 		Hint: "your lease has likely expired: stop acting as its holder and acquire it again",
 	}
 }

@@ -81,9 +81,9 @@ type Probe struct {
 	done    ProbeFunc
 }
 
-// ProbeFunc receives a probe's row: its text values, nil for NULL. A
-// non-nil notice is sent to the client right after the probed statement's
-// results.
+// ProbeFunc receives a probe's row: its text values, nil for NULL, valid
+// only during the call (the session reuses their buffers). A non-nil notice
+// is sent to the client right after the probed statement's results.
 type ProbeFunc func(c *Client, row [][]byte) (notice *pgproto3.NoticeResponse)
 
 // probeIDs numbers probes, so each has a statement name of its own.

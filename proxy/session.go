@@ -83,6 +83,9 @@ type session struct {
 
 	// Owned by the server-to-client goroutine.
 	sbuf []byte
+	// row and rowBuf hold the last probe row captured.
+	row    [][]byte
+	rowBuf []byte
 }
 
 // prepared is what the proxy remembers of a prepared statement, so that it
@@ -798,22 +801,47 @@ func (s *session) probed(p *Probe, row [][]byte) error {
 	return err
 }
 
+// captureRow keeps a probe's DataRow for its ProbeFunc, in buffers the
+// session reuses: a probe's row is handed over before the next one arrives.
 func (s *session) captureRow(w *wait, n int) error {
 	b, err := body(s.sr, n, &s.sbuf)
 	if err != nil {
 		return err
 	}
-	var row pgproto3.DataRow
-	if err := row.Decode(b); err != nil {
-		return fmt.Errorf("server sent a malformed DataRow: %w", err)
+	s.rowBuf = append(s.rowBuf[:0], b...)
+	row, err := decodeRow(s.rowBuf, s.row[:0])
+	if err != nil {
+		return err
 	}
-	w.row = make([][]byte, len(row.Values))
-	for i, v := range row.Values {
-		if v != nil {
-			w.row[i] = bytes.Clone(v)
+	s.row, w.row = row, row
+	return nil
+}
+
+// decodeRow splits a DataRow's body into its values (nil for NULL),
+// appended to row; they share b.
+func decodeRow(b []byte, row [][]byte) ([][]byte, error) {
+	if len(b) < 2 {
+		return nil, fmt.Errorf("server sent a malformed DataRow: %d bytes", len(b))
+	}
+	cols := int(binary.BigEndian.Uint16(b))
+	b = b[2:]
+	for range cols {
+		if len(b) < 4 {
+			return nil, errors.New("server sent a malformed DataRow: a column is cut short")
+		}
+		l := int(int32(binary.BigEndian.Uint32(b)))
+		b = b[4:]
+		switch {
+		case l < 0:
+			row = append(row, nil)
+		case l > len(b):
+			return nil, errors.New("server sent a malformed DataRow: a value is cut short")
+		default:
+			row = append(row, b[:l:l])
+			b = b[l:]
 		}
 	}
-	return nil
+	return row, nil
 }
 
 // SQLSTATEs the proxy itself raises.
