@@ -2,7 +2,8 @@
 // only writes when the session's fencing token is not stale.
 //
 // It is pure: no I/O, no global state. Every decision is made on Postgres's
-// own parse tree (pg_query), and every change is spliced into the client's
+// own parse tree (pg_query), or, for a text without a single write keyword,
+// on its scanner's tokens; and every change is spliced into the client's
 // original text at offsets from that tree and from the scanner, so whatever
 // the client wrote (comments, spacing, casing) stays exactly as written.
 package sqlrewrite

@@ -18,19 +18,15 @@ type edit struct {
 }
 
 // build fences the writes the plans found, adds the probes and fills in
-// res.
-func (r *Rewriter) build(res *Result, stmts []*pg_query.RawStmt, plans []*plan, mode Mode) (*Result, error) {
+// res; tokens are the text's, from the scanner.
+func (r *Rewriter) build(res *Result, stmts []*pg_query.RawStmt, plans []*plan, mode Mode, tokens []*pg_query.ScanToken) (*Result, error) {
 	sql := res.SQL
-	scan, err := pg_query.Scan(sql)
-	if err != nil {
-		return nil, fmt.Errorf("sqlrewrite: scanning text that parsed: %w", err)
-	}
 	var edits []edit
 	for i, p := range plans {
 		if len(p.writes) == 0 {
 			continue
 		}
-		st := stmtTokensOf(scan.Tokens, stmts[i], len(sql))
+		st := stmtTokensOf(tokens, stmts[i], len(sql))
 		for _, w := range p.writes {
 			res.Fenced = append(res.Fenced, Fenced{Table: w.guard.name, Kind: w.kind, Rollout: w.guard.Rollout, Nested: w.nested})
 		}

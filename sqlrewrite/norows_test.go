@@ -1,6 +1,10 @@
 package sqlrewrite
 
-import "testing"
+import (
+	"testing"
+
+	pg_query "github.com/pganalyze/pg_query_go/v6"
+)
 
 // NoRows tells the proxy which rewritten texts a server-side prepared
 // statement may hold without its result ever changing shape.
@@ -33,5 +37,44 @@ func TestNoRows(t *testing.T) {
 	// Simple Query texts with several statements are never prepared.
 	if res, _ := r.Rewrite("UPDATE accounts SET balance = 1; UPDATE accounts SET balance = 2", Simple, nil); res.NoRows {
 		t.Error("two statements: NoRows")
+	}
+}
+
+// A text without a write keyword outside its literals, identifiers and
+// comments is passed without a parse; one with any goes to the parser.
+func TestMayWrite(t *testing.T) {
+	mayWrite := func(sql string) bool {
+		scan, err := pg_query.Scan(sql)
+		return err != nil || hasWriteKeyword(scan.Tokens)
+	}
+	for _, c := range []struct {
+		sql  string
+		want bool
+	}{
+		{"SELECT * FROM accounts WHERE id = 1", false},
+		{"SELECT 'UPDATE accounts SET x = 1' FROM accounts", false},
+		{`SELECT "update" FROM accounts -- DELETE FROM accounts`, false},
+		{"SELECT $$INSERT INTO accounts VALUES (1)$$, /* COPY accounts FROM stdin */ 1", false},
+		{"PREPARE q AS SELECT * FROM accounts", false},
+		{"SELECT * FROM accounts FOR UPDATE", true}, // conservative
+		{"UPDATE accounts SET x = 1", true},
+		{"WITH d AS (DELETE FROM accounts RETURNING *) SELECT * FROM d", true},
+		{"insert into accounts (id) values (1)", true},
+		{"MERGE INTO accounts USING s ON true WHEN MATCHED THEN DELETE", true},
+		{"TRUNCATE accounts", true},
+		{"COPY accounts FROM stdin", true},
+		{"EXECUTE pay(1)", true},
+		{"EXPLAIN ANALYZE UPDATE accounts SET x = 1", true},
+		{"SELECT 'unterminated FROM accounts", true}, // does not scan: the parser judges
+	} {
+		if got := mayWrite(c.sql); got != c.want {
+			t.Errorf("mayWrite(%q) = %v, want %v", c.sql, got, c.want)
+		}
+	}
+	// Passed texts are the input itself, with nothing fenced or probed.
+	r := mustNew(t, "fence.token", "accounts")
+	res, err := r.Rewrite("SELECT * FROM accounts WHERE id = 1", Simple, nil)
+	if err != nil || res.SQL != "SELECT * FROM accounts WHERE id = 1" || len(res.Fenced)+len(res.Probes) > 0 || res.Refusal != nil {
+		t.Errorf("read-only text: %+v, %v", res, err)
 	}
 }
