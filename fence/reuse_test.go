@@ -2,7 +2,6 @@ package fence_test
 
 import (
 	"fmt"
-	"net"
 	"strings"
 	"testing"
 	"time"
@@ -208,14 +207,8 @@ func TestReusedStatementLifecycle(t *testing.T) {
 func TestReusedStatementProtocol(t *testing.T) {
 	tbl := table(t, [3]any{1, "v", 5})
 	p := pgtest.StartProxy(t, []string{tbl})
-	conn, err := net.Dial("tcp", p.Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
+	conn, fe := pgtest.RawSession(t, p.Addr)
 	conn.SetDeadline(time.Now().Add(20 * time.Second))
-	fe := pgproto3.NewFrontend(conn, conn)
-	fe.Send(&pgproto3.StartupMessage{ProtocolVersion: pgproto3.ProtocolVersion30, Parameters: map[string]string{"user": "postgres", "database": "postgres"}})
 	// until reads messages up to one of type want and returns their types
 	// and any error's code.
 	until := func(want string) (types []string, codes []string) {
@@ -244,7 +237,6 @@ func TestReusedStatementProtocol(t *testing.T) {
 			t.Fatalf("%s: got %v (errors %v), want %v", step, got, codes, want)
 		}
 	}
-	until("ReadyForQuery")
 	fe.Send(&pgproto3.Query{String: "SET fence.token = '20'"})
 	until("ReadyForQuery")
 

@@ -77,7 +77,7 @@ func TestClientVanishes(t *testing.T) {
 	pgtest.Exec(t, pgtest.Direct(t), "DROP TABLE IF EXISTS vanish_t; CREATE TABLE vanish_t (id int)")
 	t.Cleanup(func() { pgtest.Exec(t, pgtest.Direct(t), "DROP TABLE IF EXISTS vanish_t") })
 
-	conn, fe := rawSession(t, p.Addr)
+	conn, fe := pgtest.RawSession(t, p.Addr)
 	fe.Send(&pgproto3.Query{String: "SET application_name = 'vanish-query'; SELECT pg_sleep(60)"})
 	fe.Flush()
 	c2 := p.Connect(t, "application_name=vanish-tx")
@@ -276,7 +276,7 @@ func TestShutdownDeadline(t *testing.T) {
 func TestNothingAfterTerminate(t *testing.T) {
 	p := pgtest.StartProxy(t, nil)
 	for i := 0; i < 200; i++ {
-		conn, fe := rawSession(t, p.Addr)
+		conn, fe := pgtest.RawSession(t, p.Addr)
 		conn.Write([]byte{'X', 0, 0, 0, 4})
 		if m, err := fe.Receive(); err == nil {
 			t.Fatalf("session %d: got %T %+v after Terminate", i, m, m)

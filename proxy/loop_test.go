@@ -72,7 +72,7 @@ func TestLargeMessages(t *testing.T) {
 // the loop stops reading a server whose client is not taking what it has.
 func TestSlowReader(t *testing.T) {
 	p := pgtest.StartProxy(t, nil)
-	conn, fe := rawSession(t, p.Addr)
+	conn, fe := pgtest.RawSession(t, p.Addr)
 	const rows, width = 20000, 10000 // about 200 MB of DataRows
 	fe.Send(&pgproto3.Query{String: fmt.Sprintf("SELECT repeat('r', %d) FROM generate_series(1, %d)", width, rows)})
 	if err := fe.Flush(); err != nil {

@@ -202,31 +202,6 @@ func TestPsqlThroughProxy(t *testing.T) {
 	}
 }
 
-// rawSession opens a connection to the proxy and completes startup by hand.
-func rawSession(t *testing.T, addr string) (net.Conn, *pgproto3.Frontend) {
-	t.Helper()
-	conn, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	conn.SetDeadline(time.Now().Add(10 * time.Second))
-	fe := pgproto3.NewFrontend(conn, conn)
-	fe.Send(&pgproto3.StartupMessage{ProtocolVersion: pgproto3.ProtocolVersion30, Parameters: map[string]string{"user": "postgres", "database": "postgres"}})
-	if err := fe.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	for {
-		m, err := fe.Receive()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, ok := m.(*pgproto3.ReadyForQuery); ok {
-			return conn, fe
-		}
-	}
-}
-
 // expectFatal reads until the proxy's FATAL error and the end of the stream.
 func expectFatal(t *testing.T, fe *pgproto3.Frontend, code, contains string) {
 	t.Helper()
@@ -267,7 +242,7 @@ func TestMalformedMessages(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			conn, fe := rawSession(t, p.Addr)
+			conn, fe := pgtest.RawSession(t, p.Addr)
 			conn.Write(tc.bytes)
 			expectFatal(t, fe, "08P01", tc.contains)
 		})
@@ -363,7 +338,7 @@ func TestDisconnectReleasesBackend(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	conn, fe := rawSession(t, p.Addr)
+	conn, fe := pgtest.RawSession(t, p.Addr)
 	fe.Send(&pgproto3.Query{String: "SET application_name = 'bye-drop'; BEGIN; SELECT 1"})
 	fe.Flush()
 	for {

@@ -119,16 +119,7 @@ func (r *Rewriter) fenceStmt(sql string, st stmtTokens, writes []*write) ([]edit
 		if w.node == nil {
 			continue
 		}
-		var rv *pg_query.RangeVar
-		switch n := w.node.(type) {
-		case *pg_query.UpdateStmt:
-			rv = n.Relation
-		case *pg_query.DeleteStmt:
-			rv = n.Relation
-		case *pg_query.InsertStmt:
-			rv = n.Relation
-		}
-		sp, err := st.spanOf(rv)
+		sp, err := st.spanOf(writeRelation(w.node))
 		if err != nil {
 			return nil, err
 		}

@@ -101,6 +101,20 @@ func hasWriteKeyword(tokens []*pg_query.ScanToken) bool {
 	return false
 }
 
+// writeRelation is the table an UPDATE, DELETE or INSERT writes, nil for
+// any other node.
+func writeRelation(m proto.Message) *pg_query.RangeVar {
+	switch n := m.(type) {
+	case *pg_query.UpdateStmt:
+		return n.Relation
+	case *pg_query.DeleteStmt:
+		return n.Relation
+	case *pg_query.InsertStmt:
+		return n.Relation
+	}
+	return nil
+}
+
 // returnsNoRows reports whether a statement is an INSERT, UPDATE or DELETE
 // without RETURNING.
 func returnsNoRows(n *pg_query.Node) bool {
@@ -326,16 +340,7 @@ func (r *Rewriter) writeInCondition(kind string, g *guardInfo, cond *pg_query.No
 	}
 	var found *guardInfo
 	eachMessage(cond.ProtoReflect(), func(m proto.Message) {
-		var rv *pg_query.RangeVar
-		switch n := m.(type) {
-		case *pg_query.UpdateStmt:
-			rv = n.Relation
-		case *pg_query.DeleteStmt:
-			rv = n.Relation
-		case *pg_query.InsertStmt:
-			rv = n.Relation
-		}
-		if ng, _ := r.guardFor(rv); found == nil && ng != nil && ng.Rollout != Observe {
+		if ng, _ := r.guardFor(writeRelation(m)); found == nil && ng != nil && ng.Rollout != Observe {
 			found = ng
 		}
 	})

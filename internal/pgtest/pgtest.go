@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
@@ -189,4 +190,31 @@ func matches(m *dto.Metric, labels []string) bool {
 		}
 	}
 	return true
+}
+
+// RawSession opens a connection to addr, completes startup by hand and
+// returns it ready for queries, with a 10 s deadline; it is closed when the
+// test ends.
+func RawSession(t testing.TB, addr string) (net.Conn, *pgproto3.Frontend) {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	conn.SetDeadline(time.Now().Add(10 * time.Second))
+	fe := pgproto3.NewFrontend(conn, conn)
+	fe.Send(&pgproto3.StartupMessage{ProtocolVersion: pgproto3.ProtocolVersion30, Parameters: map[string]string{"user": "postgres", "database": "postgres"}})
+	if err := fe.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		m, err := fe.Receive()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := m.(*pgproto3.ReadyForQuery); ok {
+			return conn, fe
+		}
+	}
 }
