@@ -211,7 +211,9 @@ func (p *pgxDriver) listenNotify(t *testing.T, ctx context.Context) {
 func (p *pgxDriver) cancel(t *testing.T, ctx context.Context) {
 	c := p.connect(t, ctx, "")
 	start := time.Now()
+	sent := make(chan struct{})
 	go func() {
+		defer close(sent)
 		time.Sleep(500 * time.Millisecond)
 		if err := c.PgConn().CancelRequest(ctx); err != nil {
 			t.Errorf("CancelRequest: %v", err)
@@ -226,6 +228,11 @@ func (p *pgxDriver) cancel(t *testing.T, ctx context.Context) {
 	if elapsed > 10*time.Second {
 		t.Fatalf("cancelled only after %v", elapsed)
 	}
+	// Postgres signals the backend twice for one CancelRequest (its pid,
+	// then its process group), and the second signal can land on the next
+	// statement. CancelRequest returns once Postgres has closed the cancel
+	// connection, after both signals, so wait for it as a careful client does.
+	<-sent
 	var one int
 	if err := c.QueryRow(ctx, "SELECT $1::int", 1).Scan(&one); err != nil || one != 1 {
 		t.Fatalf("SELECT after the cancel: %d, %v", one, err)

@@ -106,11 +106,19 @@ async function main() {
     })
     const start = Date.now()
     c.query(query)
-    setTimeout(() => new pg.Client({ connectionString: env.proxyUrl }).cancel(c, query), 500)
+    // Postgres signals the backend twice for one CancelRequest (pid, then
+    // process group); the cancel connection closes after both, so the next
+    // statement waits for that close.
+    const sent = new Promise((resolve) => setTimeout(() => {
+      const canceller = new pg.Client({ connectionString: env.proxyUrl })
+      canceller.connection.once('end', resolve)
+      canceller.cancel(c, query)
+    }, 500))
     const err = await done
     const elapsed = (Date.now() - start) / 1000
     expect(err && err.code === '57014', `pg_sleep(30): ${err ? err.code + ' ' + err.message : 'not cancelled'}`)
     expect(elapsed < 10, `cancelled after ${elapsed} s`)
+    await sent
     expect((await c.query('SELECT 1 AS one')).rows[0].one === 1, 'SELECT 1 after the cancel')
   })
 

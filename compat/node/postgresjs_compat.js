@@ -109,11 +109,16 @@ async function main() {
     const query = sql`SELECT pg_sleep(30)`
     const start = Date.now()
     const done = query.then(() => null, (e) => e)
-    setTimeout(() => query.cancel(), 500)
+    // query.cancel() drops the promise of the CancelRequest it sends; the
+    // canceller it calls returns it, resolved once Postgres closes the cancel
+    // connection. Postgres signals the backend twice for one request (pid,
+    // then process group), so the next statement waits for that close.
+    const sent = new Promise((resolve) => setTimeout(() => resolve(query.canceller(query)), 500))
     const err = await done
     const elapsed = (Date.now() - start) / 1000
     expect(err && err.code === '57014', `pg_sleep(30): ${err ? err.code + ' ' + err.message : 'not cancelled'}`)
     expect(elapsed < 10, `cancelled after ${elapsed} s`)
+    await sent
     const [r] = await sql`SELECT 1 AS one`
     expect(r.one === 1, 'SELECT 1 after the cancel')
   })

@@ -107,7 +107,11 @@ def _():
 @check("cancel")
 def _():
     conn = connect()
-    threading.Timer(0.5, conn.cancel).start()
+    # conn.cancel() returns once Postgres has closed the cancel connection;
+    # joining it before the next statement keeps Postgres's second SIGINT
+    # for the same request (pid, then process group) off that statement.
+    canceller = threading.Timer(0.5, conn.cancel)
+    canceller.start()
     start = time.monotonic()
     try:
         conn.cursor().execute("SELECT pg_sleep(30)")
@@ -116,6 +120,7 @@ def _():
         expect(e.pgcode == "57014", f"SQLSTATE {e.pgcode}")
     elapsed = time.monotonic() - start
     expect(elapsed < 10, f"cancelled after {elapsed:.1f} s")
+    canceller.join()
     conn.cursor().execute("SELECT 1")
 
 

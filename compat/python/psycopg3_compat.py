@@ -106,7 +106,11 @@ def _():
 @check("cancel")
 def _():
     conn = connect()
-    threading.Timer(0.5, conn.cancel).start()
+    # conn.cancel() returns once Postgres has closed the cancel connection;
+    # joining it before the next statement keeps Postgres's second SIGINT
+    # for the same request (pid, then process group) off that statement.
+    canceller = threading.Timer(0.5, conn.cancel)
+    canceller.start()
     start = time.monotonic()
     try:
         conn.execute("SELECT pg_sleep(%s)", (30,))
@@ -115,6 +119,7 @@ def _():
         expect(e.sqlstate == "57014", f"SQLSTATE {e.sqlstate}")
     elapsed = time.monotonic() - start
     expect(elapsed < 10, f"cancelled after {elapsed:.1f} s")
+    canceller.join()
     conn.execute("SELECT 1")
 
 
