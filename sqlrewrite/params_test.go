@@ -1,0 +1,153 @@
+package sqlrewrite
+
+import (
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	pg_query "github.com/pganalyze/pg_query_go/v6"
+)
+
+func TestParameterize(t *testing.T) {
+	for _, tc := range []struct {
+		sql    string
+		writes bool
+		want   string   // "" when not parameterized
+		types  []uint32 // with want
+		values []string
+	}{
+		{sql: "SELECT * FROM t WHERE id = 5", writes: false},
+		{sql: "SELECT 'update', 1 -- delete", writes: false},
+		{sql: "UPDATE t SET v = v + 5 WHERE id = 7", writes: true,
+			want: "UPDATE t SET v = v + $1 WHERE id = $2", types: []uint32{oidInt4, oidInt4}, values: []string{"5", "7"}},
+		{sql: "update t set a = -2147483648, b = 2147483647 where c = 9223372036854775808", writes: true,
+			want: "update t set a = -$1, b = $2 where c = $3", types: []uint32{oidInt8, oidInt4, oidNumeric},
+			values: []string{"2147483648", "2147483647", "9223372036854775808"}},
+		{sql: "DELETE FROM t WHERE x IN (1.5, .5, 5., 1e3, 2E-7, 007)", writes: true,
+			want: "DELETE FROM t WHERE x IN ($1, $2, $3, $4, $5, $6)",
+			types: []uint32{oidNumeric, oidNumeric, oidNumeric, oidNumeric, oidNumeric, oidInt4}, values: []string{"1.5", ".5", "5.", "1e3", "2E-7", "007"}},
+		// Literals in strings, identifiers and comments stay; so does the
+		// rest of the text, byte for byte.
+		{sql: "INSERT INTO \"t1\" (a, b) VALUES ('5', 6) /* 7 */ -- 8\n", writes: true,
+			want: "INSERT INTO \"t1\" (a, b) VALUES ('5', $1) /* 7 */ -- 8\n", types: []uint32{oidInt4}, values: []string{"6"}},
+		{sql: "UPDATE t SET a = $$9$$ WHERE b = E'\\'1'", writes: true,
+			want: "UPDATE t SET a = $$9$$ WHERE b = E'\\'1'", types: []uint32{}, values: []string{}},
+		{sql: "UPDATE t SET a = 1;", writes: true, want: "UPDATE t SET a = $1;", types: []uint32{oidInt4}, values: []string{"1"}},
+		{sql: "UPDATE t SET a = 1 ; ; -- done", writes: true, want: "UPDATE t SET a = $1 ; ; -- done", types: []uint32{oidInt4}, values: []string{"1"}},
+		// Where a parameter would not mean what the literal does, or not
+		// one write: left as written.
+		{sql: "UPDATE t SET a = 1; UPDATE t SET a = 2", writes: true},
+		{sql: "UPDATE t SET a = $1 WHERE b = 2", writes: true},
+		{sql: "DELETE FROM t WHERE id IN (SELECT id FROM t ORDER BY 1 LIMIT 5)", writes: true},
+		{sql: "INSERT INTO t SELECT a, count(*) FROM s GROUP BY 1", writes: true},
+		{sql: "INSERT INTO t SELECT DISTINCT ON (1) a FROM s", writes: true},
+		{sql: "INSERT INTO t VALUES (1) ON CONFLICT (a) WHERE b > 0 DO NOTHING", writes: true},
+		{sql: "UPDATE t SET a = 0x1F", writes: true},
+		{sql: "UPDATE t SET a = 1_000", writes: true},
+		{sql: "TRUNCATE t", writes: true},
+		{sql: "EXECUTE p(1)", writes: true},
+		{sql: "UPDATE t SET a = 'unterminated", writes: true},
+	} {
+		p, writes := Parameterize(tc.sql)
+		if writes != tc.writes || p.SQL != tc.want {
+			t.Errorf("%q: writes %v, template %q; want %v, %q", tc.sql, writes, p.SQL, tc.writes, tc.want)
+			continue
+		}
+		if tc.want != "" && (!slices.Equal(p.Types, tc.types) || !slices.Equal(p.Values, tc.values)) {
+			t.Errorf("%q: types %v values %q; want %v %q", tc.sql, p.Types, p.Values, tc.types, tc.values)
+		}
+	}
+}
+
+func TestRewriteTemplate(t *testing.T) {
+	r, err := New(Config{Guards: []Guard{{Table: "t", Column: "fence_epoch"}, {Table: "o", Column: "fence_epoch", Rollout: Observe}}, TokenSetting: "fence.token"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		sql string
+		ok  bool
+	}{
+		{"UPDATE t SET a = 1 WHERE id = 2", true},
+		{"DELETE FROM t WHERE id = 2", true},
+		{"INSERT INTO t (id) VALUES (2)", true},
+		{"UPDATE t SET a = 1 WHERE id = 2 RETURNING a", false},      // returns rows
+		{"UPDATE u SET a = 1 WHERE id = 2", false},                  // not guarded
+		{"UPDATE o SET a = 1 WHERE id = 2", false},                  // observed: sent as written
+		{"UPDATE t SET a = 1.5::numeric(10, 2) WHERE id = 2", false}, // typmod
+		{"UPDATE t SET a = CAST(1 AS varchar(3)) WHERE id = 2", false},
+		{"UPDATE t SET fence_epoch = 1 WHERE id = 2", false}, // refused
+		{"WITH x AS (DELETE FROM t WHERE id = 1) UPDATE t SET a = 1 WHERE id = 2", true},
+	} {
+		p, _ := Parameterize(tc.sql)
+		if p.SQL == "" {
+			t.Fatalf("%q: not parameterized", tc.sql)
+		}
+		res, ok, err := r.RewriteTemplate(p)
+		if err != nil || ok != tc.ok {
+			t.Errorf("%q: ok %v, %v; want %v", tc.sql, ok, err, tc.ok)
+			continue
+		}
+		if ok && (!res.NoRows || len(res.Probes) != 1 || !strings.Contains(res.SQL, "$1")) {
+			t.Errorf("%q: %+v", tc.sql, res)
+		}
+	}
+}
+
+// FuzzParameterize checks that a template scans as its text did, token
+// for token, but for a parameter $k in place of the k-th numeric literal,
+// whose value is that literal, typed as Postgres types it.
+func FuzzParameterize(f *testing.F) {
+	for _, s := range []string{
+		"UPDATE t SET v = v + 5 WHERE id = 7",
+		"DELETE FROM t WHERE x IN (1.5, .5, 5., 1e3, 2E-7, 007) -- 9",
+		"INSERT INTO t VALUES (1, 'a''2', $$3$$, -4.0e+5, 99999999999999999999)",
+		"update t set a=1;;",
+		"INSERT.00",
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, sql string) {
+		p, _ := Parameterize(sql)
+		if p.SQL == "" {
+			return
+		}
+		if len(p.Types) != len(p.Values) {
+			t.Fatalf("%d types, %d values", len(p.Types), len(p.Values))
+		}
+		orig, err := pg_query.Scan(sql)
+		if err != nil {
+			t.Fatalf("%q was parameterized but does not scan: %v", sql, err)
+		}
+		tmpl, err := pg_query.Scan(p.SQL)
+		if err != nil {
+			t.Fatalf("template %q does not scan: %v", p.SQL, err)
+		}
+		if len(orig.Tokens) != len(tmpl.Tokens) {
+			t.Fatalf("template %q has %d tokens, %q has %d", p.SQL, len(tmpl.Tokens), sql, len(orig.Tokens))
+		}
+		k := 0
+		for i, a := range orig.Tokens {
+			b := tmpl.Tokens[i]
+			at, bt := sql[a.Start:a.End], p.SQL[b.Start:b.End]
+			switch a.Token {
+			case pg_query.Token_ICONST, pg_query.Token_FCONST:
+				k++
+				if b.Token != pg_query.Token_PARAM || bt != "$"+strconv.Itoa(k) || p.Values[k-1] != at {
+					t.Fatalf("template %q: literal %q became %q (value %q)", p.SQL, at, bt, p.Values[k-1])
+				}
+				if literalType(at) != p.Types[k-1] {
+					t.Fatalf("%q typed %d", at, p.Types[k-1])
+				}
+			default:
+				if b.Token != a.Token || bt != at {
+					t.Fatalf("template %q: token %q became %q", p.SQL, at, bt)
+				}
+			}
+		}
+		if k != len(p.Values) {
+			t.Fatalf("%d literals, %d values", k, len(p.Values))
+		}
+	})
+}
