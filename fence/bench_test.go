@@ -60,7 +60,9 @@ func BenchmarkPolicyCacheHit(b *testing.B) {
 
 // BenchmarkPolicyCacheMiss is a guarded UPDATE seen for the first time:
 // every iteration has a new text (as pgbench -M simple sends them), so the
-// rewrite is parsed and built, then added to the LRU (evicting another).
+// text is scanned and parameterized, its template's plan found in the
+// template cache, and the text added to the LRU (evicting another). A text
+// that must be parsed is sqlrewrite's BenchmarkFullRewrite.
 func BenchmarkPolicyCacheMiss(b *testing.B) {
 	p, c := benchPolicy(b)
 	texts := make([]string, 1<<16) // far more than the cache's 4096

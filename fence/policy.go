@@ -4,8 +4,10 @@
 package fence
 
 import (
+	"encoding/binary"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -53,9 +55,13 @@ type Policy struct {
 
 // state is one configuration, swapped as a whole on reload.
 type state struct {
-	cfg    Config
-	rw     *sqlrewrite.Rewriter
-	cache  *lru.Cache[cacheKey, *planned]
+	cfg   Config
+	rw    *sqlrewrite.Rewriter
+	cache *lru.Cache[cacheKey, *planned]
+	// bound holds the plans of parameterized simple-protocol writes (see
+	// sqlrewrite.Parameterize), by template; nil for a template that must
+	// be rewritten as sent.
+	bound  *lru.Cache[string, *planned]
 	probes sync.Map // probe SQL -> *proxy.Probe
 }
 
@@ -93,6 +99,7 @@ func (p *Policy) Reload(cfg Config) error {
 			size = 4096
 		}
 		st.cache, _ = lru.New[cacheKey, *planned](size)
+		st.bound, _ = lru.New[string, *planned](size)
 	}
 	for _, g := range cfg.Guards {
 		p.m.watch(g.Name(), g.Rollout.String(), g.Domain != "")
@@ -142,10 +149,12 @@ func (p *Policy) plan(c *proxy.Client, sql string, mode sqlrewrite.Mode) proxy.P
 		p.m.passthrough.Inc()
 		return proxy.Plan{Forget: mayDeallocate(sql)}
 	}
-	pl := p.rewrite(st, c, sess, sql, mode)
+	forget := mayDeallocate(sql)
+	pl, params := p.rewrite(st, c, sess, sql, mode, forget)
 	res := pl.res
 	plan := pl.plan
-	plan.Forget = mayDeallocate(sql)
+	plan.Forget = forget
+	plan.Params = params
 	switch {
 	case res.Refusal != nil:
 		p.m.refused.Inc()
@@ -194,6 +203,9 @@ func hasFoldPrefix(s, lower string) bool {
 type planned struct {
 	res  *sqlrewrite.Result
 	plan proxy.Plan
+	// params, for a text cached whole whose plan is its template's (see
+	// boundPlan), are the values it binds.
+	params []string
 }
 
 func (p *Policy) newPlanned(st *state, sql string, res *sqlrewrite.Result) *planned {
@@ -215,20 +227,106 @@ func (p *Policy) newPlanned(st *state, sql string, res *sqlrewrite.Result) *plan
 	return pl
 }
 
-// rewrite returns sql's rewrite and plan, from the cache when it can.
-func (p *Policy) rewrite(st *state, c *proxy.Client, sess *session, sql string, mode sqlrewrite.Mode) *planned {
+// rewrite returns sql's rewrite and plan, from the cache when it can. For
+// a simple-protocol write it may instead return the plan of sql's
+// parameterized form with the values to bind to it (see boundPlan).
+func (p *Policy) rewrite(st *state, c *proxy.Client, sess *session, sql string, mode sqlrewrite.Mode, forget bool) (*planned, []string) {
 	if ref := unreadable(c, sql); ref != nil {
-		return p.newPlanned(st, sql, sqlrewrite.Refuse(ref))
+		return p.newPlanned(st, sql, sqlrewrite.Refuse(ref)), nil
 	}
 	key := cacheKey{mode, sql}
 	cacheable := st.cache != nil && len(sql) <= maxCachedText
 	if cacheable {
 		if pl, ok := st.cache.Get(key); ok {
 			p.m.cacheHits.Inc()
-			return pl
+			return pl, pl.params
 		}
+	}
+	if mode == sqlrewrite.Simple && st.bound != nil && !forget && !sess.mayExecute(sql) {
+		par, writes := sqlrewrite.Parameterize(sql)
+		if !writes {
+			// What Rewrite would say, without scanning the text again.
+			p.m.cacheMisses.Inc()
+			text := strings.Clone(sql) // kept: see proxy.Interceptor
+			pl := &planned{res: &sqlrewrite.Result{SQL: text}}
+			if cacheable {
+				st.cache.Add(cacheKey{mode, text}, pl)
+			}
+			return pl, nil
+		}
+		if pl := p.boundPlan(st, c, par); pl != nil {
+			if cacheable { // a text sent again is then a plain cache hit
+				whole := &planned{res: pl.res, plan: pl.plan, params: make([]string, len(par.Values))}
+				for i, v := range par.Values {
+					whole.params[i] = strings.Clone(v)
+				}
+				st.cache.Add(cacheKey{mode, strings.Clone(sql)}, whole)
+			}
+			return pl, par.Values
+		}
+	}
+	if cacheable {
 		p.m.cacheMisses.Inc()
 	}
+	return p.rewriteText(st, c, sess, sql, key, cacheable), nil
+}
+
+// boundPlan returns the plan of a parameterized simple-protocol write, nil
+// when its text must be rewritten as sent. Its literals change with every
+// execution, so the text itself is not cached: the template is, and the
+// proxy prepares its rewrite once per session.
+func (p *Policy) boundPlan(st *state, c *proxy.Client, par sqlrewrite.Parameterized) *planned {
+	if par.SQL == "" || len(par.SQL) > maxCachedText {
+		return nil
+	}
+	key := boundKey(par)
+	if pl, ok := st.bound.Get(key); ok {
+		if pl != nil {
+			p.m.cacheHits.Inc()
+		}
+		return pl
+	}
+	res, ok, err := st.rw.RewriteTemplate(par)
+	if err != nil {
+		p.log.Error("rewriter failed on a parameterized write; rewriting it as sent", "err", err, "client", c.RemoteAddr)
+	}
+	var pl *planned
+	if ok {
+		p.m.cacheMisses.Inc()
+		pl = p.newPlanned(st, par.SQL, res)
+		pl.plan.Reuse = false // Params says it: see proxy.Plan
+		pl.plan.ParamTypes = paramTypes(par.Types)
+	}
+	st.bound.Add(key, pl)
+	return pl
+}
+
+// boundKey is the cache key of a template: its text and parameter types
+// (the same text with a bigger literal binds another type).
+func boundKey(par sqlrewrite.Parameterized) string {
+	var b strings.Builder
+	b.Grow(len(par.SQL) + 1 + 4*len(par.Types))
+	b.WriteString(par.SQL)
+	b.WriteByte(0)
+	for _, t := range par.Types {
+		b.WriteString(strconv.FormatUint(uint64(t), 10))
+		b.WriteByte(',')
+	}
+	return b.String()
+}
+
+// paramTypes encodes the parameter-type section of a Parse message.
+func paramTypes(oids []uint32) []byte {
+	b := binary.BigEndian.AppendUint16(nil, uint16(len(oids)))
+	for _, o := range oids {
+		b = binary.BigEndian.AppendUint32(b, o)
+	}
+	return b
+}
+
+// rewriteText rewrites sql as sent and caches the outcome under key.
+func (p *Policy) rewriteText(st *state, c *proxy.Client, sess *session, sql string, key cacheKey, cacheable bool) *planned {
+	mode := key.mode
 	// The proxy's text is only lent (see proxy.Interceptor): the rewrite
 	// and the cache keep this copy.
 	sql = strings.Clone(sql)

@@ -49,6 +49,17 @@ type Plan struct {
 	// statement after a column change), as a named statement's plan may be
 	// cached where an unnamed one's is not.
 	Reuse bool
+	// ParamTypes, for a Query, says that SQL is one statement returning no
+	// rows, with parameters $1...$n of these types (the parameter-type
+	// section of a Parse message), to run in the extended protocol bound to
+	// the text values Params: the session prepares SQL once under a name of
+	// its own, as for Reuse, so Postgres parses and plans it once rather
+	// than for every Query. The client sees the replies a Query would get.
+	// Probes[0] (if any) runs right after the Execute, as for a Parse.
+	ParamTypes []byte
+	// Params are the values bound for ParamTypes. Like the Query text, they
+	// may share the proxy's read buffer.
+	Params []string
 	// Probes, for a Query, are statements of SQL whose results the proxy
 	// keeps from the client and hands to the Probe instead, by index among
 	// the statements of SQL. For a Parse, Probes[0] (if any) is run by the

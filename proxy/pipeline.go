@@ -19,7 +19,7 @@ const (
 	waitQuery                   // simple Query: statements, then ReadyForQuery
 	waitExecute                 // Execute: ends with CommandComplete, EmptyQueryResponse or PortalSuspended
 	waitProbe                   // an injected probe: probeReplies replies, all kept from the client
-	waitSwallow                 // an injected re-prepare: CloseComplete and ParseComplete, kept from the client
+	waitSwallow                 // messages the proxy sent on its own: want replies (ParseComplete, BindComplete, CloseComplete), kept from the client
 	waitParse                   // Parse: ends with ParseComplete
 )
 
@@ -29,10 +29,10 @@ type wait struct {
 	stmt   int          // waitQuery: index of the statement now replying
 	probe  *Probe       // waitProbe
 	seen   int          // waitProbe, waitSwallow: replies consumed
-	want   int          // waitProbe: replies expected
+	want   int          // waitProbe, waitSwallow: replies expected
 	ready  *atomic.Bool // waitProbe that prepares: set once Postgres has the statement
 	row    [][]byte     // probe row, once received
-	reuse  *serverStmt  // waitParse preparing a statement the proxy reuses
+	reuse  *serverStmt  // waitParse, waitSwallow: preparing a statement the proxy reuses
 }
 
 // dropped notes that w will get no reply: the server skipped its message.
@@ -125,9 +125,7 @@ func (p *pipeline) ready() {
 	defer p.unlock()
 	for p.h < len(p.q) {
 		k := p.q[p.h].kind
-		if k == waitParse {
-			p.q[p.h].dropped() // unanswered, so the server skipped it
-		}
+		p.q[p.h].dropped() // unanswered, so the server skipped it
 		p.drop()
 		if k == waitReady || k == waitQuery {
 			return

@@ -137,3 +137,75 @@ func (s *session) forgetReused() {
 	clear(s.reused)
 	s.unnamed = nil
 }
+
+// A simple Query whose Plan has ParamTypes runs as a prepared statement:
+// the proxy sends Parse (unless the session's backend has the statement),
+// Bind, Execute, the probe and Sync in its place, and keeps ParseComplete
+// and BindComplete from the client, which sees what its Query would get:
+// CommandComplete (or an error) and ReadyForQuery. A simple Query runs in
+// an implicit transaction that ends with it, as this one does at its Sync.
+
+// syncMessage is a Sync.
+var syncMessage = []byte{'S', 0, 0, 0, 4}
+
+// queryBound sends a Query's Plan.SQL as a prepared statement bound to
+// Plan.Params.
+func (s *session) queryBound(plan Plan) error {
+	ss := s.reused[plan.SQL]
+	if ss != nil && !bytes.Equal(ss.params, plan.ParamTypes) {
+		ss = nil
+	}
+	name := ""
+	swallow := &wait{kind: waitSwallow, want: 2} // ParseComplete, BindComplete
+	switch {
+	case ss != nil && ss.state.Load() == stmtReady:
+		name, swallow.want = ss.name, 1
+	case ss != nil && ss.state.Load() == stmtPending, ss == nil && s.reuses == maxReused:
+		// Parse it unnamed: the pending Parse may yet fail, or the session
+		// prepared all it may.
+	default:
+		if ss == nil {
+			s.reuses++
+			ss = &serverStmt{name: reusePrefix + strconv.Itoa(s.reuses), params: bytes.Clone(plan.ParamTypes)}
+			if s.reused == nil {
+				s.reused = make(map[string]*serverStmt)
+			}
+			s.reused[plan.SQL] = ss
+		}
+		ss.state.Store(stmtPending)
+		name, swallow.reuse = ss.name, ss
+	}
+	s.pipe.push(swallow)
+	if swallow.want == 2 {
+		s.out = append(append(s.out[:0], 'P', 0, 0, 0, 0), name...)
+		s.out = append(append(append(s.out, 0), plan.SQL...), 0)
+		s.out = append(s.out, plan.ParamTypes...)
+		binary.BigEndian.PutUint32(s.out[1:5], uint32(len(s.out)-1))
+		if _, err := s.sw.Write(s.out); err != nil {
+			return err
+		}
+	}
+	// Bind the unnamed portal, all values in text, all results in text.
+	s.out = append(append(s.out[:0], 'B', 0, 0, 0, 0, 0), name...)
+	s.out = append(s.out, 0, 0, 0)
+	s.out = binary.BigEndian.AppendUint16(s.out, uint16(len(plan.Params)))
+	for _, v := range plan.Params {
+		s.out = binary.BigEndian.AppendUint32(s.out, uint32(len(v)))
+		s.out = append(s.out, v...)
+	}
+	s.out = append(s.out, 0, 0)
+	binary.BigEndian.PutUint32(s.out[1:5], uint32(len(s.out)-1))
+	s.out = append(s.out, 'E', 0, 0, 0, 9, 0, 0, 0, 0, 0) // Execute the unnamed portal, all rows
+	if _, err := s.sw.Write(s.out); err != nil {
+		return err
+	}
+	s.pipe.push(executeWait)
+	if p := plan.probe(); p != nil {
+		if err := s.injectProbe(p); err != nil {
+			return err
+		}
+	}
+	s.pipe.push(readyWait)
+	_, err := s.sw.Write(syncMessage)
+	return err
+}

@@ -299,6 +299,9 @@ func (s *session) query(n int) error {
 	delete(s.stmts, "")
 	delete(s.portals, "")
 	s.unnamed = nil
+	if plan.ParamTypes != nil {
+		return s.queryBound(plan)
+	}
 	if len(plan.Probes) > 0 {
 		s.pipe.push(&wait{kind: waitQuery, probes: plan.Probes})
 	} else {
@@ -430,7 +433,7 @@ func (s *session) replan(name string, st *prepared) error {
 		sql = st.text
 	}
 	s.log.Debug("re-preparing a statement after a configuration change", "statement", name)
-	s.pipe.push(&wait{kind: waitSwallow})
+	s.pipe.push(&wait{kind: waitSwallow, want: 2})
 	out, _ := (&pgproto3.Close{ObjectType: 'S', Name: name}).Encode(s.out[:0])
 	s.out = out
 	if _, err := s.sw.Write(out); err != nil {
@@ -753,16 +756,23 @@ func (s *session) probeReply(w *wait, typ byte, n int) error {
 	return nil
 }
 
-// swallowReply keeps the replies to an injected re-prepare from the client.
+// swallowReply keeps the replies to messages the proxy sent on its own
+// (a re-prepare, or the Parse and Bind of a bound Query) from the client.
 func (s *session) swallowReply(w *wait, typ byte, n int) error {
 	switch typ {
-	case '3', '1': // CloseComplete, ParseComplete
-		if w.seen++; w.seen == 2 {
-			s.pipe.pop()
+	case '1': // ParseComplete
+		if w.reuse != nil {
+			w.reuse.state.Store(stmtReady)
+			w.reuse = nil // an error now is the Bind's: the statement stays
 		}
-		return skip(s.sr, n)
+	case '2', '3': // BindComplete, CloseComplete
+	default:
+		return s.reply(w, typ, n)
 	}
-	return s.reply(w, typ, n)
+	if w.seen++; w.seen == w.want {
+		s.pipe.pop()
+	}
+	return skip(s.sr, n)
 }
 
 // queryProbeReply handles a reply to a probe statement inside a simple Query.

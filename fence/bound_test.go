@@ -1,0 +1,186 @@
+package fence_test
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/pgfence/pgfence/internal/pgtest"
+)
+
+// A simple-protocol write runs as a statement prepared once per session
+// with its numeric literals bound as parameters (sqlrewrite.Parameterize),
+// and means exactly what the text does.
+
+// simpleMode connects with pgx sending every statement as a simple Query,
+// its arguments written into the text as literals.
+func simpleMode(t *testing.T, p *pgtest.Proxy) *pgx.Conn {
+	return p.Connect(t, "default_query_exec_mode=simple_protocol")
+}
+
+func TestBoundSimpleWrites(t *testing.T) {
+	tbl := table(t, [3]any{1, "v", 5}, [3]any{2, "w", 5})
+	pgtest.Exec(t, pgtest.Direct(t), "ALTER TABLE "+tbl+" ADD n int NOT NULL DEFAULT 0, ADD big bigint, ADD amount numeric")
+	p := pgtest.StartProxy(t, []string{tbl})
+	c := simpleMode(t, p)
+	pgtest.Exec(t, c, "SET fence.token = '10'")
+	for i := range 6 {
+		// The last text twice: the second time a plain cache hit.
+		sql := fmt.Sprintf("UPDATE %s SET n = n + %d WHERE id = 1", tbl, min(i+1, 5))
+		if tag := pgtest.Exec(t, c, sql); tag != "UPDATE 1" {
+			t.Fatalf("%s: %s", sql, tag)
+		}
+	}
+	n, text := reused(t, c)
+	if n != 1 || !strings.Contains(text, "n = n + $1 WHERE (id = $2)") || !strings.Contains(text, "fence_epoch") {
+		t.Fatalf("%d statements prepared (want 1, the fenced template): %q", n, text)
+	}
+	var sum, epoch int
+	if err := pgtest.Direct(t).QueryRow(ctx, "SELECT n, fence_epoch FROM "+tbl+" WHERE id = 1").Scan(&sum, &epoch); err != nil || sum != 20 || epoch != 10 {
+		t.Fatalf("row 1: n = %d at epoch %d (%v), want 20 at 10", sum, epoch, err)
+	}
+
+	// Stale writes change nothing and are counted.
+	pgtest.Exec(t, c, "SET fence.token = '3'")
+	for i := range 2 {
+		if tag := pgtest.Exec(t, c, fmt.Sprintf("UPDATE %s SET n = %d WHERE id = 2", tbl, 100+i)); tag != "UPDATE 0" {
+			t.Fatalf("stale write %d: %s", i, tag)
+		}
+		if got := rejects(t, p, tbl); got != float64(i+1) {
+			t.Fatalf("rejects %v after stale write %d", got, i)
+		}
+	}
+	pgtest.Exec(t, c, "SET fence.token = '12'")
+
+	// Each literal keeps the type Postgres gives it.
+	check := func(sql, col, want string) {
+		t.Helper()
+		if tag := pgtest.Exec(t, c, sql); tag != "UPDATE 1" {
+			t.Fatalf("%s: %s", sql, tag)
+		}
+		var got string
+		if err := pgtest.Direct(t).QueryRow(ctx, "SELECT "+col+"::text FROM "+tbl+" WHERE id = 2").Scan(&got); err != nil || got != want {
+			t.Fatalf("%s: %s is %q (%v), want %q", sql, col, got, err, want)
+		}
+	}
+	check("UPDATE "+tbl+" SET big = 3000000000 WHERE id = 2", "big", "3000000000")
+	check("UPDATE "+tbl+" SET amount = 1.50 WHERE id = 2", "amount", "1.50")
+	check("UPDATE "+tbl+" SET amount = 25e-1 WHERE id = 2", "amount", "2.5")
+	check("UPDATE "+tbl+" SET amount = 99999999999999999999 + .5 WHERE id = 2", "amount", "99999999999999999999.5")
+	check("UPDATE "+tbl+" SET n = -7 WHERE id = 2", "n", "-7")
+	check("UPDATE "+tbl+" SET val = 7 / 2 || '' WHERE id = 2", "val", "3") // int4 division
+	check("UPDATE "+tbl+" SET val = 7.0 / 2 || '' WHERE id = 2", "val", "3.5000000000000000")
+	// A type modifier must be a constant: that text is rewritten as sent.
+	check("UPDATE "+tbl+" SET amount = 1.239::numeric(10,2) WHERE id = 2", "amount", "1.24")
+	// A column position stays a column position.
+	check("UPDATE "+tbl+" SET n = (SELECT id FROM "+tbl+" ORDER BY 1 DESC LIMIT 1) WHERE id = 2", "n", "2")
+	check("UPDATE "+tbl+" SET n = 3 WHERE id = 2 ; ", "n", "3")
+	// int4 arithmetic still overflows as int4.
+	_, err := c.Exec(ctx, "UPDATE "+tbl+" SET big = 2147483647 + 1 WHERE id = 2")
+	if e := pgErr(t, err); e.Code != "22003" {
+		t.Fatalf("int4 overflow: %v, want 22003", err)
+	}
+	if tag := pgtest.Exec(t, c, "INSERT INTO "+tbl+" (id, val, n) VALUES (3, 'new', 4)"); tag != "INSERT 0 1" {
+		t.Fatalf("INSERT: %s", tag)
+	}
+	if val, epoch := row(t, tbl, 3); val != "new" || epoch != 12 {
+		t.Fatalf("inserted row: %q at epoch %d, want the token stamped", val, epoch)
+	}
+	if tag := pgtest.Exec(t, c, "DELETE FROM "+tbl+" WHERE id = 3"); tag != "DELETE 1" {
+		t.Fatalf("DELETE: %s", tag)
+	}
+
+	// A missing or bad token fails with pgfence's error, here too.
+	for token, code := range map[string]string{"": "55000", "x1": "22023"} {
+		pgtest.Exec(t, c, "SET fence.token = '"+token+"'")
+		_, err := c.Exec(ctx, "UPDATE "+tbl+" SET n = 1 WHERE id = 99")
+		if e := pgErr(t, err); e.Code != code {
+			t.Fatalf("token %q: %v, want %s", token, err, code)
+		}
+	}
+
+	// In a transaction block an error aborts the block, as it would.
+	pgtest.Exec(t, c, "BEGIN")
+	_, err = c.Exec(ctx, "UPDATE "+tbl+" SET n = 1 / 0 WHERE id = 1")
+	if e := pgErr(t, err); e.Code != "22012" {
+		t.Fatalf("division by zero: %v", err)
+	}
+	_, err = c.Exec(ctx, "UPDATE "+tbl+" SET n = 1 WHERE id = 1")
+	if e := pgErr(t, err); e.Code != "25P02" {
+		t.Fatalf("write in an aborted block: %v, want 25P02", err)
+	}
+	pgtest.Exec(t, c, "ROLLBACK")
+	pgtest.Exec(t, c, "SET fence.token = '13'")
+	if tag := pgtest.Exec(t, c, "UPDATE "+tbl+" SET n = 5 WHERE id = 1"); tag != "UPDATE 1" {
+		t.Fatalf("after the block: %s", tag)
+	}
+	// One statement per template and parameter types: not the typmod or
+	// ORDER BY texts, two for "val = $1 / $2 || ''" (int4 and numeric).
+	if n, _ := reused(t, c); n != 13 {
+		t.Fatalf("%d statements prepared, want 13", n)
+	}
+}
+
+// The client sees exactly what a Query gets: no ParseComplete or
+// BindComplete of the proxy's own messages.
+func TestBoundSimpleWriteProtocol(t *testing.T) {
+	tbl := table(t, [3]any{1, "v", 5})
+	p := pgtest.StartProxy(t, []string{tbl})
+	conn, fe := pgtest.RawSession(t, p.Addr)
+	conn.SetDeadline(time.Now().Add(20 * time.Second))
+	// expect sends Queries and checks the replies up to the ReadyForQuery
+	// of the last one.
+	expect := func(sqls []string, want ...string) {
+		t.Helper()
+		for _, sql := range sqls {
+			fe.Send(&pgproto3.Query{String: sql})
+		}
+		if err := fe.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for ready := 0; ready < len(sqls); {
+			m, err := fe.Receive()
+			if err != nil {
+				t.Fatalf("%s: after %v: %v", sqls, got, err)
+			}
+			typ := strings.TrimPrefix(fmt.Sprintf("%T", m), "*pgproto3.")
+			if e, ok := m.(*pgproto3.ErrorResponse); ok {
+				typ += " " + e.Code
+			}
+			got = append(got, typ)
+			if typ == "ReadyForQuery" {
+				ready++
+			}
+		}
+		if strings.Join(got, ", ") != strings.Join(want, ", ") {
+			t.Fatalf("%s: got %v, want %v", sqls, got, want)
+		}
+	}
+	one := func(sql string) []string { return []string{sql} }
+	expect(one("SET fence.token = '20'"), "CommandComplete", "ReadyForQuery")
+	for i := range 3 { // prepares, then binds the prepared statement
+		expect(one(fmt.Sprintf("UPDATE %s SET val = 'x' WHERE id = %d", tbl, 1+i)), "CommandComplete", "ReadyForQuery")
+	}
+	expect(one("UPDATE "+tbl+" SET val = 'x' WHERE id = 1 / 0"), "ErrorResponse 22012", "ReadyForQuery")
+	expect(one("UPDATE "+tbl+" SET nope = 1 WHERE id = 1"), "ErrorResponse 42703", "ReadyForQuery")
+	expect(one("UPDATE "+tbl+" SET nope = 1 WHERE id = 1"), "ErrorResponse 42703", "ReadyForQuery") // its Parse failed: prepared again
+	expect(one("UPDATE "+tbl+" SET val = 'y' WHERE id = 1"), "CommandComplete", "ReadyForQuery")
+	if val, epoch := row(t, tbl, 1); val != "y" || epoch != 20 {
+		t.Fatalf("row 1: %q at epoch %d", val, epoch)
+	}
+	// Queries sent without waiting each get their own replies.
+	expect([]string{
+		"UPDATE " + tbl + " SET val = 'p1' WHERE id = 1",
+		"UPDATE " + tbl + " SET val = 'p2' WHERE id = 1 / 0",
+		"UPDATE " + tbl + " SET val = 'p3' WHERE id = 1",
+	},
+		"CommandComplete", "ReadyForQuery", "ErrorResponse 22012", "ReadyForQuery", "CommandComplete", "ReadyForQuery")
+	if val, _ := row(t, tbl, 1); val != "p3" {
+		t.Fatalf("row 1 after the pipelined queries: %q", val)
+	}
+}
