@@ -273,8 +273,8 @@ func (p *Policy) rewrite(st *state, c *proxy.Client, sess *session, sql string, 
 
 // boundPlan returns the plan of a parameterized simple-protocol write, nil
 // when its text must be rewritten as sent. Its literals change with every
-// execution, so the text itself is not cached: the template is, and the
-// proxy prepares its rewrite once per session.
+// execution, so the plan is cached by template, where a text with new
+// literals finds it, and the proxy prepares its rewrite once per session.
 func (p *Policy) boundPlan(st *state, c *proxy.Client, par sqlrewrite.Parameterized) *planned {
 	if par.SQL == "" || len(par.SQL) > maxCachedText {
 		return nil
