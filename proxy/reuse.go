@@ -175,15 +175,12 @@ func (s *session) queryBound(plan Plan) error {
 		ss.state.Store(stmtPending)
 		name, swallow.reuse = ss.name, ss
 	}
-	s.pipe.push(swallow)
 	if swallow.want == 2 {
-		s.out = append(append(s.out[:0], 'P', 0, 0, 0, 0), name...)
-		s.out = append(append(append(s.out, 0), plan.SQL...), 0)
-		s.out = append(s.out, plan.ParamTypes...)
-		binary.BigEndian.PutUint32(s.out[1:5], uint32(len(s.out)-1))
-		if _, err := s.sw.Write(s.out); err != nil {
+		if err := s.parseAs(name, plan.SQL, plan.ParamTypes, swallow); err != nil {
 			return err
 		}
+	} else {
+		s.pipe.push(swallow)
 	}
 	// Bind the unnamed portal, all values in text, all results in text.
 	s.out = append(append(s.out[:0], 'B', 0, 0, 0, 0, 0), name...)

@@ -25,7 +25,7 @@ func TestParameterize(t *testing.T) {
 			want: "update t set a = -$1, b = $2 where c = $3", types: []uint32{oidInt8, oidInt4, oidNumeric},
 			values: []string{"2147483648", "2147483647", "9223372036854775808"}},
 		{sql: "DELETE FROM t WHERE x IN (1.5, .5, 5., 1e3, 2E-7, 007)", writes: true,
-			want: "DELETE FROM t WHERE x IN ($1, $2, $3, $4, $5, $6)",
+			want:  "DELETE FROM t WHERE x IN ($1, $2, $3, $4, $5, $6)",
 			types: []uint32{oidNumeric, oidNumeric, oidNumeric, oidNumeric, oidNumeric, oidInt4}, values: []string{"1.5", ".5", "5.", "1e3", "2E-7", "007"}},
 		// Literals in strings, identifiers and comments stay; so does the
 		// rest of the text, byte for byte.
@@ -72,9 +72,9 @@ func TestRewriteTemplate(t *testing.T) {
 		{"UPDATE t SET a = 1 WHERE id = 2", true},
 		{"DELETE FROM t WHERE id = 2", true},
 		{"INSERT INTO t (id) VALUES (2)", true},
-		{"UPDATE t SET a = 1 WHERE id = 2 RETURNING a", false},      // returns rows
-		{"UPDATE u SET a = 1 WHERE id = 2", false},                  // not guarded
-		{"UPDATE o SET a = 1 WHERE id = 2", false},                  // observed: sent as written
+		{"UPDATE t SET a = 1 WHERE id = 2 RETURNING a", false},       // returns rows
+		{"UPDATE u SET a = 1 WHERE id = 2", false},                   // not guarded
+		{"UPDATE o SET a = 1 WHERE id = 2", false},                   // observed: sent as written
 		{"UPDATE t SET a = 1.5::numeric(10, 2) WHERE id = 2", false}, // typmod
 		{"UPDATE t SET a = CAST(1 AS varchar(3)) WHERE id = 2", false},
 		{"UPDATE t SET fence_epoch = 1 WHERE id = 2", false}, // refused
