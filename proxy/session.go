@@ -390,7 +390,7 @@ func (s *session) bind(n int) error {
 	}
 	var p *Probe
 	if st := s.stmts[string(stmt)]; st != nil {
-		if err := s.replan(string(stmt), st); err != nil {
+		if err := s.replan(stmt, st); err != nil {
 			return err
 		}
 		p = st.probe
@@ -412,13 +412,16 @@ func (s *session) bind(n int) error {
 // replan plans a statement prepared under an older configuration again.
 // If what should be sent for it changed (a table became guarded, say), the
 // statement is re-prepared under its own name before the Bind, so a
-// configuration change reaches statements prepared before it.
-func (s *session) replan(name string, st *prepared) error {
+// configuration change reaches statements prepared before it. stmt is
+// the statement's name as the Bind holds it: made a string only here, off
+// the path of every Bind.
+func (s *session) replan(stmt []byte, st *prepared) error {
 	ic := s.srv.cfg.Interceptor
 	gen := ic.Generation()
 	if st.gen == gen {
 		return nil
 	}
+	name := string(stmt)
 	plan := ic.Parse(s.c, st.text)
 	st.gen, st.probe = gen, plan.probe()
 	if plan.SQL == st.sent {
