@@ -432,6 +432,15 @@ func TestUnreadableSessionsFailClosed(t *testing.T) {
 	if pe := pgErr(t, err); pe.Code != "0A000" || !strings.Contains(pe.Message, "standard_conforming_strings") {
 		t.Fatalf("scs off: %s %q", pe.Code, pe.Message)
 	}
+	// A text that spells no write keyword cannot write, however it is read.
+	rs, err := c.PgConn().Exec(ctx, "SELECT val FROM "+tbl+" WHERE id = 1").ReadAll()
+	if err != nil || len(rs) != 1 || len(rs[0].Rows) != 1 || string(rs[0].Rows[0][0]) != "v" {
+		t.Fatalf("scs off, a query: %v %v", rs, err)
+	}
+	_, err = c.PgConn().Exec(ctx, "SELECT val FROM "+tbl+" WHERE val = 'no update'").ReadAll()
+	if pe := pgErr(t, err); pe.Code != "0A000" {
+		t.Fatalf("scs off, a query spelling a write keyword: %s %q", pe.Code, pe.Message)
+	}
 	pgtest.Exec(t, c, "SET standard_conforming_strings = on")
 	pgtest.Exec(t, c, "SET client_encoding = 'LATIN1'")
 	_, err = c.PgConn().Exec(ctx, "UPDATE "+tbl+" SET val = 'caf\xe9' WHERE id = 1").ReadAll()

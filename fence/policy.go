@@ -145,7 +145,7 @@ func (p *Policy) Parse(c *proxy.Client, sql string) proxy.Plan {
 func (p *Policy) plan(c *proxy.Client, sql string, mode sqlrewrite.Mode) proxy.Plan {
 	st := p.state.Load()
 	sess := sessionOf(c)
-	if !st.rw.MayTouch(sql) && !sess.mayExecute(sql) {
+	if !st.rw.MayTouch(sql) && !sess.mayExecute(sql) || readOnly(c, sql) {
 		p.m.passthrough.Inc()
 		return proxy.Plan{Forget: mayDeallocate(sql)}
 	}
@@ -176,6 +176,20 @@ func (p *Policy) plan(c *proxy.Client, sql string, mode sqlrewrite.Mode) proxy.P
 		}
 	}
 	return plan
+}
+
+// readOnly reports, without scanning, that sql spells no write keyword
+// (see sqlrewrite.MayWrite): a query of a guarded table, which then needs
+// neither the rewriter nor the cache. Postgres converts other client
+// encodings to UTF8 before it parses, so the bytes are taken for what the
+// server reads only in an encoding that needs no conversion, or when they
+// are all ASCII.
+func readOnly(c *proxy.Client, sql string) bool {
+	if sqlrewrite.MayWrite(sql) {
+		return false
+	}
+	enc := c.ClientEncoding()
+	return enc == "UTF8" || enc == "SQL_ASCII" || isASCII(sql)
 }
 
 // mayDeallocate reports, conservatively, whether sql could drop prepared

@@ -3,6 +3,8 @@ package sqlrewrite
 import (
 	"path/filepath"
 	"testing"
+
+	pg_query "github.com/pganalyze/pg_query_go/v6"
 )
 
 // fuzzRewriter builds the fuzzing configuration: four guards whose rollouts
@@ -92,4 +94,34 @@ func rewriteAndVerify(t *testing.T, sql string, prepared bool, rws ...*Rewriter)
 			}
 		}
 	}
+}
+
+// FuzzMayWrite checks that the prefilter never misses a write keyword the
+// scanner finds, and that Rewrite passes a text it clears unchanged.
+func FuzzMayWrite(f *testing.F) {
+	for _, s := range []string{
+		"SELECT * FROM accounts WHERE id = 1",
+		"UPDATE accounts SET v = 1",
+		"select 'x' || $$update$$ from t /* insert */",
+		"Copy t to stdout",
+		"SELECT U&\"d\\0065lete\" FROM accounts",
+		"EXECUTE q",
+	} {
+		f.Add(s)
+	}
+	r := fuzzRewriter(f, 0)
+	f.Fuzz(func(t *testing.T, sql string) {
+		if MayWrite(sql) {
+			return
+		}
+		if scan, err := pg_query.Scan(sql); err == nil && hasWriteKeyword(scan.Tokens) {
+			t.Fatalf("MayWrite(%q) = false, but the scanner finds a write keyword", sql)
+		}
+		for _, s := range []Session{nil, fuzzSession} {
+			res, err := r.Rewrite(sql, Simple, s)
+			if err != nil || res.SQL != sql || res.Refusal != nil || len(res.Probes) > 0 {
+				t.Fatalf("Rewrite(%q) = %+v, %v; want it unchanged", sql, res, err)
+			}
+		}
+	})
 }

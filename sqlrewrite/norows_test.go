@@ -42,7 +42,7 @@ func TestNoRows(t *testing.T) {
 
 // A text without a write keyword outside its literals, identifiers and
 // comments is passed without a parse; one with any goes to the parser.
-func TestMayWrite(t *testing.T) {
+func TestHasWriteKeyword(t *testing.T) {
 	mayWrite := func(sql string) bool {
 		scan, err := pg_query.Scan(sql)
 		return err != nil || hasWriteKeyword(scan.Tokens)

@@ -60,6 +60,9 @@ const maxParams = 1000
 // predicate cannot be proved from a parameter). RewriteTemplate makes the
 // final decision, on the parse tree.
 func Parameterize(sql string) (p Parameterized, writes bool) {
+	if !MayWrite(sql) {
+		return p, false
+	}
 	scan, err := pg_query.Scan(sql)
 	if err != nil {
 		return p, true

@@ -45,6 +45,9 @@ func (r *Rewriter) Rewrite(sql string, mode Mode, s Session) (*Result, error) {
 	if !r.MayTouch(sql) && (s == nil || !containsFold(sql, "execute")) {
 		return &Result{SQL: sql}, nil
 	}
+	if !MayWrite(sql) {
+		return &Result{SQL: sql}, nil
+	}
 	if strings.IndexByte(sql, 0) >= 0 {
 		// The parser would stop at the NUL and leave the rest unchecked.
 		return refused(syntaxError("query text contains a NUL byte")), nil
@@ -89,6 +92,39 @@ func (r *Rewriter) Rewrite(sql string, mode Mode, s Session) (*Result, error) {
 var writeKeywords = [...]pg_query.Token{
 	pg_query.Token_INSERT, pg_query.Token_UPDATE, pg_query.Token_DELETE_P, pg_query.Token_MERGE,
 	pg_query.Token_TRUNCATE, pg_query.Token_COPY, pg_query.Token_EXECUTE,
+}
+
+// MayWrite is a conservative, allocation-free prefilter for the scanner's
+// hasWriteKeyword: it returns false only when no write keyword is spelled
+// anywhere in sql, ignoring ASCII case, as the scanner folds keywords. A
+// keyword token is always spelled out whole, so such a text holds none and
+// passes unchanged, whatever its literals, comments and quoting.
+func MayWrite(sql string) bool {
+	for i := 0; i < len(sql); i++ {
+		var kw string
+		switch sql[i] | 0x20 { // ASCII lower case; other bytes match no case below
+		case 'i':
+			kw = "insert"
+		case 'u':
+			kw = "update"
+		case 'd':
+			kw = "delete"
+		case 'm':
+			kw = "merge"
+		case 't':
+			kw = "truncate"
+		case 'c':
+			kw = "copy"
+		case 'e':
+			kw = "execute"
+		default:
+			continue
+		}
+		if len(sql)-i >= len(kw) && equalFoldASCII(sql[i+1:i+len(kw)], kw[1:]) {
+			return true
+		}
+	}
+	return false
 }
 
 // hasWriteKeyword reports whether tokens hold a write keyword.

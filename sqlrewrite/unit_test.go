@@ -399,3 +399,41 @@ func TestMayTouchMissAllocs(t *testing.T) {
 		t.Errorf("MayTouch allocates %v times", n)
 	}
 }
+
+func TestMayWrite(t *testing.T) {
+	cases := []struct {
+		sql  string
+		want bool
+	}{
+		{"SELECT abalance FROM accounts WHERE aid = 7", false},
+		{"SELECT * FROM accounts FOR SHARE", false},
+		{"", false},
+		{"UPDATE accounts SET v = 1", true},
+		{"uPdAtE accounts SET v = 1", true},
+		{"insert into t values (1)", true},
+		{"DELETE FROM t", true},
+		{"MERGE INTO t USING s ON true WHEN MATCHED THEN DO NOTHING", true},
+		{"TRUNCATE t", true},
+		{"COPY t FROM STDIN", true},
+		{"EXECUTE p(1)", true},
+		{"SELECT * FROM t FOR UPDATE", true},
+		// Conservative: any spelling counts, in a literal, comment or name.
+		{"SELECT 'update' FROM t", true},
+		{"SELECT 1 /* delete */", true},
+		{"SELECT copyright FROM t", true},
+		{"SELECT * FROM updates", true},
+		// Split or accented spellings are not the keyword.
+		{"SELECT upd/**/ate FROM t", false},
+		{"SELECT d\u00e9lete FROM t", false},
+		{"SELECT inser", false},
+		{"SELECT 1 -- execut", false},
+	}
+	for _, c := range cases {
+		if got := MayWrite(c.sql); got != c.want {
+			t.Errorf("MayWrite(%q) = %v, want %v", c.sql, got, c.want)
+		}
+	}
+	if n := testing.AllocsPerRun(100, func() { MayWrite("SELECT abalance FROM accounts WHERE aid = 7") }); n != 0 {
+		t.Errorf("MayWrite allocates %v times", n)
+	}
+}
