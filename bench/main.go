@@ -300,6 +300,33 @@ func (r *runner) interleaveModes(section string, modes []string, ms []measuremen
 	return out, nil
 }
 
+// equalLoad runs select-only through PgBouncer and pgfence at one rate
+// per mode (pgbench -R), 80% of the slower proxy's median throughput in
+// section 1, so that their CPU per transaction is compared for the same
+// work. Unthrottled, the proxy that answers sooner has the processes
+// around it sleep and wake more often per transaction, and waking them is
+// charged to it.
+func (r *runner) equalLoad(sel map[string]map[string]series) (map[string]map[string]series, map[string]int, error) {
+	out, rates := map[string]map[string]series{}, map[string]int{}
+	for _, mode := range modes {
+		rate := int(0.8 * min(sel[mode]["PgBouncer"].tps(), sel[mode]["pgfence"].tps()))
+		if rate < 1 {
+			return nil, nil, fmt.Errorf("select-only -M %s: no throughput to base a rate on", mode)
+		}
+		rates[mode] = rate
+		w := []string{"-S", "-R", strconv.Itoa(rate)}
+		res, err := r.interleaveModes("select-only at equal load", []string{mode}, []measurement{
+			{"PgBouncer", r.pgbouncer, w},
+			{"pgfence", r.pgfencePlain, w},
+		})
+		if err != nil {
+			return nil, nil, err
+		}
+		out[mode] = res[mode]
+	}
+	return out, rates, nil
+}
+
 func rejectNote(t target, res run) string {
 	if t.metrics == "" || res.rejects == 0 {
 		return ""
@@ -355,6 +382,11 @@ func (r *runner) bench() error {
 		{"pgfence guarded", r.pgfenceGuard, sel},
 	})
 	if err != nil {
+		return err
+	}
+
+	// 1b. Select-only at equal load.
+	if rep.selectEqual, rep.selectRate, err = r.equalLoad(rep.selectOnly); err != nil {
 		return err
 	}
 

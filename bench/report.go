@@ -27,6 +27,8 @@ type report struct {
 	elapsed               time.Duration
 
 	selectOnly, writes, storm map[string]map[string]series
+	selectEqual               map[string]map[string]series // select-only at selectRate, PgBouncer and pgfence
+	selectRate                map[string]int               // pgbench -R, by mode
 	domain                    map[string]map[string]series // lock-domain cost, -M prepared
 	memPgfence, memPgBouncer  memResult
 	goBench                   []*goBench
@@ -159,6 +161,21 @@ func (r *report) render() string {
 	}
 	p("%s\nThe same through a pgfence guarding pgbench_accounts (every SELECT names it, so none is passed by the prefilter):\n\n%s\n",
 		t1.String(), t1g.String())
+	if r.selectEqual != nil {
+		var t1e table
+		t1e.add("mode", "rate (pgbench -R)", "PgBouncer tps", "pgfence tps", "PgBouncer CPU µs/txn", "pgfence CPU µs/txn",
+			"pgfence/PgBouncer CPU")
+		for _, mode := range modes {
+			s := r.selectEqual[mode]
+			pb, pf := s["PgBouncer"], s["pgfence"]
+			t1e.add(mode, fmt.Sprint(r.selectRate[mode]), f0(pb.tps()), f0(pf.tps()), f1(pb.cpuUs()), f1(pf.cpuUs()),
+				f2(pf.cpuUs()/pb.cpuUs()))
+			targets.add(fmt.Sprintf("select-only -M %s at equal load (-R %d): pgfence CPU/txn <= PgBouncer's", mode, r.selectRate[mode]),
+				fmt.Sprintf("%.1f vs %.1f µs", pf.cpuUs(), pb.cpuUs()), yes(pf.cpuUs() <= pb.cpuUs()))
+		}
+		p("The same at equal load: both proxies at one rate, 80%% of the slower one's median tps above, so their CPU per "+
+			"transaction is compared for the same work:\n\n%s\n", t1e.String())
+	}
 
 	// 2. Fenced writes.
 	p("### 2. Fenced writes (SET fence.token + UPDATE pgbench_accounts per transaction)\n\n")
@@ -255,7 +272,7 @@ func (r *report) render() string {
 	for _, sec := range []struct {
 		name string
 		m    map[string]map[string]series
-	}{{"select-only", r.selectOnly}, {"fenced writes", r.writes}, {"stale storm", r.storm}} {
+	}{{"select-only", r.selectOnly}, {"equal load", r.selectEqual}, {"fenced writes", r.writes}, {"stale storm", r.storm}} {
 		for _, mode := range modes {
 			for _, s := range sortedSeries(sec.m[mode]) {
 				var parts []string
