@@ -124,6 +124,14 @@ func (o *outbuf) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+func (o *outbuf) WriteByte(c byte) error {
+	if o.b == nil {
+		o.b = o.pool.get()[:0]
+	}
+	o.b = append(o.b, c)
+	return nil
+}
+
 // Flush is the loop's to do, once it has relayed all it read.
 func (o *outbuf) Flush() error { return nil }
 

@@ -20,6 +20,7 @@ type msgReader interface {
 // buffered.
 type msgWriter interface {
 	Write(p []byte) (int, error)
+	WriteByte(c byte) error
 	Flush() error
 }
 
@@ -121,10 +122,14 @@ func cstring(b []byte) (s, rest []byte, err error) {
 
 // writeMessage writes a message of type typ with body b.
 func writeMessage(w msgWriter, typ byte, b []byte) error {
-	var h [5]byte
-	h[0] = typ
-	binary.BigEndian.PutUint32(h[1:], uint32(len(b)+4))
-	w.Write(h[:])
+	// Byte by byte: a header array handed to an interface's Write would
+	// be allocated on the heap, once per message.
+	n := uint32(len(b) + 4)
+	w.WriteByte(typ)
+	w.WriteByte(byte(n >> 24))
+	w.WriteByte(byte(n >> 16))
+	w.WriteByte(byte(n >> 8))
+	w.WriteByte(byte(n))
 	_, err := w.Write(b)
 	return err
 }

@@ -79,13 +79,16 @@ func (p *pipeline) push(w *wait) {
 	p.unlock()
 }
 
+// head is the oldest wait, nil if none. It is called for every server
+// message, so it unlocks without a defer.
 func (p *pipeline) head() *wait {
 	p.lock()
-	defer p.unlock()
-	if p.h == len(p.q) {
-		return nil
+	var w *wait
+	if p.h < len(p.q) {
+		w = p.q[p.h]
 	}
-	return p.q[p.h]
+	p.unlock()
+	return w
 }
 
 func (p *pipeline) pop() {
