@@ -336,3 +336,64 @@ func TestReusedStatementProtocol(t *testing.T) {
 		t.Fatalf("stale write landed: %q", val)
 	}
 }
+
+// A DEALLOCATE pgfence cannot see (run by a function) drops the statements
+// it prepared too. The write that finds its statement gone fails with
+// 26000, as a client's own statement would; the session then prepares its
+// statements again, so the writes after it work, in both protocols.
+func TestStatementsDroppedUnseen(t *testing.T) {
+	// (Named so that the table's name does not spell "deallocate": a text
+	// that does makes pgfence forget its statements on its own.)
+	tbl := table(t, [3]any{1, "v", 5})
+	p := pgtest.StartProxy(t, []string{tbl})
+	forget := `CREATE FUNCTION pg_temp.forget() RETURNS void LANGUAGE plpgsql AS $$BEGIN EXECUTE 'DEALLOCATE ALL'; END$$`
+	for _, c := range []struct {
+		name string
+		conn *pgx.Conn
+		mode pgx.QueryExecMode
+	}{
+		{"extended", execMode(t, p), pgx.QueryExecModeExec},
+		{"simple", p.Connect(t), pgx.QueryExecModeSimpleProtocol},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			pgtest.Exec(t, c.conn, forget)
+			pgtest.Exec(t, c.conn, "SET fence.token = '10'")
+			// The same statement each time: in simple protocol the number
+			// is in the text, and pgfence takes it out.
+			write := func(v int) error {
+				var err error
+				if c.mode == pgx.QueryExecModeSimpleProtocol {
+					_, err = c.conn.Exec(ctx, fmt.Sprintf("UPDATE %s SET val = 'w' || %d WHERE id = 1", tbl, v), c.mode)
+				} else {
+					_, err = c.conn.Exec(ctx, "UPDATE "+tbl+" SET val = 'w' || $1::int WHERE id = 1", c.mode, v)
+				}
+				return err
+			}
+			for v := range 2 {
+				if err := write(v); err != nil {
+					t.Fatalf("write %d: %v", v, err)
+				}
+			}
+			if n, _ := reused(t, c.conn); n != 1 {
+				t.Fatalf("%d statements prepared for reuse, want 1", n)
+			}
+			if _, err := c.conn.Exec(ctx, "SELECT pg_temp.forget()", pgx.QueryExecModeSimpleProtocol); err != nil {
+				t.Fatal(err)
+			}
+			if err := write(2); pgErr(t, err).Code != "26000" {
+				t.Fatalf("write after a hidden DEALLOCATE: %v, want 26000", err)
+			}
+			for v := 3; v < 5; v++ {
+				if err := write(v); err != nil {
+					t.Fatalf("write %d after a hidden DEALLOCATE: %v", v, err)
+				}
+				if got, epoch := row(t, tbl, 1); got != fmt.Sprint("w", v) || epoch != 10 {
+					t.Fatalf("row is %q at epoch %d, want w%d at 10", got, epoch, v)
+				}
+			}
+			if n, _ := reused(t, c.conn); n != 1 {
+				t.Fatalf("%d statements prepared for reuse after preparing again, want 1", n)
+			}
+		})
+	}
+}

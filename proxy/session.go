@@ -64,6 +64,11 @@ type session struct {
 	// cancel is the CancelRequest for this session's backend, built from
 	// its BackendKeyData.
 	cancel atomic.Pointer[[]byte]
+	// lost is set when the server said a prepared statement does not
+	// exist (26000): the proxy's own may be gone too, deallocated where
+	// the proxy cannot see (by a function, say), so the client side
+	// prepares them again.
+	lost atomic.Bool
 
 	// Owned by the client-to-server goroutine.
 	cbuf    []byte
@@ -291,7 +296,7 @@ func (s *session) query(n int) error {
 		return &clientError{err: fmt.Errorf("Query: %w", err)}
 	}
 	plan := s.srv.cfg.Interceptor.Query(s.c, unsafe.String(unsafe.SliceData(text), len(text)))
-	if plan.Forget {
+	if plan.Forget || s.lostStatements() {
 		s.forgetProbes()
 		s.forgetReused()
 	}
@@ -340,7 +345,7 @@ func (s *session) parse(n int) error {
 		s.stmts[string(name)] = st
 	}
 	plan := ic.Parse(s.c, st.text)
-	if plan.Forget {
+	if plan.Forget || s.lostStatements() {
 		s.forgetProbes()
 		s.forgetReused()
 	}
@@ -495,6 +500,12 @@ func (s *session) injectProbe(p *Probe) error {
 	return err
 }
 
+// lostStatements reports, once, that the server has said since the last
+// call that a prepared statement does not exist.
+func (s *session) lostStatements() bool {
+	return s.lost.Load() && s.lost.Swap(false) // a load is cheaper than a swap on every message
+}
+
 // forgetProbes makes every probe prepare again before its next use.
 func (s *session) forgetProbes() {
 	for _, ready := range s.probes {
@@ -645,6 +656,9 @@ func (s *session) serverError(w *wait, n int) error {
 	}
 	if e.Severity == "FATAL" || e.Severity == "PANIC" {
 		s.fatal = true
+	}
+	if e.Code == codeUndefinedStatement {
+		s.lost.Store(true)
 	}
 	if e.Code == codeInvalidAuthorization && strings.Contains(e.Message, "channel binding negotiation") {
 		// The client supports channel binding and Postgres, over TLS,
@@ -865,6 +879,7 @@ const (
 	codeTooManyConnections   = "53300"
 	codeAdminShutdown        = "57P01"
 	codeInvalidAuthorization = "28000"
+	codeUndefinedStatement   = "26000" // invalid_sql_statement_name: "prepared statement ... does not exist"
 )
 
 // sendFatal tells the client why its session ends. Only called once the
