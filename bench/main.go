@@ -303,9 +303,8 @@ func (r *runner) interleaveModes(section string, modes []string, ms []measuremen
 // equalLoad runs select-only through PgBouncer and pgfence at one rate
 // per mode (pgbench -R), 80% of the slower proxy's median throughput in
 // section 1, so that their CPU per transaction is compared for the same
-// work. Unthrottled, the proxy that answers sooner has the processes
-// around it sleep and wake more often per transaction, and waking them is
-// charged to it.
+// work: unthrottled, the proxies run at different rates, and how many
+// messages each wake-up finds depends on the rate.
 func (r *runner) equalLoad(sel map[string]map[string]series) (map[string]map[string]series, map[string]int, error) {
 	out, rates := map[string]map[string]series{}, map[string]int{}
 	for _, mode := range modes {
