@@ -145,11 +145,14 @@ func (p *Policy) Parse(c *proxy.Client, sql string) proxy.Plan {
 func (p *Policy) plan(c *proxy.Client, sql string, mode sqlrewrite.Mode) proxy.Plan {
 	st := p.state.Load()
 	sess := sessionOf(c)
+	// Plan.Forget has the proxy prepare its own statements again: on a
+	// false alarm that costs a Parse, a miss fails the next write that
+	// uses one (once: the proxy also forgets them on a 26000).
 	if !st.rw.MayTouch(sql) && !sess.mayExecute(sql) || readOnly(c, sql) {
 		p.m.passthrough.Inc()
-		return proxy.Plan{Forget: mayDeallocate(sql)}
+		return proxy.Plan{Forget: sqlrewrite.MayDeallocate(sql)}
 	}
-	forget := mayDeallocate(sql)
+	forget := sqlrewrite.MayDeallocate(sql)
 	pl, params := p.rewrite(st, c, sess, sql, mode, forget)
 	res := pl.res
 	plan := pl.plan
@@ -190,26 +193,6 @@ func readOnly(c *proxy.Client, sql string) bool {
 	}
 	enc := c.ClientEncoding()
 	return enc == "UTF8" || enc == "SQL_ASCII" || isASCII(sql)
-}
-
-// mayDeallocate reports, conservatively, whether sql could drop prepared
-// statements (DEALLOCATE, DISCARD ALL), so the proxy prepares its probe
-// statements again: a false alarm costs one Parse, a miss would fail a
-// probe.
-func mayDeallocate(sql string) bool {
-	for i := 0; i < len(sql); i++ {
-		if sql[i]|0x20 != 'd' {
-			continue
-		}
-		if hasFoldPrefix(sql[i:], "deallocate") || hasFoldPrefix(sql[i:], "discard") {
-			return true
-		}
-	}
-	return false
-}
-
-func hasFoldPrefix(s, lower string) bool {
-	return len(s) >= len(lower) && strings.EqualFold(s[:len(lower)], lower)
 }
 
 // planned is a rewrite and the proxy plan made from it, cached together so

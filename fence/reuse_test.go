@@ -341,9 +341,9 @@ func TestReusedStatementProtocol(t *testing.T) {
 // it prepared too. The write that finds its statement gone fails with
 // 26000, as a client's own statement would; the session then prepares its
 // statements again, so the writes after it work, in both protocols.
-func TestStatementsDroppedUnseen(t *testing.T) {
-	// (Named so that the table's name does not spell "deallocate": a text
-	// that does makes pgfence forget its statements on its own.)
+func TestHiddenDeallocate(t *testing.T) {
+	// The table is named testhiddendeallocate: inside a longer name the
+	// word is not the keyword, so writes to it are reused as any others.
 	tbl := table(t, [3]any{1, "v", 5})
 	p := pgtest.StartProxy(t, []string{tbl})
 	forget := `CREATE FUNCTION pg_temp.forget() RETURNS void LANGUAGE plpgsql AS $$BEGIN EXECUTE 'DEALLOCATE ALL'; END$$`

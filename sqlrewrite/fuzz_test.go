@@ -96,8 +96,9 @@ func rewriteAndVerify(t *testing.T, sql string, prepared bool, rws ...*Rewriter)
 	}
 }
 
-// FuzzMayWrite checks that the prefilter never misses a write keyword the
-// scanner finds, and that Rewrite passes a text it clears unchanged.
+// FuzzMayWrite checks that the prefilters never miss a keyword the scanner
+// finds (MayWrite a write keyword, MayDeallocate DEALLOCATE or DISCARD),
+// and that Rewrite passes a text MayWrite clears unchanged.
 func FuzzMayWrite(f *testing.F) {
 	for _, s := range []string{
 		"SELECT * FROM accounts WHERE id = 1",
@@ -106,15 +107,25 @@ func FuzzMayWrite(f *testing.F) {
 		"Copy t to stdout",
 		"SELECT U&\"d\\0065lete\" FROM accounts",
 		"EXECUTE q",
+		"SELECT updated_at FROM accounts;DISCARD ALL",
+		"SELECT 1deallocate",
 	} {
 		f.Add(s)
 	}
 	r := fuzzRewriter(f, 0)
 	f.Fuzz(func(t *testing.T, sql string) {
+		scan, err := pg_query.Scan(sql)
+		if err == nil && !MayDeallocate(sql) {
+			for _, tok := range scan.Tokens {
+				if tok.Token == pg_query.Token_DEALLOCATE || tok.Token == pg_query.Token_DISCARD {
+					t.Fatalf("MayDeallocate(%q) = false, but the scanner finds %v", sql, tok.Token)
+				}
+			}
+		}
 		if MayWrite(sql) {
 			return
 		}
-		if scan, err := pg_query.Scan(sql); err == nil && hasWriteKeyword(scan.Tokens) {
+		if err == nil && hasWriteKeyword(scan.Tokens) {
 			t.Fatalf("MayWrite(%q) = false, but the scanner finds a write keyword", sql)
 		}
 		for _, s := range []Session{nil, fuzzSession} {

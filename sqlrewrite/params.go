@@ -105,7 +105,7 @@ func Parameterize(sql string) (p Parameterized, writes bool) {
 		p.Types = append(p.Types, oid)
 		p.Values = append(p.Values, lit)
 		b.WriteString(sql[last:t.Start])
-		if t.Start > 0 && identByte(sql[t.Start-1]) {
+		if t.Start > 0 && isIdentCont(sql[t.Start-1]) {
 			b.WriteByte(' ') // "INSERT.5" must not become the identifier "INSERT$1"
 		}
 		b.WriteByte('$')
@@ -115,12 +115,6 @@ func Parameterize(sql string) (p Parameterized, writes bool) {
 	b.WriteString(sql[last:])
 	p.SQL = b.String()
 	return p, true
-}
-
-// identByte reports whether c can continue an identifier, so that a "$"
-// right after it would too.
-func identByte(c byte) bool {
-	return c == '_' || c == '$' || c >= 0x80 || '0' <= c && c <= '9' || 'a' <= c|0x20 && c|0x20 <= 'z'
 }
 
 // onlyTrailing reports whether semicolon t ends the text: nothing but more

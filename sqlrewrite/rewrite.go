@@ -96,9 +96,10 @@ var writeKeywords = [...]pg_query.Token{
 
 // MayWrite is a conservative, allocation-free prefilter for the scanner's
 // hasWriteKeyword: it returns false only when no write keyword is spelled
-// anywhere in sql, ignoring ASCII case, as the scanner folds keywords. A
-// keyword token is always spelled out whole, so such a text holds none and
-// passes unchanged, whatever its literals, comments and quoting.
+// in sql as a word of its own (see spellsKeyword), ignoring ASCII case as
+// the scanner does. A keyword token is always such a word, so a text
+// without one holds none and passes unchanged, whatever its literals,
+// comments and quoting.
 func MayWrite(sql string) bool {
 	for i := 0; i < len(sql); i++ {
 		var kw string
@@ -120,11 +121,36 @@ func MayWrite(sql string) bool {
 		default:
 			continue
 		}
-		if len(sql)-i >= len(kw) && equalFoldASCII(sql[i+1:i+len(kw)], kw[1:]) {
+		if spellsKeyword(sql, i, kw) {
 			return true
 		}
 	}
 	return false
+}
+
+// MayDeallocate reports, conservatively, whether sql could drop prepared
+// statements: whether it spells DEALLOCATE or DISCARD as a word of its own.
+func MayDeallocate(sql string) bool {
+	for i := 0; i < len(sql); i++ {
+		if sql[i]|0x20 == 'd' && (spellsKeyword(sql, i, "deallocate") || spellsKeyword(sql, i, "discard")) {
+			return true
+		}
+	}
+	return false
+}
+
+// spellsKeyword reports whether keyword kw (lower case) is spelled at
+// sql[i:], ignoring ASCII case, as a word of its own: the scanner reads
+// letters, digits, "_", "$" and non-ASCII bytes after a letter as one
+// identifier, so kw is not a token where one of them follows it or a
+// letter, "_" or non-ASCII byte comes right before it (a digit or "$"
+// before it counts as a word boundary, which errs on the safe side).
+func spellsKeyword(sql string, i int, kw string) bool {
+	end := i + len(kw)
+	if end > len(sql) || i > 0 && isIdentStart(sql[i-1]) {
+		return false
+	}
+	return equalFoldASCII(sql[i:end], kw) && (end == len(sql) || !isIdentCont(sql[end]))
 }
 
 // hasWriteKeyword reports whether tokens hold a write keyword.

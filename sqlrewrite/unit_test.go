@@ -417,14 +417,24 @@ func TestMayWrite(t *testing.T) {
 		{"COPY t FROM STDIN", true},
 		{"EXECUTE p(1)", true},
 		{"SELECT * FROM t FOR UPDATE", true},
-		// Conservative: any spelling counts, in a literal, comment or name.
+		{"SELECT 1;update t SET v = 1", true},
+		{"SELECT 1/*x*/UPDATE t SET v = 1", true},
+		{"SELECT x FROM t WHERE v = 1\nDELETE", true},
+		// Conservative: a word counts in a literal or comment too, and after
+		// a digit or "$".
 		{"SELECT 'update' FROM t", true},
 		{"SELECT 1 /* delete */", true},
-		{"SELECT copyright FROM t", true},
-		{"SELECT * FROM updates", true},
-		// Split or accented spellings are not the keyword.
+		{"SELECT $$x$$update", true},
+		{"SELECT 1update", true},
+		// Inside a longer identifier it is not the keyword.
+		{"SELECT copyright FROM t", false},
+		{"SELECT * FROM updates", false},
+		{"SELECT updated_at, last_update FROM t", false},
+		{"SELECT x FROM t_delete, \"insert_log\"", false},
+		{"SELECT update$1 FROM t", false},
+		{"SELECT d\u00e9lete, \u00e9update FROM t", false},
+		// Split spellings are not the keyword.
 		{"SELECT upd/**/ate FROM t", false},
-		{"SELECT d\u00e9lete FROM t", false},
 		{"SELECT inser", false},
 		{"SELECT 1 -- execut", false},
 	}
@@ -435,5 +445,23 @@ func TestMayWrite(t *testing.T) {
 	}
 	if n := testing.AllocsPerRun(100, func() { MayWrite("SELECT abalance FROM accounts WHERE aid = 7") }); n != 0 {
 		t.Errorf("MayWrite allocates %v times", n)
+	}
+}
+
+func TestMayDeallocate(t *testing.T) {
+	for sql, want := range map[string]bool{
+		"DEALLOCATE ALL":                       true,
+		"deallocate pgx_0":                     true,
+		"DISCARD ALL":                          true,
+		"SELECT 1; discard plans":              true,
+		"SELECT f('DISCARD')":                  true, // conservative
+		"UPDATE discarded_items SET n = 1":     false,
+		"SELECT x FROM t WHERE deallocated":    false,
+		"SELECT * FROM undiscard":              false,
+		"SELECT * FROM accounts WHERE id = $1": false,
+	} {
+		if got := MayDeallocate(sql); got != want {
+			t.Errorf("MayDeallocate(%q) = %v, want %v", sql, got, want)
+		}
 	}
 }
