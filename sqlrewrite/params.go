@@ -63,58 +63,85 @@ func Parameterize(sql string) (p Parameterized, writes bool) {
 	if !MayWrite(sql) {
 		return p, false
 	}
-	scan, err := pg_query.Scan(sql)
-	if err != nil {
+	var buf [16]textRange
+	lx, ok := scanLiterals(sql, buf[:0])
+	if !ok {
+		// Something scanLiterals does not read exactly: ask Postgres's scanner.
+		if lx, ok = scanLiteralsPG(sql); !ok {
+			return p, true
+		}
+	}
+	switch {
+	case !lx.writes:
+		return p, false
+	case lx.refuse || !lx.dml || len(lx.literals) > maxParams:
 		return p, true
 	}
-	toks := scan.Tokens
-	if !hasWriteKeyword(toks) {
-		return p, false
+	return parameterized(sql, lx.literals), true
+}
+
+// textRange is where a token is in a text: sql[start:end].
+type textRange struct{ start, end int }
+
+// lexed is what Parameterize needs to know of a text's tokens.
+type lexed struct {
+	writes   bool        // a write keyword (see writeKeywords)
+	dml      bool        // INSERT, UPDATE or DELETE
+	refuse   bool        // a token that rules a template out: see Parameterize
+	literals []textRange // the numeric literals, in text order
+}
+
+// scanLiteralsPG lexes sql with pg_query's scanner (Postgres's own).
+func scanLiteralsPG(sql string) (lx lexed, ok bool) {
+	scan, err := pg_query.Scan(sql)
+	if err != nil {
+		return lx, false
 	}
-	n, dml := 0, false
+	toks := scan.Tokens
+	lx.writes = hasWriteKeyword(toks)
 	for _, t := range toks {
 		switch t.Token {
 		case pg_query.Token_ICONST, pg_query.Token_FCONST:
-			n++
+			lx.literals = append(lx.literals, textRange{int(t.Start), int(t.End)})
 		case pg_query.Token_INSERT, pg_query.Token_UPDATE, pg_query.Token_DELETE_P:
-			dml = true
+			lx.dml = true
 		case pg_query.Token_PARAM, pg_query.Token_ORDER, pg_query.Token_GROUP_P,
-			pg_query.Token_DISTINCT, pg_query.Token_CONFLICT, pg_query.Token_ASCII_59: // ';': one statement only
-			if t.Token != pg_query.Token_ASCII_59 || !onlyTrailing(toks, t) {
-				return p, true
-			}
+			pg_query.Token_DISTINCT, pg_query.Token_CONFLICT:
+			lx.refuse = true
+		case pg_query.Token_ASCII_59: // ';': one statement only
+			lx.refuse = lx.refuse || !onlyTrailing(toks, t)
 		}
 	}
-	if !dml || n > maxParams {
-		return p, true
-	}
-	p.Types = make([]uint32, 0, n)
-	p.Values = make([]string, 0, n)
+	return lx, true
+}
+
+// parameterized replaces the literals of sql with $1, $2, ...; it returns
+// the zero Parameterized if one of them has a form literalType refuses.
+func parameterized(sql string, literals []textRange) Parameterized {
+	n := len(literals)
+	p := Parameterized{Types: make([]uint32, 0, n), Values: make([]string, 0, n)}
 	var b strings.Builder
 	b.Grow(len(sql) + 2*n)
 	last := 0
-	for _, t := range toks {
-		if t.Token != pg_query.Token_ICONST && t.Token != pg_query.Token_FCONST {
-			continue
-		}
-		lit := sql[t.Start:t.End]
+	for _, l := range literals {
+		lit := sql[l.start:l.end]
 		oid := literalType(lit)
 		if oid == 0 {
-			return Parameterized{}, true
+			return Parameterized{}
 		}
 		p.Types = append(p.Types, oid)
 		p.Values = append(p.Values, lit)
-		b.WriteString(sql[last:t.Start])
-		if t.Start > 0 && isIdentCont(sql[t.Start-1]) {
+		b.WriteString(sql[last:l.start])
+		if l.start > 0 && isIdentCont(sql[l.start-1]) {
 			b.WriteByte(' ') // "INSERT.5" must not become the identifier "INSERT$1"
 		}
 		b.WriteByte('$')
 		b.WriteString(strconv.Itoa(len(p.Values)))
-		last = int(t.End)
+		last = l.end
 	}
 	b.WriteString(sql[last:])
 	p.SQL = b.String()
-	return p, true
+	return p
 }
 
 // onlyTrailing reports whether semicolon t ends the text: nothing but more

@@ -105,10 +105,25 @@ func FuzzParameterize(f *testing.F) {
 		"INSERT INTO t VALUES (1, 'a''2', $$3$$, -4.0e+5, 99999999999999999999)",
 		"update t set a=1;;",
 		"INSERT.00",
+		"UPDATE t SET v = E'\\'' || 'it''s' || U&'\\0041' || $a$ $ $b$ 1 $a$ || 2 /* 3 /* 4 */ 5 */ WHERE \"x\"\"1\" = 6",
+		"UPDATE t SET a[1..2] = b[..3], c = 1e5, d = .5e-3 WHERE e = $1",
+		"delete from t where x = 1; update t set y = 2",
+		"UPDATE t SET v = 1 ORDER BY 1",
+		"UPDATE t SET v = x'1F' || b'101' || n'x' WHERE y = 0x1F",
 	} {
 		f.Add(s)
 	}
+	for _, c := range lexCases {
+		f.Add(c.sql)
+	}
 	f.Fuzz(func(t *testing.T, sql string) {
+		// scanLiterals reads whatever it accepts as Postgres's scanner does.
+		if fast, ok := scanLiterals(sql, nil); ok {
+			pg, pgOK := scanLiteralsPG(sql)
+			if !pgOK || fast.writes != pg.writes || fast.dml != pg.dml || fast.refuse != pg.refuse || !slices.Equal(fast.literals, pg.literals) {
+				t.Fatalf("%q: scanLiterals %+v, pg_query %+v (scans: %v)", sql, fast, pg, pgOK)
+			}
+		}
 		p, _ := Parameterize(sql)
 		if p.SQL == "" {
 			return
@@ -150,4 +165,53 @@ func FuzzParameterize(f *testing.F) {
 			t.Fatalf("%d literals, %d values", k, len(p.Values))
 		}
 	})
+}
+
+// scanLiterals reads the texts it accepts as pg_query's scanner does, and
+// leaves the unusual to it.
+func TestScanLiterals(t *testing.T) {
+	for _, c := range lexCases {
+		fast, ok := scanLiterals(c.sql, nil)
+		if ok != c.handled {
+			t.Errorf("scanLiterals(%q): ok = %v, want %v", c.sql, ok, c.handled)
+			continue
+		}
+		if !ok {
+			continue
+		}
+		pg, pgOK := scanLiteralsPG(c.sql)
+		if !pgOK || fast.writes != pg.writes || fast.dml != pg.dml || fast.refuse != pg.refuse || !slices.Equal(fast.literals, pg.literals) {
+			t.Errorf("%q: scanLiterals %+v, pg_query %+v (scans: %v)", c.sql, fast, pg, pgOK)
+		}
+	}
+}
+
+// lexCases are texts for scanLiterals, and whether it reads them itself.
+var lexCases = []struct {
+	sql     string
+	handled bool
+}{
+	{"UPDATE pgbench_accounts SET abalance = abalance + -1234 WHERE aid = 567890;", true},
+	{"insert into t (a, b) values (1, 2.5), (.5, 1e3), (5., 2E-7) ;; -- 9", true},
+	{"UPDATE t SET v = 'it''s 1' || E'2' || b'101' || x'1F' || N'3' || U&'4' || $$5$$ || $q$6 $$ 7$q$ WHERE id = 8", true},
+	{`UPDATE "t 1" SET "v""2" = 3, U&"w" = 4 /* 5 /* 6 */ 7 */ WHERE a[1:2] = b[..3]::int[] AND c @-9`, true},
+	{"UPDATE t SET v = 1 ORDER BY 1", true},
+	{"UPDATE t SET v = $1 WHERE id = 2", true},
+	{"UPDATE t SET v = 1; SELECT 2", true},
+	{"MERGE INTO t USING s ON t.id = s.id WHEN MATCHED THEN DELETE", true},
+	{"SELECT 1 FROM t\tWHERE x\r\n= 2\f", true},
+	// Left to pg_query.
+	{"UPDATE t SET v = 0x1F", false},
+	{"UPDATE t SET v = 1_000", false},
+	{"UPDATE t SET v = 1..2", false},
+	{"UPDATE t SET v = 1e", false},
+	{"UPDATE t SET v = 12abc", false},
+	{"UPDATE t SET v = E'\\n'", false},
+	{"UPDATE t SET v = 'unterminated", false},
+	{"UPDATE t SET v = $$unterminated", false},
+	{"UPDATE t SET v = 1 /* unterminated", false},
+	{`UPDATE t SET "" = 1`, false},
+	{"UPDATE t SET v = 1 \\ 2", false},
+	{"UPDATE t SET v = 1\x00", false},
+	{"UPDATE t SET v = $1x", false},
 }

@@ -1,0 +1,243 @@
+package sqlrewrite
+
+import "strings"
+
+// scanLiterals is Parameterize's scanner: it reads sql the way Postgres's
+// lexer does, as far as Parameterize needs (where the numeric literals are
+// and which keywords occur), without pg_query's cgo call and token
+// allocations, which cost several times the rest of a simple-protocol
+// write's plan. It reads whitespace, comments (nested /* */ too), string
+// literals (standard, E”, B”, X”, N”, U&”, dollar-quoted), quoted
+// identifiers, words, plain decimal numbers, parameters and the single
+// characters Postgres's operators and punctuation are made of. For
+// anything else (a number with junk after it, "1..", an unterminated
+// literal, a byte Postgres would reject, ...) ok is false and the caller
+// asks pg_query, so that this never has to be right about the unusual.
+// FuzzParameterize checks that the two agree whenever ok is true.
+func scanLiterals(sql string, literals []textRange) (lx lexed, ok bool) {
+	if strings.IndexByte(sql, 0) >= 0 {
+		return lx, false // where Postgres's lexer, reading a C string, stops
+	}
+	lx.literals = literals
+	semicolon := false // only ';' and comments may follow one
+	operator := 0      // the length of the run of operator characters so far
+	for i := 0; i < len(sql); {
+		c := sql[i]
+		if strings.IndexByte(operatorChars, c) < 0 || c == '-' && i+1 < len(sql) && sql[i+1] == '-' ||
+			c == '/' && i+1 < len(sql) && sql[i+1] == '*' {
+			operator = 0
+		} else if operator++; operator >= 64 {
+			return lx, false // Postgres rejects an operator that long
+		}
+		switch {
+		case c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f':
+			i++
+			continue
+		case c == '-' && i+1 < len(sql) && sql[i+1] == '-':
+			if j := strings.IndexAny(sql[i:], "\n\r"); j >= 0 {
+				i += j
+			} else {
+				i = len(sql)
+			}
+			continue
+		case c == '/' && i+1 < len(sql) && sql[i+1] == '*':
+			if i, ok = blockComment(sql, i); !ok {
+				return lx, false
+			}
+			continue
+		case c == ';':
+			semicolon = true
+			i++
+			continue
+		}
+		if semicolon {
+			lx.refuse = true // a second statement
+		}
+		end, ok := 0, true
+		switch {
+		case isDigit(c) || c == '.' && i+1 < len(sql) && isDigit(sql[i+1]):
+			if end, ok = number(sql, i); !ok {
+				return lx, false
+			}
+			lx.literals = append(lx.literals, textRange{i, end})
+		case c == '.' && i+1 < len(sql) && sql[i+1] == '.':
+			end = i + 2 // "..", which is not the start of a number
+		case isIdentStart(c):
+			end = i + 1
+			for end < len(sql) && isIdentCont(sql[end]) {
+				end++
+			}
+			word := sql[i:end]
+			switch {
+			case end < len(sql) && sql[end] == '\'' && len(word) == 1 && strings.IndexByte("eEbBxXnN", c) >= 0:
+				end, ok = quoted(sql, end, '\'', c|0x20 == 'e') // a prefixed string
+			case end+1 < len(sql) && sql[end] == '&' && (sql[end+1] == '\'' || sql[end+1] == '"') && c|0x20 == 'u' && len(word) == 1:
+				end, ok = quoted(sql, end+1, sql[end+1], true) // U&'' and U&""
+			default:
+				lx.keyword(word)
+			}
+		case c == '\'' || c == '"':
+			end, ok = quoted(sql, i, c, false)
+		case c == '$':
+			end, ok = dollar(sql, i, &lx)
+		case strings.IndexByte(punctuation, c) >= 0:
+			end = i + 1
+		default:
+			return lx, false
+		}
+		if !ok {
+			return lx, false
+		}
+		i = end
+	}
+	return lx, true
+}
+
+// punctuation is every character Postgres's lexer reads as an operator or
+// as a token of its own, but for the ones scanLiterals reads itself.
+const punctuation = ",()[].:" + operatorChars
+
+// operatorChars are the characters operators are made of.
+const operatorChars = "+-*/%^<>=~!@#&|`?"
+
+func isDigit(c byte) bool { return '0' <= c && c <= '9' }
+
+// keyword notes a word Parameterize looks for. Postgres folds only ASCII
+// letters when it looks a word up as a keyword.
+func (lx *lexed) keyword(word string) {
+	if len(word) < 4 || len(word) > 8 {
+		return
+	}
+	for _, k := range [...]struct {
+		word                string
+		writes, dml, refuse bool
+	}{
+		{"insert", true, true, false}, {"update", true, true, false}, {"delete", true, true, false},
+		{"merge", true, false, false}, {"truncate", true, false, false}, {"copy", true, false, false},
+		{"execute", true, false, false},
+		{"order", false, false, true}, {"group", false, false, true}, {"distinct", false, false, true},
+		{"conflict", false, false, true},
+	} {
+		if len(word) == len(k.word) && equalFoldASCII(word, k.word) {
+			lx.writes = lx.writes || k.writes
+			lx.dml = lx.dml || k.dml
+			lx.refuse = lx.refuse || k.refuse
+			return
+		}
+	}
+}
+
+// number returns the end of the plain decimal number at sql[i:]: digits
+// with an optional point and exponent. ok is false where Postgres would
+// read something else: an exponent without digits, "1..", or a letter,
+// digit, "_", "$" or "." right after it (hexadecimal and underscored forms,
+// or junk Postgres 15 rejects).
+func number(sql string, i int) (end int, ok bool) {
+	j := i
+	for j < len(sql) && isDigit(sql[j]) {
+		j++
+	}
+	if j < len(sql) && sql[j] == '.' {
+		if j+1 < len(sql) && sql[j+1] == '.' {
+			return 0, false
+		}
+		j++
+		for j < len(sql) && isDigit(sql[j]) {
+			j++
+		}
+	}
+	if j < len(sql) && sql[j]|0x20 == 'e' {
+		j++
+		if j < len(sql) && (sql[j] == '+' || sql[j] == '-') {
+			j++
+		}
+		if j == len(sql) || !isDigit(sql[j]) {
+			return 0, false
+		}
+		for j < len(sql) && isDigit(sql[j]) {
+			j++
+		}
+	}
+	if j < len(sql) && (isIdentCont(sql[j]) || sql[j] == '.') {
+		return 0, false
+	}
+	return j, true
+}
+
+// quoted returns the end of the literal or quoted identifier whose opening
+// quote q is at sql[i]; a doubled quote stands for one. In E” and U&”
+// (escapes set) a backslash starts an escape, which Postgres's lexer
+// checks and may reject: ok is false there.
+func quoted(sql string, i int, q byte, escapes bool) (end int, ok bool) {
+	for j := i + 1; j < len(sql); j++ {
+		switch sql[j] {
+		case '\\':
+			if escapes {
+				return 0, false
+			}
+		case q:
+			if j+1 < len(sql) && sql[j+1] == q {
+				j++
+				continue
+			}
+			if q == '"' && j == i+1 {
+				return 0, false // Postgres rejects a zero-length identifier
+			}
+			return j + 1, true
+		}
+	}
+	return 0, false
+}
+
+// blockComment returns the end of the comment that starts at sql[i]
+// ("/*"); Postgres's comments nest.
+func blockComment(sql string, i int) (end int, ok bool) {
+	depth := 0
+	for i+1 < len(sql) {
+		switch {
+		case sql[i] == '/' && sql[i+1] == '*':
+			depth++
+			i += 2
+		case sql[i] == '*' && sql[i+1] == '/':
+			depth--
+			i += 2
+			if depth == 0 {
+				return i, true
+			}
+		default:
+			i++
+		}
+	}
+	return 0, false
+}
+
+// dollar reads what starts with "$" at sql[i]: a parameter ($1, which
+// rules a template out) or a dollar-quoted string ($$...$$, $tag$...$tag$).
+func dollar(sql string, i int, lx *lexed) (end int, ok bool) {
+	j := i + 1
+	if j < len(sql) && isDigit(sql[j]) {
+		for j < len(sql) && isDigit(sql[j]) {
+			j++
+		}
+		if j < len(sql) && isIdentCont(sql[j]) {
+			return 0, false
+		}
+		lx.refuse = true
+		return j, true
+	}
+	// A tag is a letter, "_" or non-ASCII byte, then those or digits.
+	if j < len(sql) && isIdentStart(sql[j]) {
+		for j < len(sql) && isIdentCont(sql[j]) && sql[j] != '$' {
+			j++
+		}
+	}
+	if j == len(sql) || sql[j] != '$' {
+		return 0, false
+	}
+	tag := sql[i : j+1]
+	k := strings.Index(sql[j+1:], tag)
+	if k < 0 {
+		return 0, false
+	}
+	return j + 1 + k + len(tag), true
+}
