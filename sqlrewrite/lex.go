@@ -7,8 +7,8 @@ import "strings"
 // and which keywords occur), without pg_query's cgo call and token
 // allocations, which cost several times the rest of a simple-protocol
 // write's plan. It reads whitespace, comments (nested /* */ too), string
-// literals (standard, E”, B”, X”, N”, U&”, dollar-quoted), quoted
-// identifiers, words, plain decimal numbers, parameters and the single
+// literals ('...', E'...', B'...', X'...', N'...', U&'...', dollar-quoted),
+// quoted identifiers, words, plain decimal numbers, parameters and the single
 // characters Postgres's operators and punctuation are made of. For
 // anything else (a number with junk after it, "1..", an unterminated
 // literal, a byte Postgres would reject, ...) ok is false and the caller
@@ -165,7 +165,7 @@ func number(sql string, i int) (end int, ok bool) {
 }
 
 // quoted returns the end of the literal or quoted identifier whose opening
-// quote q is at sql[i]; a doubled quote stands for one. In E” and U&”
+// quote q is at sql[i]; a doubled quote stands for one. In E'...' and U&'...'
 // (escapes set) a backslash starts an escape, which Postgres's lexer
 // checks and may reject: ok is false there.
 func quoted(sql string, i int, q byte, escapes bool) (end int, ok bool) {
