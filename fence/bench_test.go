@@ -15,13 +15,20 @@ import (
 	"github.com/pgfence/pgfence/sqlrewrite"
 )
 
-func benchPolicy(b *testing.B) (*fence.Policy, *proxy.Client) {
+func benchPolicy(b testing.TB) (*fence.Policy, *proxy.Client) {
+	return policyWith(b, fence.Config{}, prometheus.NewRegistry())
+}
+
+// policyWith is a Policy guarding pgbench_accounts, configured by cfg
+// otherwise, with its metrics in reg.
+func policyWith(b testing.TB, cfg fence.Config, reg *prometheus.Registry) (*fence.Policy, *proxy.Client) {
 	b.Helper()
 	g, err := sqlrewrite.ParseGuard("pgbench_accounts")
 	if err != nil {
 		b.Fatal(err)
 	}
-	p, err := fence.New(fence.Config{Guards: []sqlrewrite.Guard{g}}, fence.NewMetrics(prometheus.NewRegistry()), nil)
+	cfg.Guards = []sqlrewrite.Guard{g}
+	p, err := fence.New(cfg, fence.NewMetrics(reg), nil)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -61,8 +68,9 @@ func BenchmarkPolicyCacheHit(b *testing.B) {
 // BenchmarkPolicyCacheMiss is a guarded UPDATE seen for the first time:
 // every iteration has a new text (as pgbench -M simple sends them), so the
 // text is scanned and parameterized, its template's plan found in the
-// template cache, and the text added to the LRU (evicting another). A text
-// that must be parsed is sqlrewrite's BenchmarkFullRewrite.
+// template cache, and the text added to the cache of whole parameterized
+// texts (evicting another). A text that must be parsed is sqlrewrite's
+// BenchmarkFullRewrite.
 func BenchmarkPolicyCacheMiss(b *testing.B) {
 	p, c := benchPolicy(b)
 	texts := make([]string, 1<<16) // far more than the cache's 4096

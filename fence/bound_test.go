@@ -2,13 +2,16 @@ package fence_test
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/pgfence/pgfence/fence"
 	"github.com/pgfence/pgfence/internal/pgtest"
 )
 
@@ -182,5 +185,52 @@ func TestBoundSimpleWriteProtocol(t *testing.T) {
 		"CommandComplete", "ReadyForQuery", "ErrorResponse 22012", "ReadyForQuery", "CommandComplete", "ReadyForQuery")
 	if val, _ := row(t, tbl, 1); val != "p3" {
 		t.Fatalf("row 1 after the pipelined queries: %q", val)
+	}
+}
+
+// A stream of simple-protocol writes with new literals each time does not
+// evict other statements' rewrites from the cache, and an exact repeat of
+// one of them is still a cache hit that allocates nothing.
+func TestBoundTextsKeepOthersCached(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	p, c := policyWith(t, fence.Config{CacheSize: 64}, reg)
+	hits := func() float64 {
+		t.Helper()
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() == "pgfence_rewrite_cache_hits_total" {
+				return mf.GetMetric()[0].GetCounter().GetValue()
+			}
+		}
+		t.Fatal("no pgfence_rewrite_cache_hits_total")
+		return 0
+	}
+	const parsed = "UPDATE pgbench_accounts SET abalance = $1 WHERE aid = $2"
+	if plan := p.Parse(c, parsed); plan.SQL == "" {
+		t.Fatalf("not fenced: %+v", plan)
+	}
+	var last string
+	for i := range 1000 {
+		last = "UPDATE pgbench_accounts SET abalance = abalance + 1 WHERE aid = " + strconv.Itoa(i)
+		if plan := p.Query(c, last); plan.ParamTypes == nil {
+			t.Fatalf("%q not parameterized: %+v", last, plan)
+		}
+	}
+	before := hits()
+	p.Parse(c, parsed)
+	if got := hits(); got != before+1 {
+		t.Fatalf("the extended-protocol statement's rewrite was evicted: cache hits %v, want %v", got, before+1)
+	}
+	if plan := p.Query(c, last); plan.ParamTypes == nil || len(plan.Params) != 2 || plan.Params[1] != "999" {
+		t.Fatalf("repeat of %q: %+v", last, plan)
+	}
+	if got := hits(); got != before+2 {
+		t.Fatalf("repeating %q: cache hits %v, want %v", last, got, before+2)
+	}
+	if n := testing.AllocsPerRun(100, func() { p.Query(c, last) }); n != 0 {
+		t.Fatalf("a repeated parameterized write allocates %v times", n)
 	}
 }

@@ -30,8 +30,10 @@ type Config struct {
 	// NotifyStale sends a stale writer a WARNING naming the table and token
 	// after its statement, besides counting it.
 	NotifyStale bool
-	// CacheSize is how many distinct statement texts keep their rewrite; 0
-	// means 4096, a negative number disables the cache.
+	// CacheSize is how many distinct statement texts keep their rewrite,
+	// and again how many templates of parameterized writes and how many
+	// whole texts of those; 0 means 4096, a negative number disables the
+	// caches.
 	CacheSize int
 }
 
@@ -40,8 +42,8 @@ type Config struct {
 // instead).
 const codeStaleDomain = "PF001"
 
-// maxCachedText bounds the statements the cache keeps, so the cache's memory
-// is bounded by CacheSize times a few kilobytes.
+// maxCachedText bounds the statements the caches keep, so their memory is
+// bounded by CacheSize times a few kilobytes.
 const maxCachedText = 4 << 10
 
 // Policy implements proxy.Interceptor. It is safe for concurrent use, and
@@ -61,7 +63,12 @@ type state struct {
 	// bound holds the plans of parameterized simple-protocol writes (see
 	// sqlrewrite.Parameterize), by template; nil for a template that must
 	// be rewritten as sent.
-	bound  *lru.Cache[string, *planned]
+	bound *lru.Cache[string, *planned]
+	// texts holds the whole texts of parameterized writes, with their
+	// values, so that a text sent again is a plain cache hit. They are
+	// kept apart from cache: a stream of writes with new literals each
+	// time would otherwise evict every other statement's rewrite.
+	texts  *lru.Cache[string, *planned]
 	probes sync.Map // probe SQL -> *proxy.Probe
 }
 
@@ -100,6 +107,7 @@ func (p *Policy) Reload(cfg Config) error {
 		}
 		st.cache, _ = lru.New[cacheKey, *planned](size)
 		st.bound, _ = lru.New[string, *planned](size)
+		st.texts, _ = lru.New[string, *planned](size)
 	}
 	for _, g := range cfg.Guards {
 		p.m.watch(g.Name(), g.Rollout.String(), g.Domain != "")
@@ -200,8 +208,8 @@ func readOnly(c *proxy.Client, sql string) bool {
 type planned struct {
 	res  *sqlrewrite.Result
 	plan proxy.Plan
-	// params, for a text cached whole whose plan is its template's (see
-	// boundPlan), are the values it binds.
+	// params, for a whole text in state.texts, are the values it binds to
+	// its template's plan (see boundPlan).
 	params []string
 }
 
@@ -236,10 +244,14 @@ func (p *Policy) rewrite(st *state, c *proxy.Client, sess *session, sql string, 
 	if cacheable {
 		if pl, ok := st.cache.Get(key); ok {
 			p.m.cacheHits.Inc()
-			return pl, pl.params
+			return pl, nil
 		}
 	}
 	if mode == sqlrewrite.Simple && st.bound != nil && !forget && !sess.mayExecute(sql) {
+		if pl, ok := st.texts.Get(sql); ok {
+			p.m.cacheHits.Inc()
+			return pl, pl.params
+		}
 		par, writes := sqlrewrite.Parameterize(sql)
 		if !writes {
 			// What Rewrite would say, without scanning the text again.
@@ -257,7 +269,7 @@ func (p *Policy) rewrite(st *state, c *proxy.Client, sess *session, sql string, 
 				for i, v := range par.Values {
 					whole.params[i] = strings.Clone(v)
 				}
-				st.cache.Add(cacheKey{mode, strings.Clone(sql)}, whole)
+				st.texts.Add(strings.Clone(sql), whole)
 			}
 			return pl, par.Values
 		}
