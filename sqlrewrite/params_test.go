@@ -1,6 +1,7 @@
 package sqlrewrite
 
 import (
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -119,9 +120,8 @@ func FuzzParameterize(f *testing.F) {
 	f.Fuzz(func(t *testing.T, sql string) {
 		// scanLiterals reads whatever it accepts as Postgres's scanner does.
 		if fast, ok := scanLiterals(sql, nil); ok {
-			pg, pgOK := scanLiteralsPG(sql)
-			if !pgOK || fast.writes != pg.writes || fast.dml != pg.dml || fast.refuse != pg.refuse || !slices.Equal(fast.literals, pg.literals) {
-				t.Fatalf("%q: scanLiterals %+v, pg_query %+v (scans: %v)", sql, fast, pg, pgOK)
+			if err := agreesWithPG(sql, fast); err != nil {
+				t.Fatal(err)
 			}
 		}
 		p, _ := Parameterize(sql)
@@ -179,11 +179,20 @@ func TestScanLiterals(t *testing.T) {
 		if !ok {
 			continue
 		}
-		pg, pgOK := scanLiteralsPG(c.sql)
-		if !pgOK || fast.writes != pg.writes || fast.dml != pg.dml || fast.refuse != pg.refuse || !slices.Equal(fast.literals, pg.literals) {
-			t.Errorf("%q: scanLiterals %+v, pg_query %+v (scans: %v)", c.sql, fast, pg, pgOK)
+		if err := agreesWithPG(c.sql, fast); err != nil {
+			t.Error(err)
 		}
 	}
+}
+
+// agreesWithPG reports how what scanLiterals read of sql differs from what
+// pg_query's scanner reads, nil if it does not.
+func agreesWithPG(sql string, fast lexed) error {
+	pg, ok := scanLiteralsPG(sql)
+	if !ok || fast.writes != pg.writes || fast.dml != pg.dml || fast.refuse != pg.refuse || !slices.Equal(fast.literals, pg.literals) {
+		return fmt.Errorf("%q: scanLiterals %+v, pg_query %+v (scans: %v)", sql, fast, pg, ok)
+	}
+	return nil
 }
 
 // lexCases are texts for scanLiterals, and whether it reads them itself.
