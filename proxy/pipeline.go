@@ -33,6 +33,7 @@ type wait struct {
 	ready  *atomic.Bool // waitProbe that prepares: set once Postgres has the statement
 	row    [][]byte     // probe row, once received
 	reuse  *serverStmt  // waitParse, waitSwallow: preparing a statement the proxy reuses
+	pooled bool         // made by pipeline.get: recycled once dropped
 }
 
 // dropped notes that w will get no reply: the server skipped its message.
@@ -53,6 +54,21 @@ type pipeline struct {
 	// work and no Sync was queued yet: the server discards every message up
 	// to the next Sync, so waits pushed until then will get no reply.
 	skipping bool
+	// free are dropped waits of get's, for get to hand out again: one per
+	// fenced statement would otherwise be allocated. Used only while
+	// single, when nothing can hold a wait past its drop.
+	free []*wait
+}
+
+// get returns a new wait of kind, for pushing once.
+func (p *pipeline) get(kind waitKind) *wait {
+	if n := len(p.free); n > 0 && p.single {
+		w := p.free[n-1]
+		p.free = p.free[:n-1]
+		w.kind = kind
+		return w
+	}
+	return &wait{kind: kind, pooled: true}
 }
 
 func (p *pipeline) lock() {
@@ -102,9 +118,14 @@ func (p *pipeline) pop() {
 // drop removes the head. An emptied queue starts again at the front of its
 // array, so a session's pushes stop allocating once it is big enough.
 func (p *pipeline) drop() {
+	w := p.q[p.h]
 	p.q[p.h] = nil
 	if p.h++; p.h == len(p.q) {
 		p.q, p.h = p.q[:0], 0
+	}
+	if w.pooled && p.single {
+		*w = wait{pooled: true}
+		p.free = append(p.free, w)
 	}
 }
 

@@ -78,7 +78,9 @@ func (s *session) parseReused(sql string, params []byte) error {
 	// Binds that follow reach the statement before anything else the
 	// server runs, or are skipped with it if its Parse fails.
 	s.unnamed = ss
-	return s.parseAs(ss.name, sql, params, &wait{kind: waitParse, reuse: ss})
+	w := s.pipe.get(waitParse)
+	w.reuse = ss
+	return s.parseAs(ss.name, sql, params, w)
 }
 
 // parseAs sends a Parse of sql named name, answered by w.
@@ -156,7 +158,8 @@ func (s *session) queryBound(plan Plan) error {
 		ss = nil
 	}
 	name := ""
-	swallow := &wait{kind: waitSwallow, want: 2} // ParseComplete, BindComplete
+	swallow := s.pipe.get(waitSwallow)
+	swallow.want = 2 // ParseComplete, BindComplete
 	switch {
 	case ss != nil && ss.state.Load() == stmtReady:
 		name, swallow.want = ss.name, 1

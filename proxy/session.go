@@ -75,6 +75,10 @@ type session struct {
 	out     []byte
 	stmts   map[string]*prepared // the session's prepared statements
 	portals map[string]*Probe    // portals bound to statements that need a probe per Execute
+	// recent are the last texts parsed as the unnamed statement (see
+	// recentUnnamed); recentNext is the oldest.
+	recent     [4]*prepared
+	recentNext int
 	// probes are the probe statements this session's backend has prepared
 	// (set by the server side once Postgres confirms).
 	probes map[*Probe]*atomic.Bool
@@ -101,6 +105,27 @@ type prepared struct {
 	sent   string // the SQL sent in its place, "" for the client's own
 	probe  *Probe // run after each Execute of a portal bound to it
 	gen    uint64 // the Interceptor generation it was planned under
+}
+
+// is reports whether st is the statement of text with params.
+func (st *prepared) is(text, params []byte) bool {
+	return st != nil && st.text == string(text) && bytes.Equal(st.params, params)
+}
+
+// recentUnnamed returns what is remembered of text with params if it is one
+// of the last few unnamed statements, else a new record that it remembers
+// in place of the oldest. Each Parse plans the statement again, so a
+// record reused holds nothing stale.
+func (s *session) recentUnnamed(text, params []byte) *prepared {
+	for _, st := range s.recent {
+		if st.is(text, params) {
+			return st
+		}
+	}
+	st := &prepared{text: string(text), params: bytes.Clone(params)}
+	s.recent[s.recentNext] = st
+	s.recentNext = (s.recentNext + 1) % len(s.recent)
+	return st
 }
 
 // clientError ends a session because of what the client sent; the client
@@ -308,7 +333,9 @@ func (s *session) query(n int) error {
 		return s.queryBound(plan)
 	}
 	if len(plan.Probes) > 0 {
-		s.pipe.push(&wait{kind: waitQuery, probes: plan.Probes})
+		w := s.pipe.get(waitQuery)
+		w.probes = plan.Probes
+		s.pipe.push(w)
 	} else {
 		s.pipe.push(queryWait)
 	}
@@ -334,11 +361,15 @@ func (s *session) parse(n int) error {
 	}
 	ic := s.srv.cfg.Interceptor
 	gen := ic.Generation()
-	// Drivers that use the unnamed statement parse the same text again and
-	// again: keep what is remembered of it rather than allocate it anew.
+	// Drivers that use the unnamed statement parse the same few texts again
+	// and again: keep what is remembered of them rather than allocate it anew.
 	st := s.stmts[string(name)]
-	if st == nil || st.text != string(text) || !bytes.Equal(st.params, params) {
-		st = &prepared{text: string(text), params: bytes.Clone(params)}
+	if !st.is(text, params) {
+		if len(name) == 0 {
+			st = s.recentUnnamed(text, params)
+		} else {
+			st = &prepared{text: string(text), params: bytes.Clone(params)}
+		}
 		if s.stmts == nil {
 			s.stmts = make(map[string]*prepared)
 		}
@@ -441,7 +472,9 @@ func (s *session) replan(stmt []byte, st *prepared) error {
 		sql = st.text
 	}
 	s.log.Debug("re-preparing a statement after a configuration change", "statement", name)
-	s.pipe.push(&wait{kind: waitSwallow, want: 2})
+	w := s.pipe.get(waitSwallow)
+	w.want = 2
+	s.pipe.push(w)
 	out, _ := (&pgproto3.Close{ObjectType: 'S', Name: name}).Encode(s.out[:0])
 	s.out = out
 	if _, err := s.sw.Write(out); err != nil {
@@ -488,7 +521,8 @@ func (s *session) injectProbe(p *Probe) error {
 		ready = new(atomic.Bool)
 		s.probes[p] = ready
 	}
-	w := &wait{kind: waitProbe, probe: p, want: probeRunReplies, ready: ready}
+	w := s.pipe.get(waitProbe)
+	w.probe, w.want, w.ready = p, probeRunReplies, ready
 	if !ready.Load() {
 		w.want += probePrepareReplies
 		if _, err := s.sw.Write(p.prepare); err != nil {
@@ -767,8 +801,9 @@ func (s *session) probeReply(w *wait, typ byte, n int) error {
 		return err
 	}
 	if w.seen == w.want {
-		s.pipe.pop()
-		return s.probed(w.probe, w.row)
+		p, row := w.probe, w.row
+		s.pipe.pop() // recycles w
+		return s.probed(p, row)
 	}
 	return nil
 }
