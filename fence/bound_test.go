@@ -234,3 +234,30 @@ func TestBoundTextsKeepOthersCached(t *testing.T) {
 		t.Fatalf("a repeated parameterized write allocates %v times", n)
 	}
 }
+
+// TestBoundTextsKeptOnSecondSighting: a write by id sends each text once,
+// so a text is kept whole only when it comes again; until then a new text
+// costs the template's lookup alone.
+func TestBoundTextsKeptOnSecondSighting(t *testing.T) {
+	p, c := policyWith(t, fence.Config{}, prometheus.NewRegistry())
+	texts := make([]string, 2000)
+	for i := range texts {
+		texts[i] = "UPDATE pgbench_accounts SET abalance = abalance + 1 WHERE aid = " + strconv.Itoa(i)
+	}
+	p.Query(c, texts[0]) // plans the template
+	i := 1
+	// Parameterize's template and values, and the template's cache key:
+	// 10 when every text was also kept whole.
+	if n := testing.AllocsPerRun(1000, func() { p.Query(c, texts[i]); i++ }); n > 4 {
+		t.Errorf("a write's first sighting allocates %v times, want at most 4", n)
+	}
+	again := texts[1500]
+	p.Query(c, again)
+	p.Query(c, again) // its second sighting: kept whole
+	if n := testing.AllocsPerRun(100, func() { p.Query(c, again) }); n != 0 {
+		t.Errorf("a write sent a third time allocates %v times, want 0", n)
+	}
+	if plan := p.Query(c, again); plan.ParamTypes == nil || len(plan.Params) != 2 || plan.Params[1] != "1500" {
+		t.Fatalf("repeat of %q: %+v", again, plan)
+	}
+}

@@ -6,6 +6,7 @@ package fence
 import (
 	"encoding/binary"
 	"fmt"
+	"hash/maphash"
 	"log/slog"
 	"strconv"
 	"strings"
@@ -68,8 +69,32 @@ type state struct {
 	// values, so that a text sent again is a plain cache hit. They are
 	// kept apart from cache: a stream of writes with new literals each
 	// time would otherwise evict every other statement's rewrite.
-	texts  *lru.Cache[string, *planned]
+	texts *lru.Cache[string, *planned]
+	// seen admits a whole text to texts on its second sighting: most such
+	// texts (a write by id) never come again, and caching each costs more
+	// than the miss it would save.
+	seen   doorkeeper
 	probes sync.Map // probe SQL -> *proxy.Probe
+}
+
+// doorkeeper remembers hashes of recent texts, one per slot: a text whose
+// hash is in its slot was (almost certainly) seen before. Slots are
+// atomic, as sessions plan concurrently; a race costs at most a sighting.
+type doorkeeper struct {
+	seed  maphash.Seed
+	slots [4096]atomic.Uint64
+}
+
+// again reports whether text was noted since its slot last changed, and
+// notes it otherwise.
+func (d *doorkeeper) again(text string) bool {
+	h := maphash.String(d.seed, text)
+	slot := &d.slots[h%uint64(len(d.slots))]
+	if slot.Load() == h {
+		return true
+	}
+	slot.Store(h)
+	return false
 }
 
 type cacheKey struct {
@@ -108,6 +133,7 @@ func (p *Policy) Reload(cfg Config) error {
 		st.cache, _ = lru.New[cacheKey, *planned](size)
 		st.bound, _ = lru.New[string, *planned](size)
 		st.texts, _ = lru.New[string, *planned](size)
+		st.seen.seed = maphash.MakeSeed()
 	}
 	for _, g := range cfg.Guards {
 		p.m.watch(g.Name(), g.Rollout.String(), g.Domain != "")
@@ -264,7 +290,7 @@ func (p *Policy) rewrite(st *state, c *proxy.Client, sess *session, sql string, 
 			return pl, nil
 		}
 		if pl := p.boundPlan(st, c, par); pl != nil {
-			if cacheable { // a text sent again is then a plain cache hit
+			if cacheable && st.seen.again(sql) { // a text sent again is then a plain cache hit
 				whole := &planned{res: pl.res, plan: pl.plan, params: make([]string, len(par.Values))}
 				for i, v := range par.Values {
 					whole.params[i] = strings.Clone(v)
