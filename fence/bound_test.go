@@ -261,3 +261,72 @@ func TestBoundTextsKeptOnSecondSighting(t *testing.T) {
 		t.Fatalf("repeat of %q: %+v", again, plan)
 	}
 }
+
+// After a Query, the unnamed statement is gone: a Bind or Describe of it
+// without a new Parse fails as Postgres fails it, even though a bound
+// write leaves the server's unnamed statement in place (here the client's
+// last, a write that must not run again). Had a reload guarded its table
+// since, running it would also have been an unfenced write.
+func TestUnnamedStatementGoneAfterBoundQuery(t *testing.T) {
+	tbl := table(t, [3]any{1, "v", 5})
+	plain := tbl + "_plain" // not guarded
+	pgtest.Exec(t, pgtest.Direct(t), "CREATE TABLE "+plain+" (id int PRIMARY KEY, val text, fence_epoch bigint); INSERT INTO "+plain+" VALUES (1, 'v', 0)")
+	t.Cleanup(func() { pgtest.Exec(t, pgtest.Direct(t), "DROP TABLE "+plain) })
+	p := pgtest.StartProxy(t, []string{tbl})
+	for _, c := range []struct{ name, addr string }{{"postgres", pgtest.Server().Addr()}, {"pgfence", p.Addr}} {
+		t.Run(c.name, func(t *testing.T) {
+			conn, fe := pgtest.RawSession(t, c.addr)
+			conn.SetDeadline(time.Now().Add(20 * time.Second))
+			run := func(msgs ...pgproto3.FrontendMessage) string {
+				t.Helper()
+				for _, m := range msgs {
+					fe.Send(m)
+				}
+				if err := fe.Flush(); err != nil {
+					t.Fatal(err)
+				}
+				var got []string
+				for {
+					m, err := fe.Receive()
+					if err != nil {
+						t.Fatalf("after %v: %v", got, err)
+					}
+					typ := strings.TrimPrefix(fmt.Sprintf("%T", m), "*pgproto3.")
+					if e, ok := m.(*pgproto3.ErrorResponse); ok {
+						typ += " " + e.Code + " " + e.Message
+					}
+					got = append(got, typ)
+					if typ == "ReadyForQuery" {
+						return strings.Join(got, ", ")
+					}
+				}
+			}
+			run(&pgproto3.Query{String: "SET fence.token = '20'"})
+			// The client's unnamed statement: a write the proxy leaves alone.
+			run(&pgproto3.Parse{Query: "UPDATE " + plain + " SET val = 'u' WHERE id = 1"}, &pgproto3.Sync{})
+			// A bound write (prepared by the proxy under its own name).
+			for range 2 {
+				if got := run(&pgproto3.Query{String: "UPDATE " + tbl + " SET val = 'q' WHERE id = 1"}); got != "CommandComplete, ReadyForQuery" {
+					t.Fatalf("bound write: %s", got)
+				}
+			}
+			const gone = "ErrorResponse 26000 unnamed prepared statement does not exist, ReadyForQuery"
+			if got := run(&pgproto3.Bind{}, &pgproto3.Execute{}, &pgproto3.Sync{}); got != gone {
+				t.Errorf("Bind of the unnamed statement after a Query: %s, want %s", got, gone)
+			}
+			run(&pgproto3.Parse{Query: "SELECT 1"}, &pgproto3.Sync{})
+			run(&pgproto3.Query{String: "UPDATE " + tbl + " SET val = 'r' WHERE id = 1"})
+			if got := run(&pgproto3.Describe{ObjectType: 'S'}, &pgproto3.Sync{}); got != gone {
+				t.Errorf("Describe of the unnamed statement after a Query: %s, want %s", got, gone)
+			}
+			// The session goes on.
+			want := "ParseComplete, BindComplete, DataRow, CommandComplete, ReadyForQuery"
+			if got := run(&pgproto3.Parse{Query: "SELECT 1"}, &pgproto3.Bind{}, &pgproto3.Execute{}, &pgproto3.Sync{}); got != want {
+				t.Errorf("after: %s, want %s", got, want)
+			}
+		})
+	}
+	if val, _ := row(t, plain, 1); val == "u" {
+		t.Fatal("the old unnamed statement ran")
+	}
+}

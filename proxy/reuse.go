@@ -111,9 +111,10 @@ func (s *session) bindReused(ss *serverStmt, portal []byte, n int) error {
 }
 
 // describe forwards a Describe, pointing one of the unnamed statement at
-// the statement it stands for.
+// the statement it stands for, or closing it first if a bound Query
+// destroyed it for the client (see session.unnamedGone).
 func (s *session) describe(n int) error {
-	if s.unnamed == nil || n != 2 {
+	if s.unnamed == nil && !s.unnamedGone || n != 2 {
 		return forward(s.sw, s.cr, n)
 	}
 	b, err := s.peek(n)
@@ -121,6 +122,12 @@ func (s *session) describe(n int) error {
 		return err
 	}
 	if b[0] != 'S' || b[1] != 0 {
+		return forward(s.sw, s.cr, n)
+	}
+	if s.unnamed == nil {
+		if err := s.closeUnnamed(); err != nil {
+			return err
+		}
 		return forward(s.sw, s.cr, n)
 	}
 	if _, err := s.cr.Discard(5 + n); err != nil {
@@ -153,6 +160,7 @@ var syncMessage = []byte{'S', 0, 0, 0, 4}
 // queryBound sends a Query's Plan.SQL as a prepared statement bound to
 // Plan.Params.
 func (s *session) queryBound(plan Plan) error {
+	s.unnamedGone = true
 	ss := s.reused[plan.SQL]
 	if ss != nil && !bytes.Equal(ss.params, plan.ParamTypes) {
 		ss = nil

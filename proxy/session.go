@@ -89,6 +89,11 @@ type session struct {
 	reused  map[string]*serverStmt
 	unnamed *serverStmt
 	reuses  int
+	// unnamedGone is set by a bound Query: Postgres would have destroyed
+	// the unnamed statement, but the server still has one (the client's
+	// last, or the proxy's own). A Bind or Describe of it before the next
+	// Parse closes it first, so that it fails as it would have.
+	unnamedGone bool
 
 	// Owned by the server-to-client goroutine.
 	sbuf []byte
@@ -382,7 +387,7 @@ func (s *session) parse(n int) error {
 	}
 	st.sent, st.probe, st.gen = plan.SQL, plan.probe(), gen
 	if len(name) == 0 {
-		s.unnamed = nil
+		s.unnamed, s.unnamedGone = nil, false
 		if plan.Reuse && plan.SQL != "" && !plan.Forget {
 			return s.parseReused(plan.SQL, params)
 		}
@@ -410,7 +415,7 @@ func (s *session) peek(n int) ([]byte, error) {
 }
 
 func (s *session) bind(n int) error {
-	if len(s.stmts) == 0 {
+	if len(s.stmts) == 0 && !s.unnamedGone {
 		return forward(s.sw, s.cr, n)
 	}
 	b, err := s.peek(n)
@@ -442,7 +447,26 @@ func (s *session) bind(n int) error {
 	if len(stmt) == 0 && s.unnamed != nil {
 		return s.bindReused(s.unnamed, portal, n)
 	}
+	if len(stmt) == 0 && s.unnamedGone {
+		if err := s.closeUnnamed(); err != nil {
+			return err
+		}
+	}
 	return forward(s.sw, s.cr, n)
+}
+
+// closeUnnamedMessage is a Close of the unnamed statement.
+var closeUnnamedMessage = []byte{'C', 0, 0, 0, 6, 'S', 0}
+
+// closeUnnamed closes the server's unnamed statement, which the client's
+// view of the session says a Query destroyed (see session.unnamedGone).
+func (s *session) closeUnnamed() error {
+	s.unnamedGone = false
+	w := s.pipe.get(waitSwallow)
+	w.want = 1 // CloseComplete
+	s.pipe.push(w)
+	_, err := s.sw.Write(closeUnnamedMessage)
+	return err
 }
 
 // replan plans a statement prepared under an older configuration again.
@@ -561,7 +585,7 @@ func (s *session) close(n int) error {
 			case 'S':
 				delete(s.stmts, string(name))
 				if len(name) == 0 {
-					s.unnamed = nil
+					s.unnamed, s.unnamedGone = nil, false
 				}
 			case 'P':
 				delete(s.portals, string(name))
