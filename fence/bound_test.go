@@ -330,3 +330,75 @@ func TestUnnamedStatementGoneAfterBoundQuery(t *testing.T) {
 		t.Fatal("the old unnamed statement ran")
 	}
 }
+
+// A Query in the middle of an extended-protocol batch (before its Sync)
+// runs inside it, as Postgres runs it: commits with it when all went well,
+// and is skipped with the rest of the batch after an error. A write that
+// would run bound (with a Sync of the proxy's) runs as its text instead.
+func TestQueryInsideExtendedBatch(t *testing.T) {
+	tbl := table(t, [3]any{1, "v", 5})
+	p := pgtest.StartProxy(t, []string{tbl})
+	var seen [2]string // each one's replies
+	for i, c := range []struct{ name, addr string }{{"postgres", pgtest.Server().Addr()}, {"pgfence", p.Addr}} {
+		t.Run(c.name, func(t *testing.T) {
+			conn, fe := pgtest.RawSession(t, c.addr)
+			conn.SetDeadline(time.Now().Add(20 * time.Second))
+			// run sends msgs and returns the replies up to the ready-th
+			// ReadyForQuery.
+			run := func(ready int, msgs ...pgproto3.FrontendMessage) string {
+				t.Helper()
+				for _, m := range msgs {
+					fe.Send(m)
+				}
+				if err := fe.Flush(); err != nil {
+					t.Fatal(err)
+				}
+				var got []string
+				for ready > 0 {
+					m, err := fe.Receive()
+					if err != nil {
+						t.Fatalf("after %v: %v", got, err)
+					}
+					typ := strings.TrimPrefix(fmt.Sprintf("%T", m), "*pgproto3.")
+					if e, ok := m.(*pgproto3.ErrorResponse); ok {
+						typ += " " + e.Code
+					}
+					if r, ok := m.(*pgproto3.ReadyForQuery); ok {
+						typ += " " + string(r.TxStatus)
+						ready--
+					}
+					got = append(got, typ)
+				}
+				return strings.Join(got, ", ")
+			}
+			run(1, &pgproto3.Query{String: "SET fence.token = '20'"})
+			write := func(v string) *pgproto3.Query {
+				return &pgproto3.Query{String: "UPDATE " + tbl + " SET val = '" + v + "' WHERE id = 1"}
+			}
+			for _, v := range []string{"a", "b"} { // bound, as outside a batch
+				run(1, write(v))
+			}
+			// Postgres answers the Query with a ReadyForQuery of its own,
+			// unless it skips it.
+			batch := func(ready int, sql string, v string) string {
+				return run(ready, &pgproto3.Parse{Query: sql}, &pgproto3.Bind{}, &pgproto3.Execute{}, write(v), &pgproto3.Sync{})
+			}
+			ok := batch(2, "SELECT 1", "c")
+			if val, epoch := row(t, tbl, 1); val != "c" || c.name == "pgfence" && epoch != 20 {
+				t.Fatalf("after the batch: row is %q at epoch %d, want c (at 20 through pgfence)", val, epoch)
+			}
+			failed := batch(1, "SELECT 1/0", "d")
+			if val, _ := row(t, tbl, 1); val != "c" {
+				t.Fatalf("the Query after an error in the batch ran: row is %q", val)
+			}
+			// The session goes on.
+			if got := run(1, write("e")); got != "CommandComplete, ReadyForQuery I" {
+				t.Fatalf("after: %s", got)
+			}
+			seen[i] = ok + " / " + failed
+		})
+	}
+	if seen[0] != seen[1] {
+		t.Errorf("replies differ:\n postgres: %s\n pgfence:  %s", seen[0], seen[1])
+	}
+}

@@ -56,6 +56,7 @@ type Plan struct {
 	// its own, as for Reuse, so Postgres parses and plans it once rather
 	// than for every Query. The client sees the replies a Query would get.
 	// Probes[0] (if any) runs right after the Execute, as for a Parse.
+	// Not for a Query sent while the Client is InExtendedBatch.
 	ParamTypes []byte
 	// Params are the values bound for ParamTypes. Like the Query text, they
 	// may share the proxy's read buffer.
@@ -141,7 +142,15 @@ type Client struct {
 	// What the server reported last; both change how SQL text must be read.
 	nonStandardStrings atomic.Bool            // standard_conforming_strings = off
 	encoding           atomic.Pointer[string] // client_encoding, if not UTF8
+	// midBatch is set from an extended-protocol message to the next Sync
+	// (owned by the session's client side, which calls the Interceptor).
+	midBatch bool
 }
+
+// InExtendedBatch reports whether the client has sent extended-protocol
+// messages since its last Sync. A Query then runs inside that batch: a
+// plan for it with ParamTypes would end the batch at the proxy's Sync.
+func (c *Client) InExtendedBatch() bool { return c.midBatch }
 
 // StandardConformingStrings reports whether backslashes in '...' literals
 // are plain characters in this session, as the parser assumes.

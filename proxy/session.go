@@ -285,6 +285,12 @@ func (s *session) clientMessage(typ byte, n int) error {
 		s.idle.Store(false)
 	}
 	switch typ {
+	case 'P', 'B', 'E', 'C', 'D', 'H':
+		s.c.midBatch = true
+	case 'S':
+		s.c.midBatch = false
+	}
+	switch typ {
 	case 'Q':
 		return s.query(n)
 	case 'P':
