@@ -286,6 +286,73 @@ func TestDiscovery(t *testing.T) {
 	}
 }
 
+// A table partitioned by its epoch column: a fenced write moves the row to
+// the partition of its new epoch (Postgres runs a cross-partition UPDATE as
+// a delete and an insert), and stale writes are still refused and counted,
+// through the parent or naming a partition.
+func TestPartitionedByEpoch(t *testing.T) {
+	db := pgtest.Direct(t)
+	pgtest.Exec(t, db, `DROP TABLE IF EXISTS part_epoch CASCADE;
+		CREATE TABLE part_epoch (id int, val text, fence_epoch bigint NOT NULL DEFAULT 0, PRIMARY KEY (id, fence_epoch)) PARTITION BY RANGE (fence_epoch);
+		CREATE TABLE part_epoch_old PARTITION OF part_epoch FOR VALUES FROM (MINVALUE) TO (100);
+		CREATE TABLE part_epoch_new PARTITION OF part_epoch FOR VALUES FROM (100) TO (MAXVALUE);
+		INSERT INTO part_epoch VALUES (1, 'a', 5), (2, 'b', 5)`)
+	t.Cleanup(func() { pgtest.Exec(t, pgtest.Direct(t), "DROP TABLE IF EXISTS part_epoch CASCADE") })
+	d, err := fence.Discover(ctx, db, []sqlrewrite.Guard{{Table: "part_epoch", Column: "fence_epoch"}}, false, "fence_epoch",
+		func(g sqlrewrite.Guard) sqlrewrite.Guard { return g })
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := pgtest.StartProxy(t, nil, func(_ *proxy.Config, fc *fence.Config) { fc.Guards = d.Guards })
+	c := p.Connect(t)
+	// where lists each row as id:val:epoch@partition.
+	where := func() string {
+		t.Helper()
+		rows, err := pgtest.Direct(t).Query(ctx, "SELECT id, val, fence_epoch, tableoid::regclass::text FROM part_epoch ORDER BY id")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		var out []string
+		for rows.Next() {
+			var id int
+			var val, part string
+			var epoch int64
+			if err := rows.Scan(&id, &val, &epoch, &part); err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, fmt.Sprintf("%d:%s:%d@%s", id, val, epoch, part))
+		}
+		return strings.Join(out, " ")
+	}
+	steps := []struct{ token, sql, tag, rows string }{
+		{"150", "UPDATE part_epoch SET val = 'x' WHERE id = 1", "UPDATE 1", "1:x:150@part_epoch_new 2:b:5@part_epoch_old"},
+		{"50", "UPDATE part_epoch SET val = 'stale' WHERE id = 1", "UPDATE 0", "1:x:150@part_epoch_new 2:b:5@part_epoch_old"},
+		{"50", "UPDATE part_epoch_new SET val = 'stale' WHERE id = 1", "UPDATE 0", "1:x:150@part_epoch_new 2:b:5@part_epoch_old"},
+		{"50", "UPDATE part_epoch SET val = 'y' WHERE id = 2", "UPDATE 1", "1:x:150@part_epoch_new 2:y:50@part_epoch_old"},
+		{"200", "INSERT INTO part_epoch (id, val) VALUES (3, 'z')", "INSERT 0 1", "1:x:150@part_epoch_new 2:y:50@part_epoch_old 3:z:200@part_epoch_new"},
+		{"40", "DELETE FROM part_epoch WHERE id = 2", "DELETE 0", "1:x:150@part_epoch_new 2:y:50@part_epoch_old 3:z:200@part_epoch_new"},
+		{"40", "DELETE FROM part_epoch_old WHERE id = 2", "DELETE 0", "1:x:150@part_epoch_new 2:y:50@part_epoch_old 3:z:200@part_epoch_new"},
+		{"120", "UPDATE part_epoch SET val = 'w' WHERE id IN (1, 2)", "UPDATE 1", "1:x:150@part_epoch_new 2:w:120@part_epoch_new 3:z:200@part_epoch_new"},
+	}
+	for _, st := range steps {
+		pgtest.Exec(t, c, "SET fence.token = '"+st.token+"'")
+		if tag := pgtest.Exec(t, c, st.sql); tag != st.tag {
+			t.Fatalf("token %s, %s: %s, want %s", st.token, st.sql, tag, st.tag)
+		}
+		if got := where(); got != st.rows {
+			t.Fatalf("token %s, %s:\n rows %s\n want %s", st.token, st.sql, got, st.rows)
+		}
+	}
+	var total float64
+	for _, tbl := range []string{"part_epoch", "public.part_epoch_old", "public.part_epoch_new"} {
+		total += rejects(t, p, tbl)
+	}
+	if total != 5 {
+		t.Fatalf("fencing_reject_total over the table and its partitions = %v, want 5", total)
+	}
+}
+
 // Rollout modes: observe counts, shadow counts what enforce would reject
 // without blocking and without lowering epochs; a missing token can be
 // allowed.
