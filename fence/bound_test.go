@@ -277,40 +277,17 @@ func TestUnnamedStatementGoneAfterBoundQuery(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			conn, fe := pgtest.RawSession(t, c.addr)
 			conn.SetDeadline(time.Now().Add(20 * time.Second))
-			run := func(msgs ...pgproto3.FrontendMessage) string {
-				t.Helper()
-				for _, m := range msgs {
-					fe.Send(m)
-				}
-				if err := fe.Flush(); err != nil {
-					t.Fatal(err)
-				}
-				var got []string
-				for {
-					m, err := fe.Receive()
-					if err != nil {
-						t.Fatalf("after %v: %v", got, err)
-					}
-					typ := strings.TrimPrefix(fmt.Sprintf("%T", m), "*pgproto3.")
-					if e, ok := m.(*pgproto3.ErrorResponse); ok {
-						typ += " " + e.Code + " " + e.Message
-					}
-					got = append(got, typ)
-					if typ == "ReadyForQuery" {
-						return strings.Join(got, ", ")
-					}
-				}
-			}
+			run := func(msgs ...pgproto3.FrontendMessage) string { t.Helper(); return exchange(t, fe, 1, msgs...) }
 			run(&pgproto3.Query{String: "SET fence.token = '20'"})
 			// The client's unnamed statement: a write the proxy leaves alone.
 			run(&pgproto3.Parse{Query: "UPDATE " + plain + " SET val = 'u' WHERE id = 1"}, &pgproto3.Sync{})
 			// A bound write (prepared by the proxy under its own name).
 			for range 2 {
-				if got := run(&pgproto3.Query{String: "UPDATE " + tbl + " SET val = 'q' WHERE id = 1"}); got != "CommandComplete, ReadyForQuery" {
+				if got := run(&pgproto3.Query{String: "UPDATE " + tbl + " SET val = 'q' WHERE id = 1"}); got != "CommandComplete, ReadyForQuery I" {
 					t.Fatalf("bound write: %s", got)
 				}
 			}
-			const gone = "ErrorResponse 26000 unnamed prepared statement does not exist, ReadyForQuery"
+			const gone = "ErrorResponse 26000 unnamed prepared statement does not exist, ReadyForQuery I"
 			if got := run(&pgproto3.Bind{}, &pgproto3.Execute{}, &pgproto3.Sync{}); got != gone {
 				t.Errorf("Bind of the unnamed statement after a Query: %s, want %s", got, gone)
 			}
@@ -320,7 +297,7 @@ func TestUnnamedStatementGoneAfterBoundQuery(t *testing.T) {
 				t.Errorf("Describe of the unnamed statement after a Query: %s, want %s", got, gone)
 			}
 			// The session goes on.
-			want := "ParseComplete, BindComplete, DataRow, CommandComplete, ReadyForQuery"
+			want := "ParseComplete, BindComplete, DataRow, CommandComplete, ReadyForQuery I"
 			if got := run(&pgproto3.Parse{Query: "SELECT 1"}, &pgproto3.Bind{}, &pgproto3.Execute{}, &pgproto3.Sync{}); got != want {
 				t.Errorf("after: %s, want %s", got, want)
 			}
@@ -343,33 +320,9 @@ func TestQueryInsideExtendedBatch(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			conn, fe := pgtest.RawSession(t, c.addr)
 			conn.SetDeadline(time.Now().Add(20 * time.Second))
-			// run sends msgs and returns the replies up to the ready-th
-			// ReadyForQuery.
 			run := func(ready int, msgs ...pgproto3.FrontendMessage) string {
 				t.Helper()
-				for _, m := range msgs {
-					fe.Send(m)
-				}
-				if err := fe.Flush(); err != nil {
-					t.Fatal(err)
-				}
-				var got []string
-				for ready > 0 {
-					m, err := fe.Receive()
-					if err != nil {
-						t.Fatalf("after %v: %v", got, err)
-					}
-					typ := strings.TrimPrefix(fmt.Sprintf("%T", m), "*pgproto3.")
-					if e, ok := m.(*pgproto3.ErrorResponse); ok {
-						typ += " " + e.Code
-					}
-					if r, ok := m.(*pgproto3.ReadyForQuery); ok {
-						typ += " " + string(r.TxStatus)
-						ready--
-					}
-					got = append(got, typ)
-				}
-				return strings.Join(got, ", ")
+				return exchange(t, fe, ready, msgs...)
 			}
 			run(1, &pgproto3.Query{String: "SET fence.token = '20'"})
 			write := func(v string) *pgproto3.Query {
@@ -401,4 +354,34 @@ func TestQueryInsideExtendedBatch(t *testing.T) {
 	if seen[0] != seen[1] {
 		t.Errorf("replies differ:\n postgres: %s\n pgfence:  %s", seen[0], seen[1])
 	}
+}
+
+// exchange sends msgs on a raw session and returns the replies up to the
+// ready-th ReadyForQuery, as "Type" ("ErrorResponse CODE message",
+// "ReadyForQuery STATUS"), comma-separated.
+func exchange(t *testing.T, fe *pgproto3.Frontend, ready int, msgs ...pgproto3.FrontendMessage) string {
+	t.Helper()
+	for _, m := range msgs {
+		fe.Send(m)
+	}
+	if err := fe.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for ready > 0 {
+		m, err := fe.Receive()
+		if err != nil {
+			t.Fatalf("after %v: %v", got, err)
+		}
+		typ := strings.TrimPrefix(fmt.Sprintf("%T", m), "*pgproto3.")
+		switch m := m.(type) {
+		case *pgproto3.ErrorResponse:
+			typ += " " + m.Code + " " + m.Message
+		case *pgproto3.ReadyForQuery:
+			typ += " " + string(m.TxStatus)
+			ready--
+		}
+		got = append(got, typ)
+	}
+	return strings.Join(got, ", ")
 }
