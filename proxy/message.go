@@ -83,6 +83,27 @@ func skip(r msgReader, n int) error {
 	return err
 }
 
+// message consumes the next message, whose body is n bytes, and returns it
+// whole, header and body. The bytes are the reader's own when it holds the
+// message whole (the event loop always has a Query or Parse whole), valid
+// until the next read from r; only otherwise are they copied into buf. So a
+// message taken to be looked at and then passed on is copied once, into
+// the writer.
+func message(r msgReader, n int, buf *[]byte) ([]byte, error) {
+	if m, err := r.Peek(5 + n); err == nil {
+		r.Discard(5 + n)
+		return m, nil
+	}
+	if cap(*buf) < 5+n {
+		*buf = make([]byte, 5+n)
+	}
+	m := (*buf)[:5+n]
+	if _, err := readFull(r, m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
 // body consumes the next message and returns its body in buf (grown as
 // needed and reused across calls).
 func body(r msgReader, n int, buf *[]byte) ([]byte, error) {

@@ -323,11 +323,11 @@ func (s *session) clientMessage(typ byte, n int) error {
 }
 
 func (s *session) query(n int) error {
-	b, err := body(s.cr, n, &s.cbuf)
+	m, err := message(s.cr, n, &s.cbuf)
 	if err != nil {
 		return err
 	}
-	text, _, err := cstring(b)
+	text, _, err := cstring(m[5:])
 	if err != nil {
 		return &clientError{err: fmt.Errorf("Query: %w", err)}
 	}
@@ -351,18 +351,19 @@ func (s *session) query(n int) error {
 		s.pipe.push(queryWait)
 	}
 	if plan.SQL == "" {
-		return writeMessage(s.sw, 'Q', b)
+		_, err := s.sw.Write(m)
+		return err
 	}
 	s.out = append(append(s.out[:0], plan.SQL...), 0)
 	return writeMessage(s.sw, 'Q', s.out)
 }
 
 func (s *session) parse(n int) error {
-	b, err := body(s.cr, n, &s.cbuf)
+	m, err := message(s.cr, n, &s.cbuf)
 	if err != nil {
 		return err
 	}
-	name, rest, err := cstring(b)
+	name, rest, err := cstring(m[5:])
 	if err != nil {
 		return &clientError{err: fmt.Errorf("Parse: %w", err)}
 	}
@@ -400,7 +401,8 @@ func (s *session) parse(n int) error {
 	}
 	s.pipe.push(parseWait)
 	if plan.SQL == "" {
-		return writeMessage(s.sw, 'P', b)
+		_, err := s.sw.Write(m)
+		return err
 	}
 	s.out = append(s.out[:0], name...)
 	s.out = append(s.out, 0)
