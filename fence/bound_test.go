@@ -308,6 +308,51 @@ func TestUnnamedStatementGoneAfterBoundQuery(t *testing.T) {
 	}
 }
 
+// Postgres drops the unnamed statement before it parses the next one, so
+// after a Parse of it fails, a Bind or Describe of it fails with 26000.
+// Through pgfence the failed Parse is of a statement of the proxy's own
+// (a fenced write it prepares for reuse), and the server still has the
+// client's previous unnamed statement: neither may be bound in its place.
+func TestUnnamedStatementGoneAfterFailedParse(t *testing.T) {
+	tbl := table(t, [3]any{1, "v", 5})
+	plain := tbl + "_plain" // not guarded
+	pgtest.Exec(t, pgtest.Direct(t), "CREATE TABLE "+plain+" (id int PRIMARY KEY, val text, fence_epoch bigint); INSERT INTO "+plain+" VALUES (1, 'v', 0)")
+	t.Cleanup(func() { pgtest.Exec(t, pgtest.Direct(t), "DROP TABLE "+plain) })
+	p := pgtest.StartProxy(t, []string{tbl})
+	for _, c := range []struct{ name, addr string }{{"postgres", pgtest.Server().Addr()}, {"pgfence", p.Addr}} {
+		t.Run(c.name, func(t *testing.T) {
+			conn, fe := pgtest.RawSession(t, c.addr)
+			conn.SetDeadline(time.Now().Add(20 * time.Second))
+			run := func(msgs ...pgproto3.FrontendMessage) string { t.Helper(); return exchange(t, fe, 1, msgs...) }
+			run(&pgproto3.Query{String: "SET fence.token = '20'"})
+			// The client's unnamed statement: a write the proxy leaves alone.
+			run(&pgproto3.Parse{Query: "UPDATE " + plain + " SET val = 'u' WHERE id = 1"}, &pgproto3.Sync{})
+			// A fenced write that fails to parse.
+			const failed = "ErrorResponse 42703 column \"nosuch\" of relation \"" + "%s" + "\" does not exist, ReadyForQuery I"
+			if got, want := run(&pgproto3.Parse{Query: "UPDATE " + tbl + " SET nosuch = $1 WHERE id = 1"}, &pgproto3.Sync{}), fmt.Sprintf(failed, tbl); got != want {
+				t.Fatalf("Parse of a bad fenced write: %s, want %s", got, want)
+			}
+			const gone = "ErrorResponse 26000 unnamed prepared statement does not exist, ReadyForQuery I"
+			if got := run(&pgproto3.Describe{ObjectType: 'S'}, &pgproto3.Sync{}); got != gone {
+				t.Errorf("Describe of the unnamed statement after its Parse failed: %s, want %s", got, gone)
+			}
+			run(&pgproto3.Parse{Query: "UPDATE " + plain + " SET val = 'u' WHERE id = 1"}, &pgproto3.Sync{})
+			run(&pgproto3.Parse{Query: "UPDATE " + tbl + " SET nosuch = $1 WHERE id = 1"}, &pgproto3.Sync{})
+			if got := run(&pgproto3.Bind{Parameters: [][]byte{[]byte("x")}}, &pgproto3.Execute{}, &pgproto3.Sync{}); got != gone {
+				t.Errorf("Bind of the unnamed statement after its Parse failed: %s, want %s", got, gone)
+			}
+			// The session goes on.
+			want := "ParseComplete, BindComplete, DataRow, CommandComplete, ReadyForQuery I"
+			if got := run(&pgproto3.Parse{Query: "SELECT 1"}, &pgproto3.Bind{}, &pgproto3.Execute{}, &pgproto3.Sync{}); got != want {
+				t.Errorf("after: %s, want %s", got, want)
+			}
+		})
+	}
+	if val, _ := row(t, plain, 1); val == "u" {
+		t.Fatal("the old unnamed statement ran")
+	}
+}
+
 // A Query in the middle of an extended-protocol batch (before its Sync)
 // runs inside it, as Postgres runs it: commits with it when all went well,
 // and is skipped with the rest of the batch after an error. A write that

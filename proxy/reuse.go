@@ -124,7 +124,7 @@ func (s *session) describe(n int) error {
 	if b[0] != 'S' || b[1] != 0 {
 		return forward(s.sw, s.cr, n)
 	}
-	if s.unnamed == nil {
+	if s.reusedUnnamed() == nil {
 		if err := s.closeUnnamed(); err != nil {
 			return err
 		}
@@ -135,6 +135,21 @@ func (s *session) describe(n int) error {
 	}
 	s.out = append(append(append(s.out[:0], 'S'), s.unnamed.name...), 0)
 	return writeMessage(s.sw, 'D', s.out)
+}
+
+// reusedUnnamed returns the statement the client's unnamed statement
+// stands for (session.unnamed), nil when it is the server's own. One whose
+// Parse failed stands for none: Postgres drops the unnamed statement before
+// it parses the next, so the unnamed statement is then gone (see
+// session.unnamedGone). A Parse skipped after an earlier error in its batch
+// counts as failed too, where Postgres would still have the statement
+// before it: a Bind of it then fails rather than runs what the client
+// meant to replace.
+func (s *session) reusedUnnamed() *serverStmt {
+	if s.unnamed != nil && s.unnamed.state.Load() == stmtAbsent {
+		s.unnamed, s.unnamedGone = nil, true
+	}
+	return s.unnamed
 }
 
 // forgetReused drops what the session knows of its server-side statements,

@@ -452,7 +452,7 @@ func (s *session) bind(n int) error {
 	} else if len(s.portals) > 0 {
 		delete(s.portals, string(portal))
 	}
-	if len(stmt) == 0 && s.unnamed != nil {
+	if len(stmt) == 0 && s.reusedUnnamed() != nil {
 		return s.bindReused(s.unnamed, portal, n)
 	}
 	if len(stmt) == 0 && s.unnamedGone {
