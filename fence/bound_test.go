@@ -268,44 +268,22 @@ func TestBoundTextsKeptOnSecondSighting(t *testing.T) {
 // last, a write that must not run again). Had a reload guarded its table
 // since, running it would also have been an unfenced write.
 func TestUnnamedStatementGoneAfterBoundQuery(t *testing.T) {
-	tbl := table(t, [3]any{1, "v", 5})
-	plain := tbl + "_plain" // not guarded
-	pgtest.Exec(t, pgtest.Direct(t), "CREATE TABLE "+plain+" (id int PRIMARY KEY, val text, fence_epoch bigint); INSERT INTO "+plain+" VALUES (1, 'v', 0)")
-	t.Cleanup(func() { pgtest.Exec(t, pgtest.Direct(t), "DROP TABLE "+plain) })
-	p := pgtest.StartProxy(t, []string{tbl})
-	for _, c := range []struct{ name, addr string }{{"postgres", pgtest.Server().Addr()}, {"pgfence", p.Addr}} {
-		t.Run(c.name, func(t *testing.T) {
-			conn, fe := pgtest.RawSession(t, c.addr)
-			conn.SetDeadline(time.Now().Add(20 * time.Second))
-			run := func(msgs ...pgproto3.FrontendMessage) string { t.Helper(); return exchange(t, fe, 1, msgs...) }
-			run(&pgproto3.Query{String: "SET fence.token = '20'"})
-			// The client's unnamed statement: a write the proxy leaves alone.
-			run(&pgproto3.Parse{Query: "UPDATE " + plain + " SET val = 'u' WHERE id = 1"}, &pgproto3.Sync{})
-			// A bound write (prepared by the proxy under its own name).
-			for range 2 {
-				if got := run(&pgproto3.Query{String: "UPDATE " + tbl + " SET val = 'q' WHERE id = 1"}); got != "CommandComplete, ReadyForQuery I" {
-					t.Fatalf("bound write: %s", got)
-				}
+	unnamedGone(t, func(t *testing.T, tbl string, run func(...pgproto3.FrontendMessage) string) {
+		// A bound write (prepared by the proxy under its own name).
+		for range 2 {
+			if got := run(&pgproto3.Query{String: "UPDATE " + tbl + " SET val = 'q' WHERE id = 1"}); got != "CommandComplete, ReadyForQuery I" {
+				t.Fatalf("bound write: %s", got)
 			}
-			const gone = "ErrorResponse 26000 unnamed prepared statement does not exist, ReadyForQuery I"
-			if got := run(&pgproto3.Bind{}, &pgproto3.Execute{}, &pgproto3.Sync{}); got != gone {
-				t.Errorf("Bind of the unnamed statement after a Query: %s, want %s", got, gone)
-			}
-			run(&pgproto3.Parse{Query: "SELECT 1"}, &pgproto3.Sync{})
-			run(&pgproto3.Query{String: "UPDATE " + tbl + " SET val = 'r' WHERE id = 1"})
-			if got := run(&pgproto3.Describe{ObjectType: 'S'}, &pgproto3.Sync{}); got != gone {
-				t.Errorf("Describe of the unnamed statement after a Query: %s, want %s", got, gone)
-			}
-			// The session goes on.
-			want := "ParseComplete, BindComplete, DataRow, CommandComplete, ReadyForQuery I"
-			if got := run(&pgproto3.Parse{Query: "SELECT 1"}, &pgproto3.Bind{}, &pgproto3.Execute{}, &pgproto3.Sync{}); got != want {
-				t.Errorf("after: %s, want %s", got, want)
-			}
-		})
-	}
-	if val, _ := row(t, plain, 1); val == "u" {
-		t.Fatal("the old unnamed statement ran")
-	}
+		}
+		if got := run(&pgproto3.Bind{}, &pgproto3.Execute{}, &pgproto3.Sync{}); got != gone {
+			t.Errorf("Bind of the unnamed statement after a Query: %s, want %s", got, gone)
+		}
+		run(&pgproto3.Parse{Query: "SELECT 1"}, &pgproto3.Sync{})
+		run(&pgproto3.Query{String: "UPDATE " + tbl + " SET val = 'r' WHERE id = 1"})
+		if got := run(&pgproto3.Describe{ObjectType: 'S'}, &pgproto3.Sync{}); got != gone {
+			t.Errorf("Describe of the unnamed statement after a Query: %s, want %s", got, gone)
+		}
+	})
 }
 
 // Postgres drops the unnamed statement before it parses the next one, so
@@ -314,6 +292,32 @@ func TestUnnamedStatementGoneAfterBoundQuery(t *testing.T) {
 // (a fenced write it prepares for reuse), and the server still has the
 // client's previous unnamed statement: neither may be bound in its place.
 func TestUnnamedStatementGoneAfterFailedParse(t *testing.T) {
+	unnamedGone(t, func(t *testing.T, tbl string, run func(...pgproto3.FrontendMessage) string) {
+		bad := &pgproto3.Parse{Query: "UPDATE " + tbl + " SET nosuch = $1 WHERE id = 1"}
+		failed := "ErrorResponse 42703 column \"nosuch\" of relation \"" + tbl + "\" does not exist, ReadyForQuery I"
+		if got := run(bad, &pgproto3.Sync{}); got != failed {
+			t.Fatalf("Parse of a bad fenced write: %s, want %s", got, failed)
+		}
+		if got := run(&pgproto3.Describe{ObjectType: 'S'}, &pgproto3.Sync{}); got != gone {
+			t.Errorf("Describe of the unnamed statement after its Parse failed: %s, want %s", got, gone)
+		}
+		run(&pgproto3.Parse{Query: "UPDATE " + tbl + "_plain SET val = 'u' WHERE id = 1"}, &pgproto3.Sync{})
+		run(bad, &pgproto3.Sync{})
+		if got := run(&pgproto3.Bind{Parameters: [][]byte{[]byte("x")}}, &pgproto3.Execute{}, &pgproto3.Sync{}); got != gone {
+			t.Errorf("Bind of the unnamed statement after its Parse failed: %s, want %s", got, gone)
+		}
+	})
+}
+
+// gone is what Postgres answers a Bind or Describe of an unnamed statement
+// it does not have.
+const gone = "ErrorResponse 26000 unnamed prepared statement does not exist, ReadyForQuery I"
+
+// unnamedGone runs steps in a raw session straight to Postgres and in one
+// through pgfence guarding tbl, after the client made an UPDATE of the
+// unguarded tbl_plain its unnamed statement; steps then make that
+// statement gone. The session must go on, and that UPDATE never run.
+func unnamedGone(t *testing.T, steps func(t *testing.T, tbl string, run func(...pgproto3.FrontendMessage) string)) {
 	tbl := table(t, [3]any{1, "v", 5})
 	plain := tbl + "_plain" // not guarded
 	pgtest.Exec(t, pgtest.Direct(t), "CREATE TABLE "+plain+" (id int PRIMARY KEY, val text, fence_epoch bigint); INSERT INTO "+plain+" VALUES (1, 'v', 0)")
@@ -327,20 +331,7 @@ func TestUnnamedStatementGoneAfterFailedParse(t *testing.T) {
 			run(&pgproto3.Query{String: "SET fence.token = '20'"})
 			// The client's unnamed statement: a write the proxy leaves alone.
 			run(&pgproto3.Parse{Query: "UPDATE " + plain + " SET val = 'u' WHERE id = 1"}, &pgproto3.Sync{})
-			// A fenced write that fails to parse.
-			const failed = "ErrorResponse 42703 column \"nosuch\" of relation \"" + "%s" + "\" does not exist, ReadyForQuery I"
-			if got, want := run(&pgproto3.Parse{Query: "UPDATE " + tbl + " SET nosuch = $1 WHERE id = 1"}, &pgproto3.Sync{}), fmt.Sprintf(failed, tbl); got != want {
-				t.Fatalf("Parse of a bad fenced write: %s, want %s", got, want)
-			}
-			const gone = "ErrorResponse 26000 unnamed prepared statement does not exist, ReadyForQuery I"
-			if got := run(&pgproto3.Describe{ObjectType: 'S'}, &pgproto3.Sync{}); got != gone {
-				t.Errorf("Describe of the unnamed statement after its Parse failed: %s, want %s", got, gone)
-			}
-			run(&pgproto3.Parse{Query: "UPDATE " + plain + " SET val = 'u' WHERE id = 1"}, &pgproto3.Sync{})
-			run(&pgproto3.Parse{Query: "UPDATE " + tbl + " SET nosuch = $1 WHERE id = 1"}, &pgproto3.Sync{})
-			if got := run(&pgproto3.Bind{Parameters: [][]byte{[]byte("x")}}, &pgproto3.Execute{}, &pgproto3.Sync{}); got != gone {
-				t.Errorf("Bind of the unnamed statement after its Parse failed: %s, want %s", got, gone)
-			}
+			steps(t, tbl, run)
 			// The session goes on.
 			want := "ParseComplete, BindComplete, DataRow, CommandComplete, ReadyForQuery I"
 			if got := run(&pgproto3.Parse{Query: "SELECT 1"}, &pgproto3.Bind{}, &pgproto3.Execute{}, &pgproto3.Sync{}); got != want {
