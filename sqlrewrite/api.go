@@ -147,6 +147,8 @@ type Result struct {
 	// that makes the server raise the refusal (see ParseErrorMarker), so the
 	// session's transaction state stays exactly what Postgres says it is.
 	Refusal *Refusal
+	// edits made SQL from the input, in offset order (see Position).
+	edits []edit
 }
 
 // Fenced describes one guarded write.

@@ -71,7 +71,8 @@ func (r *Rewriter) build(res *Result, stmts []*pg_query.RawStmt, plans []*plan, 
 		}
 		res.Probes = append(res.Probes, pr)
 	}
-	res.SQL = apply(sql, edits)
+	slices.SortStableFunc(edits, func(a, b edit) int { return a.at - b.at })
+	res.SQL, res.edits = apply(sql, edits), edits
 	return res, nil
 }
 

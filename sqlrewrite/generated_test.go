@@ -106,7 +106,7 @@ func TestRewriteGenerated(t *testing.T) {
 		n = *genN
 	}
 	var rs [2][256]*Rewriter
-	fenced, refused, domains := 0, 0, 0
+	fenced, refused, domains, templates := 0, 0, 0, 0
 	for i := 0; i < n; i++ {
 		cfg := uint8(rng.IntN(256))
 		d := i % 2
@@ -128,6 +128,16 @@ func TestRewriteGenerated(t *testing.T) {
 				if err := verify(r, sql, mode, s, res); err != nil {
 					t.Fatalf("Rewrite(%q) with config %#x: %v", sql, cfg, err)
 				}
+				if mode == Simple && s == nil {
+					if p, _ := Parameterize(sql); p.SQL != "" {
+						if tres, ok, _ := r.RewriteTemplate(p); ok {
+							templates++
+							if err := verifyTemplatePositions(sql, p, tres); err != nil {
+								t.Fatal(err)
+							}
+						}
+					}
+				}
 				fenced += len(res.Fenced)
 				if res.Refusal != nil {
 					refused++
@@ -138,7 +148,7 @@ func TestRewriteGenerated(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("%d fenced, %d refused, %d checking a lock domain of %d", fenced, refused, domains, 4*n)
+	t.Logf("%d fenced, %d refused, %d checking a lock domain of %d; %d templates", fenced, refused, domains, 4*n, templates)
 	if fenced < n || refused > 3*n || domains < n/10 {
 		t.Errorf("%d writes fenced, %d texts refused, %d checking a lock domain; the generator has drifted", fenced, refused, domains)
 	}

@@ -42,6 +42,9 @@ type Parameterized struct {
 	// Values are the literals as written, which every one of those types
 	// reads back as the same value. They share the input's memory.
 	Values []string
+	// spaced are the indexes of the parameters with a space put before
+	// them (rare, so usually nil): Positions needs to know.
+	spaced []int
 }
 
 // maxParams bounds the literals a text may have to be parameterized (the
@@ -134,6 +137,7 @@ func parameterized(sql string, literals []textRange) Parameterized {
 		b.WriteString(sql[last:l.start])
 		if l.start > 0 && isIdentCont(sql[l.start-1]) {
 			b.WriteByte(' ') // "INSERT.5" must not become the identifier "INSERT$1"
+			p.spaced = append(p.spaced, len(p.Values)-1)
 		}
 		b.WriteByte('$')
 		b.WriteString(strconv.Itoa(len(p.Values)))

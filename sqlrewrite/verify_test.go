@@ -26,7 +26,9 @@ import (
 //   - statements that write no such table are byte-identical;
 //   - a probe (with the right SQL and tables) follows each top-level
 //     statement that writes a guarded table, and nothing else is added;
-//   - Fenced, Prepared and SessionDependent agree with the input.
+//   - Fenced, Prepared and SessionDependent agree with the input;
+//   - error positions in the output map back to the same characters of the
+//     input (see verifyPositions).
 func verify(r *Rewriter, in string, mode Mode, s Session, res *Result) error {
 	if res.Refusal != nil {
 		if res.SQL != refusalSQL(res.Refusal) || len(res.Fenced)+len(res.Probes)+len(res.Prepared) > 0 {
@@ -36,6 +38,9 @@ func verify(r *Rewriter, in string, mode Mode, s Session, res *Result) error {
 			return fmt.Errorf("refusal SQL %q: %d statements, %v", res.SQL, n, err)
 		}
 		return nil
+	}
+	if err := verifyPositions(in, res); err != nil {
+		return err
 	}
 	v := &verifier{r: r}
 	inTree, inErr := pg_query.Parse(in)
