@@ -239,10 +239,16 @@ type planned struct {
 	params []string
 }
 
+// newPlanned makes the plan of res, the rewrite of sql, which it may keep.
 func (p *Policy) newPlanned(st *state, sql string, res *sqlrewrite.Result) *planned {
 	pl := &planned{res: res}
 	if res.SQL != sql {
 		pl.plan.SQL = res.SQL // a rewrite, or a refusal the server raises
+		if res.Refusal == nil {
+			pl.plan.Origin = func(c *proxy.Client, pos int, _ []int32) int {
+				return res.Position(sql, pos, countsBytes(c))
+			}
+		}
 		// pgfence's rewrite made the text costlier for Postgres to parse
 		// and plan; a session that parses it again and again may reuse one
 		// server-side statement of it instead.
@@ -331,6 +337,12 @@ func (p *Policy) boundPlan(st *state, c *proxy.Client, par sqlrewrite.Parameteri
 		pl = p.newPlanned(st, par.SQL, res)
 		pl.plan.Reuse = false // Params says it: see proxy.Plan
 		pl.plan.ParamTypes = paramTypes(par.Types)
+		pl.plan.Origin = nil
+		if tp := par.Positions(res); tp != nil {
+			pl.plan.Origin = func(c *proxy.Client, pos int, lens []int32) int {
+				return tp.Position(pos, lens, countsBytes(c))
+			}
+		}
 	}
 	st.bound.Add(key, pl)
 	return pl
@@ -349,6 +361,10 @@ func boundKey(par sqlrewrite.Parameterized) string {
 	}
 	return b.String()
 }
+
+// countsBytes reports whether c's server counts error positions in bytes
+// rather than characters.
+func countsBytes(c *proxy.Client) bool { return c.ServerEncoding() == "SQL_ASCII" }
 
 // paramTypes encodes the parameter-type section of a Parse message.
 func paramTypes(oids []uint32) []byte {

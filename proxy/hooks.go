@@ -61,6 +61,9 @@ type Plan struct {
 	// Params are the values bound for ParamTypes. Like the Query text, they
 	// may share the proxy's read buffer.
 	Params []string
+	// Origin, for a Plan with SQL set, maps the position of an error in SQL
+	// to the client's text; nil leaves positions as Postgres reports them.
+	Origin Origin
 	// Probes, for a Query, are statements of SQL whose results the proxy
 	// keeps from the client and hands to the Probe instead, by index among
 	// the statements of SQL. For a Parse, Probes[0] (if any) is run by the
@@ -68,6 +71,14 @@ type Plan struct {
 	// the same transaction.
 	Probes []ProbeAt
 }
+
+// Origin maps the position of an error in a Plan's SQL, as Postgres reports
+// it (1-based, in characters), to the same place in the client's text, so
+// that the client's error cursor points into what it sent. It returns 0
+// for a position in text the Interceptor added: the proxy then leaves the
+// position out. lens are the lengths in bytes of the Params the SQL was
+// bound to (nil for a Plan without ParamTypes).
+type Origin func(c *Client, pos int, lens []int32) int
 
 // probe is a Parse plan's probe, if any.
 func (p Plan) probe() *Probe {
@@ -142,6 +153,7 @@ type Client struct {
 	// What the server reported last; both change how SQL text must be read.
 	nonStandardStrings atomic.Bool            // standard_conforming_strings = off
 	encoding           atomic.Pointer[string] // client_encoding, if not UTF8
+	serverEncoding     atomic.Pointer[string] // server_encoding, if not UTF8
 	// midBatch is set from an extended-protocol message to the next Sync
 	// (owned by the session's client side, which calls the Interceptor).
 	midBatch bool
@@ -173,12 +185,28 @@ func (c *Client) serverParam(name, value string) {
 	case "standard_conforming_strings":
 		c.nonStandardStrings.Store(value != "on")
 	case "client_encoding":
-		if value == "UTF8" {
-			c.encoding.Store(nil)
-		} else {
-			c.encoding.Store(&value)
-		}
+		storeEncoding(&c.encoding, value)
+	case "server_encoding":
+		storeEncoding(&c.serverEncoding, value)
 	}
+}
+
+func storeEncoding(p *atomic.Pointer[string], value string) {
+	if value == "UTF8" {
+		p.Store(nil)
+	} else {
+		p.Store(&value)
+	}
+}
+
+// ServerEncoding is the database's server_encoding ("UTF8" until the server
+// says otherwise). Error positions count its characters: bytes for
+// SQL_ASCII.
+func (c *Client) ServerEncoding() string {
+	if p := c.serverEncoding.Load(); p != nil {
+		return *p
+	}
+	return "UTF8"
 }
 
 // ApplicationName is the session's current application_name, as the server

@@ -33,7 +33,21 @@ type wait struct {
 	ready  *atomic.Bool // waitProbe that prepares: set once Postgres has the statement
 	row    [][]byte     // probe row, once received
 	reuse  *serverStmt  // waitParse, waitSwallow: preparing a statement the proxy reuses
+	origin Origin       // waitQuery, waitParse, waitSwallow: maps error positions in a rewrite
+	lens   []int32      // with origin: the lengths of the values bound
 	pooled bool         // made by pipeline.get: recycled once dropped
+}
+
+// position maps the position of an error in the text w answers for to
+// the client's text; 0 leaves it out.
+func (w *wait) position(c *Client, pos int32) int32 {
+	switch {
+	case w.origin != nil:
+		return int32(w.origin(c, int(pos), w.lens))
+	case w.kind == waitProbe:
+		return 0 // the proxy's own statement: nowhere in the client's text
+	}
+	return pos
 }
 
 // dropped notes that w will get no reply: the server skipped its message.
@@ -124,7 +138,7 @@ func (p *pipeline) drop() {
 		p.q, p.h = p.q[:0], 0
 	}
 	if w.pooled && p.single {
-		*w = wait{pooled: true}
+		*w = wait{pooled: true, lens: w.lens[:0]}
 		p.free = append(p.free, w)
 	}
 }

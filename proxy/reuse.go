@@ -49,7 +49,8 @@ var emptyParse = []byte{0, 0, 0, 0}
 // parseReused sends the Parse of the unnamed statement whose rewrite is
 // sql, reusing this session's server-side statement of sql when it has one,
 // else preparing one.
-func (s *session) parseReused(sql string, params []byte) error {
+func (s *session) parseReused(plan Plan, params []byte) error {
+	sql := plan.SQL
 	ss := s.reused[sql]
 	if ss != nil && !bytes.Equal(ss.params, params) {
 		ss = nil // the same text with other parameter types: a new statement
@@ -61,11 +62,11 @@ func (s *session) parseReused(sql string, params []byte) error {
 		return writeMessage(s.sw, 'P', emptyParse)
 	case ss != nil && ss.state.Load() == stmtPending:
 		// Its Parse may yet fail: parse this one as sent.
-		return s.parseAs("", sql, params, parseWait)
+		return s.parseAs("", sql, params, s.parseWaitFor(plan))
 	case ss != nil:
 		// Its Parse failed or was skipped, so the name is free: try again.
 	case s.reuses == maxReused:
-		return s.parseAs("", sql, params, parseWait)
+		return s.parseAs("", sql, params, s.parseWaitFor(plan))
 	default:
 		s.reuses++
 		ss = &serverStmt{name: reusePrefix + strconv.Itoa(s.reuses), params: bytes.Clone(params)}
@@ -79,7 +80,7 @@ func (s *session) parseReused(sql string, params []byte) error {
 	// server runs, or are skipped with it if its Parse fails.
 	s.unnamed = ss
 	w := s.pipe.get(waitParse)
-	w.reuse = ss
+	w.reuse, w.origin = ss, plan.Origin
 	return s.parseAs(ss.name, sql, params, w)
 }
 
@@ -183,6 +184,12 @@ func (s *session) queryBound(plan Plan) error {
 	name := ""
 	swallow := s.pipe.get(waitSwallow)
 	swallow.want = 2 // ParseComplete, BindComplete
+	if plan.Origin != nil {
+		swallow.origin = plan.Origin
+		for _, v := range plan.Params {
+			swallow.lens = append(swallow.lens, int32(len(v)))
+		}
+	}
 	switch {
 	case ss != nil && ss.state.Load() == stmtReady:
 		name, swallow.want = ss.name, 1

@@ -343,9 +343,9 @@ func (s *session) query(n int) error {
 	if plan.ParamTypes != nil {
 		return s.queryBound(plan)
 	}
-	if len(plan.Probes) > 0 {
+	if len(plan.Probes) > 0 || plan.SQL != "" && plan.Origin != nil {
 		w := s.pipe.get(waitQuery)
-		w.probes = plan.Probes
+		w.probes, w.origin = plan.Probes, plan.Origin
 		s.pipe.push(w)
 	} else {
 		s.pipe.push(queryWait)
@@ -396,20 +396,31 @@ func (s *session) parse(n int) error {
 	if len(name) == 0 {
 		s.unnamed, s.unnamedGone = nil, false
 		if plan.Reuse && plan.SQL != "" && !plan.Forget {
-			return s.parseReused(plan.SQL, params)
+			return s.parseReused(plan, params)
 		}
 	}
-	s.pipe.push(parseWait)
 	if plan.SQL == "" {
+		s.pipe.push(parseWait)
 		_, err := s.sw.Write(m)
 		return err
 	}
+	s.pipe.push(s.parseWaitFor(plan))
 	s.out = append(s.out[:0], name...)
 	s.out = append(s.out, 0)
 	s.out = append(s.out, plan.SQL...)
 	s.out = append(s.out, 0)
 	s.out = append(s.out, params...)
 	return writeMessage(s.sw, 'P', s.out)
+}
+
+// parseWaitFor is the wait for the reply to a Parse of plan.SQL.
+func (s *session) parseWaitFor(plan Plan) *wait {
+	if plan.Origin == nil {
+		return parseWait
+	}
+	w := s.pipe.get(waitParse)
+	w.origin = plan.Origin
+	return w
 }
 
 // peek returns up to peekLimit bytes of the next message's body, leaving the
@@ -505,7 +516,7 @@ func (s *session) replan(stmt []byte, st *prepared) error {
 	}
 	s.log.Debug("re-preparing a statement after a configuration change", "statement", name)
 	w := s.pipe.get(waitSwallow)
-	w.want = 2
+	w.want, w.origin = 2, plan.Origin
 	s.pipe.push(w)
 	out, _ := (&pgproto3.Close{ObjectType: 'S', Name: name}).Encode(s.out[:0])
 	s.out = out
@@ -706,6 +717,18 @@ func (s *session) serverError(w *wait, n int) error {
 	if err != nil {
 		return err
 	}
+	var e pgproto3.ErrorResponse
+	if err := e.Decode(b); err != nil {
+		return fmt.Errorf("server sent a malformed ErrorResponse: %w", err)
+	}
+	moved := false
+	if e.Position != 0 && w != nil { // before skipToSync recycles w
+		// A position in the text Postgres got, which may not be the
+		// client's: point into the client's instead.
+		if p := w.position(s.c, e.Position); p != e.Position {
+			e.Position, moved = p, true
+		}
+	}
 	if w != nil {
 		switch w.kind {
 		case waitQuery:
@@ -715,10 +738,6 @@ func (s *session) serverError(w *wait, n int) error {
 		case waitExecute, waitProbe, waitSwallow, waitParse:
 			s.pipe.skipToSync()
 		}
-	}
-	var e pgproto3.ErrorResponse
-	if err := e.Decode(b); err != nil {
-		return fmt.Errorf("server sent a malformed ErrorResponse: %w", err)
 	}
 	if e.Severity == "FATAL" || e.Severity == "PANIC" {
 		s.fatal = true
@@ -738,7 +757,11 @@ func (s *session) serverError(w *wait, n int) error {
 		_, err = s.cw.Write(out)
 		return err
 	}
-	if r := s.srv.cfg.Interceptor.Error(s.c, &e); r != nil {
+	r := s.srv.cfg.Interceptor.Error(s.c, &e)
+	if r == nil && moved {
+		r = &e
+	}
+	if r != nil {
 		out, err := r.Encode(s.out[:0:0])
 		if err != nil {
 			return err
