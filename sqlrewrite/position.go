@@ -22,14 +22,25 @@ func (r *Result) Position(src string, pos int, bytes bool) int {
 	if r.Refusal != nil {
 		return 0
 	}
-	off, ok := byteOffset(r.SQL, pos, bytes)
+	off, ok := r.inputOffset(pos, bytes, len(src))
 	if !ok {
 		return 0
 	}
-	if off, ok = sourceOffset(off, r.edits); !ok || off > len(src) {
-		return 0
-	}
 	return charPosition(src, off, bytes)
+}
+
+// inputOffset is the byte offset in the input (n bytes long) of the
+// character at position pos of r.SQL; ok is false for a character
+// pgfence added, or a position outside the texts.
+func (r *Result) inputOffset(pos int, bytes bool, n int) (int, bool) {
+	off, ok := byteOffset(r.SQL, pos, bytes)
+	if !ok {
+		return 0, false
+	}
+	if off, ok = sourceOffset(off, r.edits); !ok || off > n {
+		return 0, false
+	}
+	return off, true
 }
 
 // TemplatePositions maps positions in the rewrite of a template (see
@@ -71,11 +82,8 @@ func (t *TemplatePositions) Position(pos int, lens []int32, bytes bool) int {
 	if t == nil || len(lens) != len(t.spans) {
 		return 0
 	}
-	off, ok := byteOffset(t.res.SQL, pos, bytes)
+	off, ok := t.res.inputOffset(pos, bytes, len(t.sql))
 	if !ok {
-		return 0
-	}
-	if off, ok = sourceOffset(off, t.res.edits); !ok || off > len(t.sql) {
 		return 0
 	}
 	// Literals and their parameters are ASCII: where they differ in bytes
