@@ -1,6 +1,7 @@
 package fence_test
 
 import (
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -8,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -420,4 +422,90 @@ func exchange(t *testing.T, fe *pgproto3.Frontend, ready int, msgs ...pgproto3.F
 		got = append(got, typ)
 	}
 	return strings.Join(got, ", ")
+}
+
+// TestBoundStringLiterals runs writes with string literals through pgfence
+// and straight to Postgres, on twin tables, and fails unless each does the
+// same (the same rows after it, or the same error). pgfence takes plain
+// strings out as untyped parameters where that means what the literal
+// did, and leaves them in the text elsewhere: both must be exact.
+func TestBoundStringLiterals(t *testing.T) {
+	db := pgtest.Direct(t)
+	const cols = "id int PRIMARY KEY, val text, n int, iv interval hour, ims interval minute to second, " +
+		"j jsonb, tags text[], c char(3), d date, b boolean, ts timestamptz, fence_epoch bigint NOT NULL DEFAULT 0"
+	tables := [2]string{"bound_strings_direct", "bound_strings_fenced"}
+	for _, tbl := range tables {
+		pgtest.Exec(t, db, fmt.Sprintf("DROP TABLE IF EXISTS %[1]s; CREATE TABLE %[1]s (%[2]s); INSERT INTO %[1]s (id, val) VALUES (1, 'one'), (2, 'two')", tbl, cols))
+		t.Cleanup(func() { pgtest.Exec(t, pgtest.Direct(t), "DROP TABLE IF EXISTS "+tbl) })
+	}
+	p := pgtest.StartProxy(t, []string{tables[1]})
+	direct := pgtest.Connect(t, pgtest.DirectURL()+"&default_query_exec_mode=simple_protocol")
+	fenced := simpleMode(t, p)
+	pgtest.Exec(t, fenced, "SET fence.token = '10'")
+	contents := func(tbl string) string {
+		var s string
+		q := "SELECT coalesce(string_agg((id, val, n, iv, ims, j, tags, c, d, b, ts)::text, E'\\n' ORDER BY id), '') FROM " + tbl
+		if err := db.QueryRow(ctx, q).Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	outcome := func(c *pgx.Conn, sql string) string {
+		tag, err := c.Exec(ctx, sql)
+		var e *pgconn.PgError
+		if errors.As(err, &e) {
+			return fmt.Sprintf("%s %q at %d (%q, %q)", e.Code, e.Message, e.Position, e.Detail, e.Where)
+		} else if err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+		return tag.String()
+	}
+	for _, f := range []string{
+		// Taken out.
+		"UPDATE %s SET val = 'it''s', n = 5 WHERE id = 1",
+		"UPDATE %s SET val = 'é ü 😀' WHERE val = 'it''s'",
+		"UPDATE %s SET val = '' WHERE id = 2",
+		`UPDATE %s SET val = 'back\slash' WHERE id = 2`,
+		`UPDATE %s SET j = '{"a": [1, "x''y"]}', tags = '{a,"b c"}', c = 'ab', b = 'yes', ts = 'epoch' WHERE id = 1`,
+		"UPDATE %s SET val = val || 'z' WHERE val LIKE 'th%%' OR val BETWEEN 'a' AND 'b' OR val IN ('é ü 😀', 'x')",
+		"UPDATE %s SET d = '2024-02-29'::date + 1, iv = '7 hours 5 minutes'::interval WHERE id = 2",
+		"INSERT INTO %s (id, val, n, j) VALUES (3, 'three', 3, '{\"k\": \"v\"}'), (4, 'four''s', 4, NULL)",
+		"UPDATE %s SET n = n + 1 WHERE val = 'four''s' AND 'three' <> val",
+		"DELETE FROM %s WHERE val IN ('nope', 'three')",
+		// Left in the text: an interval could be read from them, or a
+		// parameter would not mean the same there.
+		"UPDATE %s SET iv = '5', ims = '1:30' WHERE id = 1",
+		"UPDATE %s SET iv = '5'::interval hour, d = '2024-02-29' WHERE id = 2",
+		"UPDATE %s SET val = pg_typeof('x')::text WHERE id = 1",
+		"UPDATE %s SET val = 'a' || 'b', c = upper('xy') WHERE id = 2",
+		"UPDATE %s SET val = DATE '2024-01-01' || '', ims = interval '90' second WHERE id = 4",
+		// Errors, alike.
+		"UPDATE %s SET n = 'abc' WHERE id = 1",
+		"UPDATE %s SET n = '12x'::int WHERE val = 'one'",
+		"UPDATE %s SET j = '{bad' WHERE val = 'four''s'",
+		"UPDATE %s SET c = 'toolong' WHERE id = 1",
+	} {
+		want, got := outcome(direct, fmt.Sprintf(f, tables[0])), outcome(fenced, fmt.Sprintf(f, tables[1]))
+		if got != want {
+			t.Errorf("%s:\n through pgfence %s\n straight to Postgres %s", f, got, want)
+		}
+		if got, want := contents(tables[1]), contents(tables[0]); got != want {
+			t.Fatalf("after %s:\n through pgfence:\n%s\n straight to Postgres:\n%s", f, got, want)
+		}
+	}
+
+	// A write whose strings change is one template, prepared once.
+	for i := range 3 {
+		pgtest.Exec(t, fenced, fmt.Sprintf("UPDATE %s SET val = 'note %d', b = '%v' WHERE id = 2 AND val <> 'x'", tables[1], i, i%2 == 0))
+	}
+	var n int
+	err := fenced.QueryRow(ctx, "SELECT count(*) FROM pg_prepared_statements WHERE name LIKE 'pgfence.s.%' AND statement LIKE '%val = $1, b = $2 WHERE (id = $3 AND val <> $4)%'",
+		pgx.QueryExecModeSimpleProtocol).Scan(&n)
+	if err != nil || n != 1 {
+		_, text := reused(t, fenced)
+		t.Fatalf("%d statements of the template prepared (%v), want 1; the last: %s", n, err, text)
+	}
+	if val, epoch := row(t, tables[1], 2); val != "note 2" || epoch != 10 {
+		t.Fatalf("row 2: %q at epoch %d, want \"note 2\" at 10", val, epoch)
+	}
 }

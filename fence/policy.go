@@ -245,9 +245,7 @@ func (p *Policy) newPlanned(st *state, sql string, res *sqlrewrite.Result) *plan
 	if res.SQL != sql {
 		pl.plan.SQL = res.SQL // a rewrite, or a refusal the server raises
 		if res.Refusal == nil {
-			pl.plan.Origin = func(c *proxy.Client, pos int, _ []int32) int {
-				return res.Position(sql, pos, countsBytes(c))
-			}
+			pl.plan.Origin = textOrigin{res, sql}
 		}
 		// pgfence's rewrite made the text costlier for Postgres to parse
 		// and plan; a session that parses it again and again may reuse one
@@ -295,7 +293,14 @@ func (p *Policy) rewrite(st *state, c *proxy.Client, sess *session, sql string, 
 			}
 			return pl, nil
 		}
-		if pl := p.boundPlan(st, c, par); pl != nil {
+		pl := p.boundPlan(st, c, par)
+		if pl == nil && par.Strings() {
+			// Strings where a parameter may not mean what they do: they
+			// stay in the text.
+			par = sqlrewrite.ParameterizeNumbers(sql)
+			pl = p.boundPlan(st, c, par)
+		}
+		if pl != nil {
 			if cacheable && st.seen.again(sql) { // a text sent again is then a plain cache hit
 				whole := &planned{res: pl.res, plan: pl.plan, params: make([]string, len(par.Values))}
 				for i, v := range par.Values {
@@ -339,9 +344,7 @@ func (p *Policy) boundPlan(st *state, c *proxy.Client, par sqlrewrite.Parameteri
 		pl.plan.ParamTypes = paramTypes(par.Types)
 		pl.plan.Origin = nil
 		if tp := par.Positions(res); tp != nil {
-			pl.plan.Origin = func(c *proxy.Client, pos int, lens []int32) int {
-				return tp.Position(pos, lens, countsBytes(c))
-			}
+			pl.plan.Origin = templateOrigin{tp}
 		}
 	}
 	st.bound.Add(key, pl)
@@ -360,6 +363,30 @@ func boundKey(par sqlrewrite.Parameterized) string {
 		b.WriteByte(',')
 	}
 	return b.String()
+}
+
+// textOrigin maps error positions in the rewrite res of sql back to sql.
+type textOrigin struct {
+	res *sqlrewrite.Result
+	sql string
+}
+
+func (o textOrigin) Position(c *proxy.Client, pos int, _ []string) int {
+	return o.res.Position(o.sql, pos, countsBytes(c))
+}
+
+func (textOrigin) Param(*proxy.Client, int, []string) int { return 0 }
+
+// templateOrigin maps error positions in the rewrite of a template back to
+// the text whose literals were bound to it.
+type templateOrigin struct{ tp *sqlrewrite.TemplatePositions }
+
+func (o templateOrigin) Position(c *proxy.Client, pos int, params []string) int {
+	return o.tp.Position(pos, params, countsBytes(c))
+}
+
+func (o templateOrigin) Param(c *proxy.Client, n int, params []string) int {
+	return o.tp.Param(n, params, countsBytes(c))
 }
 
 // countsBytes reports whether c's server counts error positions in bytes

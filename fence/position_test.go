@@ -32,6 +32,11 @@ func TestErrorPositions(t *testing.T) {
 		"DELETE FROM %[1]s /* ä */ WHERE id = 1.5 AND nosuch",
 		"WITH d AS (DELETE FROM %[1]s WHERE id = 9 RETURNING id) UPDATE %[1]s SET val = 'c' WHERE nosuch IN (SELECT id FROM d)",
 		"UPDATE %[1]s SET val = 'a' WHERE id = 1; UPDATE %[1]s SET val = 'b' WHERE nosuch = 2", // simple protocol only
+		// Values Postgres cannot read: a string bound as a parameter fails
+		// at its literal, and with no word of a parameter.
+		"UPDATE %[1]s SET val = 'é''s', id = 'x1' WHERE val = 'ü'",
+		"DELETE FROM %[1]s WHERE val = 'a' AND id = '1.5'::int",
+		"UPDATE %[1]s SET val = 'b' WHERE id = 1 AND val::jsonb = '{\"a\": x}'",
 	}
 	comparePositions(t, "postgres", tbl, statements)
 }
@@ -83,9 +88,11 @@ func comparePositions(t *testing.T, db, tbl string, statements []string) {
 			if want.Position == 0 {
 				t.Fatalf("%s, %s: Postgres gives no position: the test needs one (%v)", mode, sql, want)
 			}
-			if got.Code != want.Code || got.Message != want.Message || got.Position != want.Position {
-				t.Errorf("%s, %s:\n through pgfence %s %q at %d\n straight to Postgres %s %q at %d",
-					mode, sql, got.Code, got.Message, got.Position, want.Code, want.Message, want.Position)
+			if got.Code != want.Code || got.Message != want.Message || got.Position != want.Position ||
+				got.Detail != want.Detail || got.Where != want.Where {
+				t.Errorf("%s, %s:\n through pgfence %s %q at %d (%q, %q)\n straight to Postgres %s %q at %d (%q, %q)",
+					mode, sql, got.Code, got.Message, got.Position, got.Detail, got.Where,
+					want.Code, want.Message, want.Position, want.Detail, want.Where)
 			}
 		}
 	}

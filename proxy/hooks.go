@@ -72,13 +72,20 @@ type Plan struct {
 	Probes []ProbeAt
 }
 
-// Origin maps the position of an error in a Plan's SQL, as Postgres reports
-// it (1-based, in characters), to the same place in the client's text, so
-// that the client's error cursor points into what it sent. It returns 0
-// for a position in text the Interceptor added: the proxy then leaves the
-// position out. lens are the lengths in bytes of the Params the SQL was
-// bound to (nil for a Plan without ParamTypes).
-type Origin func(c *Client, pos int, lens []int32) int
+// Origin maps where Postgres says an error is in a Plan's SQL to the same
+// place in the client's text, so that the client's error cursor points
+// into what it sent. params are the Params the SQL was bound to (nil for a
+// Plan without ParamTypes).
+type Origin interface {
+	// Position maps pos, an error's position in SQL as Postgres reports it
+	// (1-based, in characters). It returns 0 for a position in text the
+	// Interceptor added: the proxy then leaves the position out.
+	Position(c *Client, pos int, params []string) int
+	// Param returns the position in the client's text of what Params[n-1]
+	// stands for, for an error Postgres raised reading that value (which
+	// it reports with no position, as a parameter's); 0 for none.
+	Param(c *Client, n int, params []string) int
+}
 
 // probe is a Parse plan's probe, if any.
 func (p Plan) probe() *Probe {

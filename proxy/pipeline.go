@@ -34,7 +34,8 @@ type wait struct {
 	row    [][]byte     // probe row, once received
 	reuse  *serverStmt  // waitParse, waitSwallow: preparing a statement the proxy reuses
 	origin Origin       // waitQuery, waitParse, waitSwallow: maps error positions in a rewrite
-	lens   []int32      // with origin: the lengths of the values bound
+	params []byte       // with origin: the values bound, one after another
+	ends   []int32      // where each ends in params
 	pooled bool         // made by pipeline.get: recycled once dropped
 }
 
@@ -43,11 +44,22 @@ type wait struct {
 func (w *wait) position(c *Client, pos int32) int32 {
 	switch {
 	case w.origin != nil:
-		return int32(w.origin(c, int(pos), w.lens))
+		return int32(w.origin.Position(c, int(pos), w.bound()))
 	case w.kind == waitProbe:
 		return 0 // the proxy's own statement: nowhere in the client's text
 	}
 	return pos
+}
+
+// bound returns the values w's statement was bound to.
+func (w *wait) bound() []string {
+	var params []string // made only for an error
+	start := int32(0)
+	for _, end := range w.ends {
+		params = append(params, string(w.params[start:end]))
+		start = end
+	}
+	return params
 }
 
 // dropped notes that w will get no reply: the server skipped its message.
@@ -129,6 +141,9 @@ func (p *pipeline) pop() {
 	p.unlock()
 }
 
+// maxKeptParams bounds the buffer for bound values a recycled wait keeps.
+const maxKeptParams = 4 << 10
+
 // drop removes the head. An emptied queue starts again at the front of its
 // array, so a session's pushes stop allocating once it is big enough.
 func (p *pipeline) drop() {
@@ -138,7 +153,11 @@ func (p *pipeline) drop() {
 		p.q, p.h = p.q[:0], 0
 	}
 	if w.pooled && p.single {
-		*w = wait{pooled: true, lens: w.lens[:0]}
+		params := w.params[:0]
+		if cap(params) > maxKeptParams {
+			params = nil // not held by an idle session
+		}
+		*w = wait{pooled: true, params: params, ends: w.ends[:0]}
 		p.free = append(p.free, w)
 	}
 }

@@ -184,11 +184,12 @@ func (s *session) queryBound(plan Plan) error {
 	name := ""
 	swallow := s.pipe.get(waitSwallow)
 	swallow.want = 2 // ParseComplete, BindComplete
-	if plan.Origin != nil {
-		swallow.origin = plan.Origin
-		for _, v := range plan.Params {
-			swallow.lens = append(swallow.lens, int32(len(v)))
-		}
+	swallow.origin = plan.Origin
+	for _, v := range plan.Params {
+		// Kept for an error reading them (see serverError); copied, for
+		// they may share the read buffer.
+		swallow.params = append(swallow.params, v...)
+		swallow.ends = append(swallow.ends, int32(len(swallow.params)))
 	}
 	switch {
 	case ss != nil && ss.state.Load() == stmtReady:

@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -729,6 +730,17 @@ func (s *session) serverError(w *wait, n int) error {
 			e.Position, moved = p, true
 		}
 	}
+	if w != nil && len(w.ends) > 0 {
+		if n, where, ok := boundParamContext(e.Where); ok {
+			// An error reading a value the proxy bound in place of the
+			// client's literal: say it as Postgres says it of a literal,
+			// at the literal and with no word of a parameter.
+			e.Where, moved = where, true
+			if e.Position == 0 && w.origin != nil {
+				e.Position = int32(w.origin.Param(s.c, n, w.bound()))
+			}
+		}
+	}
 	if w != nil {
 		switch w.kind {
 		case waitQuery:
@@ -770,6 +782,24 @@ func (s *session) serverError(w *wait, n int) error {
 		return err
 	}
 	return writeMessage(s.cw, 'E', b)
+}
+
+// boundParamContext returns where without its last line if that is the
+// context Postgres gives an error reading the value of parameter n of the
+// unnamed portal ("unnamed portal parameter $2", with " = 'value'" when
+// log_parameter_max_length_on_error allows).
+func boundParamContext(where string) (n int, rest string, ok bool) {
+	i := strings.LastIndexByte(where, '\n') + 1
+	line, found := strings.CutPrefix(where[i:], "unnamed portal parameter $")
+	if !found {
+		return 0, "", false
+	}
+	digits, _, _ := strings.Cut(line, " = ")
+	n, err := strconv.Atoi(digits)
+	if err != nil || n < 1 {
+		return 0, "", false
+	}
+	return n, strings.TrimSuffix(where[:i], "\n"), true
 }
 
 func (s *session) parameterStatus(n int) error {

@@ -3,8 +3,9 @@ package sqlrewrite
 import "strings"
 
 // scanLiterals is Parameterize's scanner: it reads sql the way Postgres's
-// lexer does, as far as Parameterize needs (where the numeric literals are
-// and which keywords occur), without pg_query's cgo call and token
+// lexer does, as far as Parameterize needs (where the numeric and plain
+// string literals are, see lexed.plainString, and which keywords occur),
+// without pg_query's cgo call and token
 // allocations, which cost several times the rest of a simple-protocol
 // write's plan. It reads whitespace, comments (nested /* */ too), string
 // literals ('...', E'...', B'...', X'...', N'...', U&'...', dollar-quoted),
@@ -47,6 +48,7 @@ func scanLiterals(sql string, literals []textRange) (lx lexed, ok bool) {
 			continue
 		case c == ';':
 			semicolon = true
+			lx.token(tokOther)
 			i++
 			continue
 		}
@@ -60,8 +62,10 @@ func scanLiterals(sql string, literals []textRange) (lx lexed, ok bool) {
 				return lx, false
 			}
 			lx.literals = append(lx.literals, textRange{i, end})
+			lx.token(tokOther)
 		case c == '.' && i+1 < len(sql) && sql[i+1] == '.':
 			end = i + 2 // "..", which is not the start of a number
+			lx.token(tokOther)
 		case isIdentStart(c):
 			end = i + 1
 			for end < len(sql) && isIdentCont(sql[end]) {
@@ -71,17 +75,30 @@ func scanLiterals(sql string, literals []textRange) (lx lexed, ok bool) {
 			switch {
 			case end < len(sql) && sql[end] == '\'' && len(word) == 1 && strings.IndexByte("eEbBxXnN", c) >= 0:
 				end, ok = quoted(sql, end, '\'', c|0x20 == 'e') // a prefixed string
+				lx.token(tokString)
 			case end+1 < len(sql) && sql[end] == '&' && (sql[end+1] == '\'' || sql[end+1] == '"') && c|0x20 == 'u' && len(word) == 1:
+				kind := tokWord // U&"", an identifier
+				if sql[end+1] == '\'' {
+					kind = tokString
+				}
 				end, ok = quoted(sql, end+1, sql[end+1], true) // U&'' and U&""
+				lx.token(kind)
 			default:
 				lx.keyword(word)
+				lx.word(word)
 			}
-		case c == '\'' || c == '"':
+		case c == '\'':
+			if end, ok = quoted(sql, i, c, false); ok {
+				lx.literals = lx.plainString(lx.literals, sql, i, end)
+			}
+		case c == '"':
 			end, ok = quoted(sql, i, c, false)
+			lx.token(tokWord)
 		case c == '$':
 			end, ok = dollar(sql, i, &lx)
 		case strings.IndexByte(punctuation, c) >= 0:
 			end = i + 1
+			lx.token(tokOther)
 		default:
 			return lx, false
 		}
@@ -223,6 +240,7 @@ func dollar(sql string, i int, lx *lexed) (end int, ok bool) {
 			return 0, false
 		}
 		lx.refuse = true
+		lx.token(tokOther)
 		return j, true
 	}
 	// A tag is a letter, "_" or non-ASCII byte, then those or digits.
@@ -239,5 +257,66 @@ func dollar(sql string, i int, lx *lexed) (end int, ok bool) {
 	if k < 0 {
 		return 0, false
 	}
+	lx.token(tokString)
 	return j + 1 + k + len(tag), true
+}
+
+// Plain string literals ('...') are taken out like numbers where the
+// tokens around one leave no doubt that it is a value of its own: not
+// after a word (DATE '2024-01-01' and INTERVAL '1' DAY are typed literals,
+// which a parameter cannot stand in for) but for the few that begin an
+// expression (see valueWords), not touching a word (a parameter would run
+// into it), and not next to another string (two strings with a newline
+// between them are one literal). Whether the parameter means what the
+// literal did is then decided on the template's parse tree (see
+// stringParamsSafe), and for the value by plainStringValue.
+
+// tokKind is what a token is, for the plain string literal after it.
+type tokKind uint8
+
+const (
+	tokOther  tokKind = iota
+	tokWord           // an identifier or keyword but a valueWord: it may name a type
+	tokString         // a string literal of any form
+)
+
+// token notes a token that is not a plain string literal.
+func (lx *lexed) token(k tokKind) {
+	lx.prev, lx.prevTaken = k, false
+}
+
+// word notes an unquoted identifier or keyword.
+func (lx *lexed) word(w string) {
+	for _, v := range valueWords {
+		if len(w) == len(v) && equalFoldASCII(w, v) {
+			lx.token(tokOther)
+			return
+		}
+	}
+	lx.token(tokWord)
+}
+
+// valueWords are the keywords a value can follow, as in "WHERE 'a' = b"
+// or "x LIKE 'a%'"; after any other word a string may be a typed literal.
+var valueWords = [...]string{"and", "or", "not", "then", "else", "when", "case", "like", "ilike",
+	"between", "symmetric", "escape", "where", "select", "returning", "from"}
+
+// plainString notes the plain string literal sql[start:end], a candidate
+// to take out unless the tokens around it say otherwise (see above), and
+// returns literals with it added, or with the string before it dropped.
+// (The caller assigns literals: an append through lx would move the
+// caller's array to the heap.) Postgres's scanner reads strings continued
+// over a newline as one token: not a candidate either.
+func (lx *lexed) plainString(literals []textRange, sql string, start, end int) []textRange {
+	single, _ := quoted(sql, start, '\'', false)
+	take := lx.prev == tokOther && single == end && (start == 0 || !isIdentCont(sql[start-1])) &&
+		(end == len(sql) || !isIdentCont(sql[end]))
+	if lx.prev == tokString && lx.prevTaken {
+		literals = literals[:len(literals)-1] // it continues here
+	}
+	if take {
+		literals = append(literals, textRange{start, end})
+	}
+	lx.prev, lx.prevTaken = tokString, take
+	return literals
 }

@@ -11,17 +11,26 @@ import (
 
 // A simple-protocol write carries its values as literals, so its text, and
 // with it the fenced rewrite Postgres must parse and plan, changes with
-// every execution. Parameterize takes the numeric literals out: what is left
-// is the same for every execution, so the proxy can prepare its rewrite
-// once per session and bind each execution's values to it, as a driver
-// using the extended protocol would.
+// every execution. Parameterize takes the literals out: what is left is the
+// same for every execution, so the proxy can prepare its rewrite once per
+// session and bind each execution's values to it, as a driver using the
+// extended protocol would.
 //
-// Only numeric literals move. Postgres types each by its text alone (an
-// integer that fits int4 is int4, then int8, else numeric; one with a point
-// or exponent is numeric), so a parameter declared with that type means
-// exactly what the literal did. A string literal's type comes from its
-// context, which an unknown-typed parameter does not always share, so
-// strings stay in the text.
+// Postgres types a numeric literal by its text alone (an integer that fits
+// int4 is int4, then int8, else numeric; one with a point or exponent is
+// numeric), so a parameter declared with that type means exactly what the
+// literal did. A plain string literal ('...') has no type of its own: the
+// context gives it one, as it gives a parameter left untyped, and
+// Postgres reads the value with that type's input function either way.
+// Both resolve alike only in some contexts, though (pg_typeof('x') is
+// "unknown", pg_typeof($1) an error), so a template with strings taken out
+// is used only where each is compared with a column, assigned to one, or
+// cast (see stringParamsSafe), and otherwise the strings stay in the text
+// (ParameterizeNumbers). One more difference is in the value: Postgres
+// reads a literal assigned to an interval column declared with fields
+// (interval hour) with those fields, so that '5' is 5 hours where a
+// parameter is 5 seconds; a string that an interval could be read from
+// stays in the text unless a cast follows it (see plainStringValue).
 
 // Type OIDs of numeric literals.
 const (
@@ -30,17 +39,19 @@ const (
 	oidNumeric = 1700
 )
 
-// Parameterized is a text with its numeric literals replaced by parameters.
+// Parameterized is a text with its literals replaced by parameters.
 type Parameterized struct {
-	// SQL is the text with $1, $2, ... in place of its numeric literals, in
-	// text order; everything else is as written (but for a space before a
+	// SQL is the text with $1, $2, ... in place of its literals, in text
+	// order; everything else is as written (but for a space before a
 	// parameter that would otherwise continue an identifier).
 	SQL string
 	// Types are the parameters' type OIDs: the types Postgres gives the
-	// literals (int4, int8 or numeric).
+	// numeric literals (int4, int8 or numeric), and 0 (left to Postgres to
+	// infer) for a string.
 	Types []uint32
-	// Values are the literals as written, which every one of those types
-	// reads back as the same value. They share the input's memory.
+	// Values are the literals' values: a number as written, which its type
+	// reads back as the same value, and a string without its quotes. They
+	// share the input's memory unless a string had a doubled quote.
 	Values []string
 	// spaced are the indexes of the parameters with a space put before
 	// them (rare, so usually nil): Positions needs to know.
@@ -63,6 +74,22 @@ const maxParams = 1000
 // predicate cannot be proved from a parameter). RewriteTemplate makes the
 // final decision, on the parse tree.
 func Parameterize(sql string) (p Parameterized, writes bool) {
+	return parameterize(sql, true)
+}
+
+// ParameterizeNumbers is Parameterize taking out numeric literals only: the
+// template for a text whose template with strings RewriteTemplate refused.
+func ParameterizeNumbers(sql string) Parameterized {
+	p, _ := parameterize(sql, false)
+	return p
+}
+
+// Strings reports whether p has a string literal taken out.
+func (p Parameterized) Strings() bool {
+	return slices.Contains(p.Types, 0)
+}
+
+func parameterize(sql string, strs bool) (p Parameterized, writes bool) {
 	if !MayWrite(sql) {
 		return p, false
 	}
@@ -80,7 +107,7 @@ func Parameterize(sql string) (p Parameterized, writes bool) {
 	case lx.refuse || !lx.dml || len(lx.literals) > maxParams:
 		return p, true
 	}
-	return parameterized(sql, lx.literals), true
+	return parameterized(sql, lx.literals, strs), true
 }
 
 // textRange is where a token is in a text: sql[start:end].
@@ -91,7 +118,10 @@ type lexed struct {
 	writes   bool        // a write keyword (see writeKeywords)
 	dml      bool        // INSERT, UPDATE or DELETE
 	refuse   bool        // a token that rules a template out: see Parameterize
-	literals []textRange // the numeric literals, in text order
+	literals []textRange // the numeric and plain string literals to take out, in text order
+
+	prev      tokKind // the last token but comments: see plainString
+	prevTaken bool    // it is a string in literals
 }
 
 // scanLiteralsPG lexes sql with pg_query's scanner (Postgres's own).
@@ -103,9 +133,24 @@ func scanLiteralsPG(sql string) (lx lexed, ok bool) {
 	toks := scan.Tokens
 	lx.writes = hasWriteKeyword(toks)
 	for _, t := range toks {
+		start, end := int(t.Start), int(t.End)
+		switch {
+		case t.Token == pg_query.Token_SQL_COMMENT || t.Token == pg_query.Token_C_COMMENT:
+		case t.Token == pg_query.Token_SCONST && sql[start] == '\'':
+			lx.literals = lx.plainString(lx.literals, sql, start, end)
+		case t.Token == pg_query.Token_SCONST || t.Token == pg_query.Token_USCONST ||
+			t.Token == pg_query.Token_BCONST || t.Token == pg_query.Token_XCONST:
+			lx.token(tokString)
+		case t.Token == pg_query.Token_IDENT && sql[start] != '"' || t.KeywordKind != pg_query.KeywordKind_NO_KEYWORD:
+			lx.word(sql[start:end])
+		case t.Token == pg_query.Token_IDENT || t.Token == pg_query.Token_UIDENT:
+			lx.token(tokWord)
+		default:
+			lx.token(tokOther)
+		}
 		switch t.Token {
 		case pg_query.Token_ICONST, pg_query.Token_FCONST:
-			lx.literals = append(lx.literals, textRange{int(t.Start), int(t.End)})
+			lx.literals = append(lx.literals, textRange{start, end})
 		case pg_query.Token_INSERT, pg_query.Token_UPDATE, pg_query.Token_DELETE_P:
 			lx.dml = true
 		case pg_query.Token_PARAM, pg_query.Token_ORDER, pg_query.Token_GROUP_P,
@@ -118,9 +163,10 @@ func scanLiteralsPG(sql string) (lx lexed, ok bool) {
 	return lx, true
 }
 
-// parameterized replaces the literals of sql with $1, $2, ...; it returns
-// the zero Parameterized if one of them has a form literalType refuses.
-func parameterized(sql string, literals []textRange) Parameterized {
+// parameterized replaces the literals of sql with $1, $2, ..., the string
+// ones only if strs and plainStringValue allows; it returns the zero
+// Parameterized if a number has a form literalType refuses.
+func parameterized(sql string, literals []textRange, strs bool) Parameterized {
 	n := len(literals)
 	p := Parameterized{Types: make([]uint32, 0, n), Values: make([]string, 0, n)}
 	var b strings.Builder
@@ -128,8 +174,14 @@ func parameterized(sql string, literals []textRange) Parameterized {
 	last := 0
 	for _, l := range literals {
 		lit := sql[l.start:l.end]
-		oid := literalType(lit)
-		if oid == 0 {
+		var oid uint32
+		if lit[0] == '\'' {
+			v, ok := plainStringValue(sql, l)
+			if !strs || !ok {
+				continue // it stays in the text
+			}
+			lit = v
+		} else if oid = literalType(lit); oid == 0 {
 			return Parameterized{}
 		}
 		p.Types = append(p.Types, oid)
@@ -146,6 +198,90 @@ func parameterized(sql string, literals []textRange) Parameterized {
 	b.WriteString(sql[last:])
 	p.SQL = b.String()
 	return p
+}
+
+// plainStringValue returns the value of the plain string literal at l in
+// sql; ok is false when it must stay in the text: when an interval could
+// be read from it (a digit, and no word but interval units) and no cast
+// follows it to say what it is (see the top of this file).
+func plainStringValue(sql string, l textRange) (v string, ok bool) {
+	v = sql[l.start+1 : l.end-1]
+	if mayBeInterval(v) && !castFollows(sql, l.end) {
+		return "", false
+	}
+	if strings.Contains(v, "''") {
+		v = strings.ReplaceAll(v, "''", "'")
+	}
+	return v, true
+}
+
+// mayBeInterval reports whether Postgres might read v as an interval: it
+// has a digit, and each run of ASCII letters in it is a unit or a word
+// interval input knows (compared, as Postgres does, by its first 10
+// letters), or ISO 8601 designators (P1Y2M3DT4H).
+func mayBeInterval(v string) bool {
+	digit := false
+	for i := 0; i < len(v); {
+		c := v[i] | 0x20
+		if c < 'a' || c > 'z' {
+			digit = digit || isDigit(v[i])
+			i++
+			continue
+		}
+		j := i
+		for j < len(v) && 'a' <= v[j]|0x20 && v[j]|0x20 <= 'z' {
+			j++
+		}
+		if !intervalWord(v[i:min(j, i+10)]) {
+			return false
+		}
+		i = j
+	}
+	return digit
+}
+
+// intervalWord reports whether w (ASCII letters) is a word of interval
+// input: a unit, "ago", "infinity", or ISO 8601 designators.
+func intervalWord(w string) bool {
+	if strings.Trim(strings.ToLower(w), "pymwdths") == "" {
+		return true
+	}
+	switch strings.ToLower(w) {
+	case "ago", "infinity", "c", "cent", "centuries", "century", "d", "day", "days",
+		"dec", "decade", "decades", "decs", "h", "hour", "hours", "hr", "hrs", "invalid",
+		"m", "microsecon", "mil", "millennia", "millennium", "millisecon", "mils",
+		"min", "mins", "minute", "minutes", "mon", "mons", "month", "months",
+		"ms", "msec", "msecond", "mseconds", "msecs", "s", "sec", "second", "seconds", "secs",
+		"timezone", "us", "usec", "usecond", "useconds", "usecs",
+		"w", "week", "weeks", "y", "year", "years", "yr", "yrs":
+		return true
+	}
+	return false
+}
+
+// castFollows reports whether "::" is the next token at sql[i:].
+func castFollows(sql string, i int) bool {
+	for i < len(sql) {
+		switch c := sql[i]; {
+		case c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f':
+			i++
+		case strings.HasPrefix(sql[i:], "--"):
+			j := strings.IndexAny(sql[i:], "\n\r")
+			if j < 0 {
+				return false
+			}
+			i += j
+		case strings.HasPrefix(sql[i:], "/*"):
+			end, ok := blockComment(sql, i)
+			if !ok {
+				return false
+			}
+			i = end
+		default:
+			return strings.HasPrefix(sql[i:], "::")
+		}
+	}
+	return false
 }
 
 // onlyTrailing reports whether semicolon t ends the text: nothing but more
@@ -206,10 +342,12 @@ func literalType(lit string) uint32 {
 // false when the Query must be rewritten as sent instead: p.SQL is not one
 // INSERT, UPDATE or DELETE without RETURNING that the rewrite fences, or a
 // parameter stands where Postgres needs a constant (a type modifier, as in
-// numeric(10,2)), or the text is refused.
+// numeric(10,2)) or a string's parameter where it may not mean what the
+// literal did (see stringParamsSafe), or the text is refused.
 func (r *Rewriter) RewriteTemplate(p Parameterized) (res *Result, ok bool, err error) {
 	tree, err := pg_query.Parse(p.SQL)
-	if err != nil || len(tree.Stmts) != 1 || !returnsNoRows(tree.Stmts[0].Stmt) || paramInTypmod(tree) {
+	if err != nil || len(tree.Stmts) != 1 || !returnsNoRows(tree.Stmts[0].Stmt) || paramInTypmod(tree) ||
+		!stringParamsSafe(tree, p.Types) {
 		return nil, false, nil
 	}
 	res, err = r.Rewrite(p.SQL, Prepared, nil)
@@ -224,6 +362,89 @@ func (r *Rewriter) RewriteTemplate(p Parameterized) (res *Result, ok bool, err e
 		}
 	}
 	return res, true, nil
+}
+
+// stringParamsSafe reports whether every untyped parameter (a string
+// literal's) in tree stands where Postgres gives it the type it would give
+// the literal: compared with a column (=, <>, <, LIKE, IS DISTINCT FROM,
+// IN, BETWEEN and the like, the column on the other side), assigned to one
+// (UPDATE's SET, INSERT's VALUES), or cast, but to an interval with fields
+// (see the top of this file). Both then resolve as the column's or the
+// cast's type. Anywhere else (a function's argument, a SELECT list) a
+// literal left unresolved is text where a parameter is an error, or the
+// two pick different functions.
+func stringParamsSafe(tree *pg_query.ParseResult, types []uint32) bool {
+	if !slices.Contains(types, 0) {
+		return true
+	}
+	safe := make([]bool, len(types))
+	mark := func(n *pg_query.Node) {
+		if r := n.GetParamRef(); r != nil && r.Number >= 1 && int(r.Number) <= len(safe) {
+			safe[r.Number-1] = true
+		}
+	}
+	column := func(n *pg_query.Node) bool {
+		c := n.GetColumnRef()
+		return c != nil && len(c.Fields) > 0 && c.Fields[len(c.Fields)-1].GetAStar() == nil
+	}
+	eachMessage(tree.ProtoReflect(), func(m proto.Message) {
+		switch m := m.(type) {
+		case *pg_query.A_Expr:
+			switch m.Kind {
+			case pg_query.A_Expr_Kind_AEXPR_OP, pg_query.A_Expr_Kind_AEXPR_LIKE, pg_query.A_Expr_Kind_AEXPR_ILIKE,
+				pg_query.A_Expr_Kind_AEXPR_DISTINCT, pg_query.A_Expr_Kind_AEXPR_NOT_DISTINCT:
+				if m.Lexpr != nil && m.Rexpr != nil {
+					if column(m.Lexpr) {
+						mark(m.Rexpr)
+					}
+					if column(m.Rexpr) {
+						mark(m.Lexpr)
+					}
+				}
+			case pg_query.A_Expr_Kind_AEXPR_IN, pg_query.A_Expr_Kind_AEXPR_BETWEEN, pg_query.A_Expr_Kind_AEXPR_NOT_BETWEEN,
+				pg_query.A_Expr_Kind_AEXPR_BETWEEN_SYM, pg_query.A_Expr_Kind_AEXPR_NOT_BETWEEN_SYM:
+				if column(m.Lexpr) {
+					for _, it := range m.Rexpr.GetList().GetItems() {
+						mark(it)
+					}
+				}
+			}
+		case *pg_query.TypeCast:
+			if !intervalWithFields(m.TypeName) {
+				mark(m.Arg)
+			}
+		case *pg_query.UpdateStmt:
+			for _, t := range m.TargetList {
+				if rt := t.GetResTarget(); rt != nil && len(rt.Indirection) == 0 {
+					mark(rt.Val)
+				}
+			}
+		case *pg_query.InsertStmt:
+			if sel := m.SelectStmt.GetSelectStmt(); sel != nil && sel.Op == pg_query.SetOperation_SETOP_NONE {
+				for _, row := range sel.ValuesLists {
+					for _, it := range row.GetList().GetItems() {
+						mark(it)
+					}
+				}
+			}
+		}
+	})
+	for i, t := range types {
+		if t == 0 && !safe[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// intervalWithFields reports whether t is interval with fields or a
+// precision (interval hour, interval(3)), which reads a literal cast to it
+// unlike a parameter.
+func intervalWithFields(t *pg_query.TypeName) bool {
+	if t == nil || len(t.Typmods) == 0 || len(t.Names) == 0 {
+		return false
+	}
+	return t.Names[len(t.Names)-1].GetString_().GetSval() == "interval"
 }
 
 // paramInTypmod reports whether a parameter is a type modifier somewhere in

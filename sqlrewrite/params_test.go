@@ -34,6 +34,27 @@ func TestParameterize(t *testing.T) {
 			want: "INSERT INTO \"t1\" (a, b) VALUES ('5', $1) /* 7 */ -- 8\n", types: []uint32{oidInt4}, values: []string{"6"}},
 		{sql: "UPDATE t SET a = $$9$$ WHERE b = E'\\'1'", writes: true,
 			want: "UPDATE t SET a = $$9$$ WHERE b = E'\\'1'", types: []uint32{}, values: []string{}},
+		// Plain strings move, untyped, where nothing around them makes them
+		// part of something else.
+		{sql: "UPDATE t SET name = 'bob', note = 'it''s', empty = '' WHERE id = 7", writes: true,
+			want: "UPDATE t SET name = $1, note = $2, empty = $3 WHERE id = $4", types: []uint32{0, 0, 0, oidInt4},
+			values: []string{"bob", "it's", "", "7"}},
+		{sql: "DELETE FROM t WHERE a IN ('x','y') AND b LIKE 'z%' AND c = 'é' AND 'w' = d", writes: true,
+			want: "DELETE FROM t WHERE a IN ($1,$2) AND b LIKE $3 AND c = $4 AND $5 = d", types: []uint32{0, 0, 0, 0, 0},
+			values: []string{"x", "y", "z%", "é", "w"}},
+		// A typed literal, strings continued over a newline, other forms of
+		// string, and a string touching a word stay.
+		{sql: "UPDATE t SET d = DATE 'x1', i = interval 'x2' day, j = \"t\" 'x3' WHERE k = 'a'", writes: true,
+			want: "UPDATE t SET d = DATE 'x1', i = interval 'x2' day, j = \"t\" 'x3' WHERE k = $1", types: []uint32{0}, values: []string{"a"}},
+		{sql: "UPDATE t SET a = 'x'\n'y', b = 'z' -- c\n'w' WHERE c = 'v'", writes: true,
+			want: "UPDATE t SET a = 'x'\n'y', b = 'z' -- c\n'w' WHERE c = $1", types: []uint32{0}, values: []string{"v"}},
+		{sql: "UPDATE t SET a = E'x', b = $$y$$, c = U&'z', d = N'w', e = B'1' WHERE f='v'and g=1", writes: true,
+			want: "UPDATE t SET a = E'x', b = $$y$$, c = U&'z', d = N'w', e = B'1' WHERE f='v'and g=$1", types: []uint32{oidInt4}, values: []string{"1"}},
+		// What an interval could be read from stays, unless a cast says
+		// what it is.
+		{sql: "UPDATE t SET a = '5', b = '1 day 5', c = 'P1DT2H', d = '2024-01-01 10:00', e = 'note 5', f = '2024-01-01 10:00'::timestamp WHERE g = 'day'", writes: true,
+			want:  "UPDATE t SET a = '5', b = '1 day 5', c = 'P1DT2H', d = '2024-01-01 10:00', e = $1, f = $2::timestamp WHERE g = $3",
+			types: []uint32{0, 0, 0}, values: []string{"note 5", "2024-01-01 10:00", "day"}},
 		{sql: "UPDATE t SET a = 1;", writes: true, want: "UPDATE t SET a = $1;", types: []uint32{oidInt4}, values: []string{"1"}},
 		{sql: "UPDATE t SET a = 1 ; ; -- done", writes: true, want: "UPDATE t SET a = $1 ; ; -- done", types: []uint32{oidInt4}, values: []string{"1"}},
 		// Where a parameter would not mean what the literal does, or not
@@ -80,6 +101,17 @@ func TestRewriteTemplate(t *testing.T) {
 		{"UPDATE t SET a = CAST(1 AS varchar(3)) WHERE id = 2", false},
 		{"UPDATE t SET fence_epoch = 1 WHERE id = 2", false}, // refused
 		{"WITH x AS (DELETE FROM t WHERE id = 1) UPDATE t SET a = 1 WHERE id = 2", true},
+		// Strings: compared with a column, assigned to one, or cast.
+		{"UPDATE t SET a = 'x', b = 'y'::date WHERE name = 'z' AND c <> 'w'", true},
+		{"INSERT INTO t (id, a) VALUES (1, 'x'), (2, 'y')", true},
+		{"DELETE FROM t WHERE a IN ('x', 'y') OR b BETWEEN 'p' AND 'q' OR c LIKE 'r%' OR d >= 's'", true},
+		{"UPDATE t SET a = upper('x') WHERE id = 1", false},           // a function's argument
+		{"UPDATE t SET a = (SELECT 'x') WHERE id = 1", false},         // a SELECT list
+		{"UPDATE t SET a = pg_typeof('x')::text WHERE id = 1", false}, // unknown as a literal, an error as a parameter
+		{"UPDATE t SET d = '5'::interval hour WHERE id = 1", false},   // 5 hours as a literal, 5 seconds as a parameter
+		{"UPDATE t SET (a, b) = ('x', 'y') WHERE id = 1", false},      // not a plain assignment
+		{"INSERT INTO t (id, a) SELECT 1, 'x'", false},                // not VALUES
+		{"UPDATE t SET a = 'x' WHERE id = ANY('{1,2}'::int[] || 'z')", false},
 	} {
 		p, _ := Parameterize(tc.sql)
 		if p.SQL == "" {
@@ -97,8 +129,9 @@ func TestRewriteTemplate(t *testing.T) {
 }
 
 // FuzzParameterize checks that a template scans as its text did, token
-// for token, but for a parameter $k in place of the k-th numeric literal,
-// whose value is that literal, typed as Postgres types it.
+// for token, but for a parameter $k in place of the k-th literal taken
+// out, whose value is that literal (a string's without its quotes), typed
+// as Postgres types it (a string untyped).
 func FuzzParameterize(f *testing.F) {
 	for _, s := range []string{
 		"UPDATE t SET v = v + 5 WHERE id = 7",
@@ -154,6 +187,15 @@ func FuzzParameterize(f *testing.F) {
 				}
 				if literalType(at) != p.Types[k-1] {
 					t.Fatalf("%q typed %d", at, p.Types[k-1])
+				}
+			case pg_query.Token_SCONST:
+				if b.Token == a.Token && bt == at {
+					break // it stays
+				}
+				k++
+				value := strings.ReplaceAll(strings.TrimSuffix(strings.TrimPrefix(at, "'"), "'"), "''", "'")
+				if at[0] != '\'' || b.Token != pg_query.Token_PARAM || bt != "$"+strconv.Itoa(k) || p.Values[k-1] != value || p.Types[k-1] != 0 {
+					t.Fatalf("template %q: string %q became %q (value %q, type %d)", p.SQL, at, bt, p.Values[k-1], p.Types[k-1])
 				}
 			default:
 				if b.Token != a.Token || bt != at {

@@ -1,6 +1,7 @@
 package sqlrewrite
 
 import (
+	"strings"
 	"unicode/utf8"
 
 	pg_query "github.com/pganalyze/pg_query_go/v6"
@@ -50,6 +51,7 @@ type TemplatePositions struct {
 	res   *Result
 	sql   string      // the template
 	spans []textRange // its parameters, in order, each with the space put before it, if any
+	strs  []bool      // which parameters stand for string literals
 }
 
 // Positions returns what maps positions in res, the result of
@@ -69,25 +71,28 @@ func (p Parameterized) Positions(res *Result) *TemplatePositions {
 	if len(t.spans) != len(p.Values) {
 		return nil
 	}
+	t.strs = make([]bool, len(p.Types))
+	for i, oid := range p.Types {
+		t.strs[i] = oid == 0
+	}
 	for _, i := range p.spaced {
 		t.spans[i].start--
 	}
 	return t
 }
 
-// Position maps pos, a position in the rewrite, to the same character of a
-// text of the template whose literals, in order, were lens bytes long. It
-// returns 0 as Result.Position does.
-func (t *TemplatePositions) Position(pos int, lens []int32, bytes bool) int {
-	if t == nil || len(lens) != len(t.spans) {
+// Position maps pos, a position in the rewrite, to the same character of
+// the text of the template whose literals had the values params (see
+// Parameterized.Values). It returns 0 as Result.Position does.
+func (t *TemplatePositions) Position(pos int, params []string, bytes bool) int {
+	if t == nil || len(params) != len(t.spans) {
 		return 0
 	}
 	off, ok := t.res.inputOffset(pos, bytes, len(t.sql))
 	if !ok {
 		return 0
 	}
-	// Literals and their parameters are ASCII: where they differ in bytes
-	// they differ as much in characters.
+	// A parameter is ASCII: it is as many characters long as bytes.
 	shift := 0
 	for i, sp := range t.spans {
 		if off < sp.start {
@@ -97,9 +102,36 @@ func (t *TemplatePositions) Position(pos int, lens []int32, bytes bool) int {
 			off = sp.start // in a parameter: at its literal's first character
 			break
 		}
-		shift += int(lens[i]) - (sp.end - sp.start)
+		shift += t.literalLen(i, params[i], bytes) - (sp.end - sp.start)
 	}
 	return charPosition(t.sql, off, bytes) + shift
+}
+
+// Param returns the position of parameter n's literal (1-based) in the
+// text of the template whose literals had the values params, 0 if there
+// is no such parameter.
+func (t *TemplatePositions) Param(n int, params []string, bytes bool) int {
+	if t == nil || len(params) != len(t.spans) || n < 1 || n > len(t.spans) {
+		return 0
+	}
+	shift := 0
+	for i := range n - 1 {
+		shift += t.literalLen(i, params[i], bytes) - (t.spans[i].end - t.spans[i].start)
+	}
+	return charPosition(t.sql, t.spans[n-1].start, bytes) + shift
+}
+
+// literalLen is the length, in characters or bytes, of the literal whose
+// value parameter i had.
+func (t *TemplatePositions) literalLen(i int, v string, bytes bool) int {
+	if !t.strs[i] {
+		return len(v) // a number: ASCII
+	}
+	n := len(v)
+	if !bytes {
+		n = utf8.RuneCountInString(v)
+	}
+	return n + 2 + strings.Count(v, "'") // the quotes, and each quote doubled
 }
 
 // byteOffset is the byte offset in s of the character at position pos; the
