@@ -7,7 +7,8 @@
 //
 //  1. select-only pgbench (-S) in each protocol mode, through every target;
 //  2. fenced writes: pgfence rewriting the UPDATE vs the same fence written
-//     by hand, straight to Postgres and through PgBouncer;
+//     by hand, straight to Postgres and through PgBouncer; then, in -M
+//     simple only, the same with a string value that changes;
 //  3. a stale-writer storm: half the clients hold a stale token;
 //  4. 1000 idle client connections: the proxies' resident memory;
 //  5. the rewriter's Go benchmarks (run first, before anything starts).
@@ -405,6 +406,16 @@ func (r *runner) bench() error {
 	}
 	if n, err := r.queryInt("SELECT count(*) FROM pgbench_accounts WHERE fence_epoch = 1000"); err != nil || n == 0 {
 		return fmt.Errorf("after the fenced writes no row has epoch 1000 (%d, %v)", n, err)
+	}
+
+	// 2a. Fenced writes with a string value: only a Query carries it in
+	// the text (in -M extended pgbench would send the literal unchanged).
+	rep.writesStr, err = r.interleaveModes("fenced writes, string", []string{"simple"}, []measurement{
+		{"PgBouncer, hand-fenced", r.pgbouncer, []string{"-f", r.scripts["fenced-str-hand"]}},
+		{"pgfence, rewritten", r.pgfenceGuard, []string{"-f", r.scripts["fenced-str-pgfence"]}},
+	})
+	if err != nil {
+		return err
 	}
 
 	// 2b. Lock-domain cost (still token 1000, before the storm raises rows to 2000).

@@ -27,6 +27,7 @@ type report struct {
 	elapsed               time.Duration
 
 	selectOnly, writes, storm map[string]map[string]series
+	writesStr                 map[string]map[string]series // fenced writes with a string value, -M simple
 	selectEqual               map[string]map[string]series // select-only at selectRate, PgBouncer and pgfence
 	selectRate                map[string]int               // pgbench -R, by mode
 	domain                    map[string]map[string]series // lock-domain cost, -M prepared
@@ -203,6 +204,19 @@ func (r *report) render() string {
 			"as two statements (pgfence sends the probe in the same Query or batch instead):\n\n%s\n", t2b.String())
 	}
 
+	if s := r.writesStr["simple"]; s != nil {
+		pb, pf := s["PgBouncer, hand-fenced"], s["pgfence, rewritten"]
+		var t2s table
+		t2s.add("mode", "PgBouncer, hand-fenced tps", "pgfence, rewritten tps", "pgfence/PgBouncer",
+			"PgBouncer CPU µs/txn", "pgfence CPU µs/txn", "Postgres CPU µs/txn: via PgBouncer", "via pgfence")
+		t2s.add("simple", f0(pb.tps()), f0(pf.tps()), f2(ratio(pf, pb)), f1(pb.cpuUs()), f1(pf.cpuUs()),
+			f1(pb.pgCPUUs()), f1(pf.pgCPUUs()))
+		targets.add("fenced writes with a string value -M simple: pgfence >= 0.9 × hand-fenced via PgBouncer",
+			fmt.Sprintf("%.2f×", ratio(pf, pb)), yes(ratio(pf, pb) >= 0.9))
+		p("The same with a string value that changes (`SET ..., filler = 'note :delta'`), as drivers that interpolate values "+
+			"send it; only a simple-protocol Query carries it in the text:\n\n%s\n", t2s.String())
+	}
+
 	// 3. Storm.
 	p("### 3. Stale-writer storm (even clients token 2000, odd clients stale 1000; every row at epoch 2000)\n\n")
 	var t3 table
@@ -272,7 +286,7 @@ func (r *report) render() string {
 	for _, sec := range []struct {
 		name string
 		m    map[string]map[string]series
-	}{{"select-only", r.selectOnly}, {"equal load", r.selectEqual}, {"fenced writes", r.writes}, {"stale storm", r.storm}} {
+	}{{"select-only", r.selectOnly}, {"equal load", r.selectEqual}, {"fenced writes", r.writes}, {"string writes", r.writesStr}, {"stale storm", r.storm}} {
 		for _, mode := range modes {
 			for _, s := range sortedSeries(sec.m[mode]) {
 				var parts []string

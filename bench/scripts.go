@@ -28,6 +28,16 @@ const fencedByHand = `SET fence.token = '1000';
 UPDATE pgbench_accounts SET abalance = abalance + :delta, fence_epoch = 1000 WHERE aid = :aid AND fence_epoch <= 1000;
 `
 
+// Fenced writes with a string value that changes, as drivers that
+// interpolate send them (pgbench puts :delta into the literal in -M simple).
+const fencedStrByPgfence = `SET fence.token = '1000';
+UPDATE pgbench_accounts SET abalance = abalance + :delta, filler = 'note :delta' WHERE aid = :aid;
+`
+
+const fencedStrByHand = `SET fence.token = '1000';
+UPDATE pgbench_accounts SET abalance = abalance + :delta, filler = 'note :delta', fence_epoch = 1000 WHERE aid = :aid AND fence_epoch <= 1000;
+`
+
 // Stale-writer storm: every row is at epoch 2000 first; even clients hold
 // the current token 2000, odd ones the stale 1000, whose every UPDATE is
 // fenced.
@@ -53,6 +63,7 @@ func writeScripts(dir string) (map[string]string, error) {
 	paths := map[string]string{}
 	for name, body := range map[string]string{
 		"fenced-pgfence": fencedByPgfence, "fenced-hand": fencedByHand,
+		"fenced-str-pgfence": fencedStrByPgfence, "fenced-str-hand": fencedStrByHand,
 		"storm-pgfence": stormByPgfence, "storm-hand": stormByHand,
 	} {
 		p := filepath.Join(dir, name+".sql")
