@@ -5,6 +5,7 @@ package fence_test
 // They need no Postgres, but this package's TestMain starts one anyway.
 
 import (
+	"fmt"
 	"strconv"
 	"testing"
 
@@ -72,19 +73,28 @@ func BenchmarkPolicyCacheHit(b *testing.B) {
 // texts (evicting another). A text that must be parsed is sqlrewrite's
 // BenchmarkFullRewrite.
 func BenchmarkPolicyCacheMiss(b *testing.B) {
-	p, c := benchPolicy(b)
-	texts := make([]string, 1<<16) // far more than the cache's 4096
-	for i := range texts {
-		texts[i] = "UPDATE pgbench_accounts SET abalance = abalance + -1234 WHERE aid = " + strconv.Itoa(i) + ";"
-	}
-	for _, t := range texts[:8192] { // fill the cache, so Adds evict
-		p.Query(c, t)
-	}
-	b.ReportAllocs()
-	i := 8192
-	for b.Loop() {
-		p.Query(c, texts[i%len(texts)])
-		i++
+	for _, bc := range []struct{ name, format string }{
+		{"numbers", "UPDATE pgbench_accounts SET abalance = abalance + -1234 WHERE aid = %d;"},
+		{"strings", "UPDATE pgbench_accounts SET filler = 'note %[1]d', abalance = 0 WHERE aid = %[1]d AND filler <> 'x'"},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			p, c := benchPolicy(b)
+			texts := make([]string, 1<<16) // far more than the cache's 4096
+			for i := range texts {
+				texts[i] = fmt.Sprintf(bc.format, i)
+			}
+			for _, t := range texts[:8192] { // fill the cache, so Adds evict
+				if plan := p.Query(c, t); plan.ParamTypes == nil {
+					b.Fatalf("%q not parameterized", t)
+				}
+			}
+			b.ReportAllocs()
+			i := 8192
+			for b.Loop() {
+				p.Query(c, texts[i%len(texts)])
+				i++
+			}
+		})
 	}
 }
 
