@@ -34,7 +34,7 @@ type wait struct {
 	row    [][]byte     // probe row, once received
 	reuse  *serverStmt  // waitParse, waitSwallow: preparing a statement the proxy reuses
 	origin Origin       // waitQuery, waitParse, waitSwallow: maps error positions in a rewrite
-	params []byte       // with origin: the values bound, one after another
+	params []byte       // waitSwallow of a bound Query: the values bound, one after another
 	ends   []int32      // where each ends in params
 	pooled bool         // made by pipeline.get: recycled once dropped
 }
