@@ -6,7 +6,6 @@ package fence_test
 
 import (
 	"fmt"
-	"strconv"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -79,21 +78,13 @@ func BenchmarkPolicyCacheMiss(b *testing.B) {
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			p, c := benchPolicy(b)
-			texts := make([]string, 1<<16) // far more than the cache's 4096
-			for i := range texts {
-				texts[i] = fmt.Sprintf(bc.format, i)
-			}
+			texts := numbered(bc.format) // far more than the cache's 4096
 			for _, t := range texts[:8192] { // fill the cache, so Adds evict
 				if plan := p.Query(c, t); plan.ParamTypes == nil {
 					b.Fatalf("%q not parameterized", t)
 				}
 			}
-			b.ReportAllocs()
-			i := 8192
-			for b.Loop() {
-				p.Query(c, texts[i%len(texts)])
-				i++
-			}
+			queryEach(b, p, c, texts[8192:])
 		})
 	}
 }
@@ -117,13 +108,24 @@ func BenchmarkPolicyPassthrough(b *testing.B) {
 // write keyword, so it passes without a scan or the cache.
 func BenchmarkPolicyGuardedQuery(b *testing.B) {
 	p, c := benchPolicy(b)
-	texts := make([]string, 1<<16)
-	for i := range texts {
-		texts[i] = "SELECT abalance FROM pgbench_accounts WHERE aid = " + strconv.Itoa(i) + ";"
-	}
+	texts := numbered("SELECT abalance FROM pgbench_accounts WHERE aid = %d;")
 	if plan := p.Query(c, texts[0]); plan.SQL != "" || len(plan.Probes) != 0 {
 		b.Fatalf("rewritten: %+v", plan)
 	}
+	queryEach(b, p, c, texts)
+}
+
+// numbered returns 65536 texts: format with 0, 1, 2, ...
+func numbered(format string) []string {
+	texts := make([]string, 1<<16)
+	for i := range texts {
+		texts[i] = fmt.Sprintf(format, i)
+	}
+	return texts
+}
+
+// queryEach is the benchmark loop: a Query of each text in turn.
+func queryEach(b *testing.B, p *fence.Policy, c *proxy.Client, texts []string) {
 	b.ReportAllocs()
 	i := 0
 	for b.Loop() {
