@@ -78,7 +78,7 @@ func BenchmarkPolicyCacheMiss(b *testing.B) {
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			p, c := benchPolicy(b)
-			texts := numbered(bc.format) // far more than the cache's 4096
+			texts := numbered(bc.format)     // far more than the cache's 4096
 			for _, t := range texts[:8192] { // fill the cache, so Adds evict
 				if plan := p.Query(c, t); plan.ParamTypes == nil {
 					b.Fatalf("%q not parameterized", t)
