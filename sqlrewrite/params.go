@@ -364,6 +364,25 @@ func (r *Rewriter) RewriteTemplate(p Parameterized) (res *Result, ok bool, err e
 	return res, true, nil
 }
 
+// Template is what the proxy does with sql, a simple-protocol Query (the
+// policy does the same steps, with caches between them): the template it
+// prepares and binds sql's literals to, strings taken out where
+// RewriteTemplate keeps them and only numbers otherwise, and the template's
+// rewrite. ok is false when sql is rewritten as sent instead.
+func (r *Rewriter) Template(sql string) (p Parameterized, res *Result, ok bool, err error) {
+	if p, _ = Parameterize(sql); p.SQL == "" {
+		return p, nil, false, nil
+	}
+	res, ok, err = r.RewriteTemplate(p)
+	if !ok && err == nil && p.Strings() {
+		if p = ParameterizeNumbers(sql); p.SQL == "" {
+			return p, nil, false, nil
+		}
+		res, ok, err = r.RewriteTemplate(p)
+	}
+	return p, res, ok, err
+}
+
 // stringParamsSafe reports whether every untyped parameter (a string
 // literal's) in tree stands where Postgres gives it the type it would give
 // the literal: compared with a column (=, <>, <, LIKE, IS DISTINCT FROM,

@@ -266,3 +266,21 @@ var lexCases = []struct {
 	{"UPDATE t SET v = 1\x00", false},
 	{"UPDATE t SET v = $1x", false},
 }
+
+// Template takes strings out where a parameter means what they did, and
+// falls back to numbers only where one does not.
+func TestTemplate(t *testing.T) {
+	r := mustNew(t, "fence.token", "t")
+	for _, c := range []struct{ sql, want string }{
+		{"UPDATE t SET a = 'x' WHERE id = 1", "UPDATE t SET a = $1 WHERE id = $2"},
+		{"UPDATE t SET a = upper('x') WHERE id = 1", "UPDATE t SET a = upper('x') WHERE id = $1"},
+		{"UPDATE t SET a = 'x', b = '5' WHERE id = 1", "UPDATE t SET a = $1, b = '5' WHERE id = $2"},
+		{"UPDATE u SET a = 'x' WHERE id = 1", ""}, // not fenced: sent as written
+		{"UPDATE t SET a = 1 ORDER BY 1", ""},
+	} {
+		p, res, ok, err := r.Template(c.sql)
+		if err != nil || ok != (c.want != "") || ok && (p.SQL != c.want || res == nil || !res.NoRows) {
+			t.Errorf("%q: %q %v %v, want %q", c.sql, p.SQL, ok, err, c.want)
+		}
+	}
+}

@@ -136,13 +136,26 @@ func TestRewriteCommand(t *testing.T) {
 		err := cmd.Execute()
 		return out.String(), err
 	}
-	out, err := run("--guard", "accounts", "UPDATE accounts SET balance = 0 WHERE id = 1 -- keep me")
+	// A simple-protocol write: the statement its literals are bound to.
+	out, err := run("--guard", "accounts", "UPDATE accounts SET balance = 0, note = 'it''s' WHERE id = 1 -- keep me")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"-- UPDATE accounts (enforce)", `"fence_epoch" = pg_catalog.current_setting(`, "WHERE (id = 1) AND", "pgfence.stale", "-- keep me", "statement 2 is pgfence's probe"} {
+	for _, want := range []string{"-- UPDATE accounts (enforce)", "prepares the statement below once per session",
+		"$1 = 0 (int4), $2 = 'it''s' (untyped), $3 = 1 (int4)", `"fence_epoch" = pg_catalog.current_setting(`,
+		"balance = $1, note = $2 WHERE (id = $3) AND", "pgfence.stale", "-- keep me", "after each Execute, pgfence runs its probe"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	// The same rewritten as sent.
+	out, err = run("--guard", "accounts", "--as-text", "UPDATE accounts SET balance = 0, note = 'it''s' WHERE id = 1 -- keep me")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"-- UPDATE accounts (enforce)", "balance = 0, note = 'it''s' WHERE (id = 1) AND", "-- keep me", "statement 2 is pgfence's probe"} {
+		if !strings.Contains(out, want) || strings.Contains(out, "binds") {
+			t.Errorf("--as-text output lacks %q:\n%s", want, out)
 		}
 	}
 	out, err = run("--guard", "accounts", "UPDATE accounts SET fence_epoch = 1")

@@ -16,14 +16,18 @@ var errRefused = errors.New("statement refused")
 
 func rewriteCmd() *cobra.Command {
 	var o policyOptions
-	var prepared bool
+	var prepared, asText bool
 	cmd := &cobra.Command{
 		Use:   "rewrite [flags] SQL",
 		Short: "Print the SQL pgfence would send for SQL, or the error a client would get; no server needed",
 		Long: `rewrite shows what pgfence does to a statement, offline: the text Postgres
 would receive (probe statements included), or the error the client would get.
-It takes the same policy flags as serve. SQL "-" reads the text from stdin.
-The exit status is 1 when the statement is refused.`,
+A write sent as a simple-protocol Query is shown as the statement pgfence
+prepares once per session and binds the write's literals to, when it does
+(--as-text shows the text rewritten as sent, which is what a Query in the
+middle of an extended-protocol batch gets). It takes the same policy flags as
+serve. SQL "-" reads the text from stdin. The exit status is 1 when the
+statement is refused.`,
 		Example: `  pgfence rewrite --guard accounts "UPDATE accounts SET balance = 0 WHERE id = 1"`,
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -43,6 +47,16 @@ The exit status is 1 when the statement is refused.`,
 			if err != nil {
 				return err
 			}
+			if !prepared && !asText {
+				p, res, ok, err := rw.Template(sql)
+				if err != nil {
+					return err
+				}
+				if ok {
+					printBinding(cmd.OutOrStdout(), p)
+					return printRewrite(cmd.OutOrStdout(), p.SQL, res)
+				}
+			}
 			mode := sqlrewrite.Simple
 			if prepared {
 				mode = sqlrewrite.Prepared
@@ -56,7 +70,43 @@ The exit status is 1 when the statement is refused.`,
 	}
 	o.addFlags(cmd)
 	cmd.Flags().BoolVar(&prepared, "prepared", false, "treat SQL as an extended-protocol Parse (one statement; the probe runs separately after each Execute)")
+	cmd.Flags().BoolVar(&asText, "as-text", false, "show a simple-protocol write rewritten as sent, not as the prepared statement pgfence binds its literals to")
 	return cmd
+}
+
+// printBinding says that a Query runs as the template p, bound to its
+// literals.
+func printBinding(w io.Writer, p sqlrewrite.Parameterized) {
+	fmt.Fprintln(w, "-- a simple-protocol Query: pgfence prepares the statement below once per session and binds each execution's literals to it")
+	if len(p.Values) == 0 {
+		return
+	}
+	params := make([]string, len(p.Values))
+	for i, v := range p.Values {
+		if p.Types[i] == 0 {
+			v = "'" + strings.ReplaceAll(v, "'", "''") + "'"
+		}
+		params[i] = fmt.Sprintf("$%d = %s (%s)", i+1, v, typeName(p.Types[i]))
+	}
+	fmt.Fprintf(w, "--   %s\n", strings.Join(params, ", "))
+	if p.Strings() {
+		fmt.Fprintln(w, "-- (an untyped parameter gets the type Postgres gives the string literal in its place)")
+	}
+}
+
+// typeName names a parameter type Parameterize declares.
+func typeName(oid uint32) string {
+	switch oid {
+	case 0:
+		return "untyped"
+	case 20:
+		return "int8"
+	case 23:
+		return "int4"
+	case 1700:
+		return "numeric"
+	}
+	return fmt.Sprintf("type %d", oid)
 }
 
 func printRewrite(w io.Writer, sql string, res *sqlrewrite.Result) error {
