@@ -476,9 +476,13 @@ func TestBoundStringLiterals(t *testing.T) {
 		// parameter would not mean the same there.
 		"UPDATE %s SET iv = '5', ims = '1:30' WHERE id = 1",
 		"UPDATE %s SET iv = '5'::interval hour, d = '2024-02-29' WHERE id = 2",
+		"UPDATE %s SET ts = '2024-02-29 10:00:00+00', d = '02/28/2024' WHERE id = 2",
+		"UPDATE %s SET iv = '2024-02-29' WHERE id = 2",
+		"UPDATE %s SET ims = '2024-02-29 10:00' WHERE id = 2",
 		"UPDATE %s SET val = pg_typeof('x')::text WHERE id = 1",
 		"UPDATE %s SET val = 'a' || 'b', c = upper('xy') WHERE id = 2",
 		"UPDATE %s SET val = DATE '2024-01-01' || '', ims = interval '90' second WHERE id = 4",
+		"UPDATE %s SET iv = '1-2', ims = '1:30:15.5' WHERE id = 4",
 		// Errors, alike.
 		"UPDATE %s SET n = 'abc' WHERE id = 1",
 		"UPDATE %s SET n = '12x'::int WHERE val = 'one'",

@@ -218,8 +218,12 @@ func plainStringValue(sql string, l textRange) (v string, ok bool) {
 // mayBeInterval reports whether Postgres might read v as an interval: it
 // has a digit, and each run of ASCII letters in it is a unit or a word
 // interval input knows (compared, as Postgres does, by its first 10
-// letters), or ISO 8601 designators (P1Y2M3DT4H).
+// letters), or ISO 8601 designators (P1Y2M3DT4H), and it does not start
+// as a date does.
 func mayBeInterval(v string) bool {
+	if startsAsDate(strings.TrimLeft(v, " \t\n\r\f\v")) {
+		return false
+	}
 	digit := false
 	for i := 0; i < len(v); {
 		c := v[i] | 0x20
@@ -238,6 +242,32 @@ func mayBeInterval(v string) bool {
 		i = j
 	}
 	return digit
+}
+
+// startsAsDate reports whether v starts with digits, a "-" and digits and
+// a "-" (2024-01-31), or digits and a "/" (01/31/2024). Interval input
+// rejects such a field (it takes one "-", years-months) whatever fields
+// the type declares, so a date or timestamp is read by an interval column
+// (with an error) alike as a literal and as a parameter.
+func startsAsDate(v string) bool {
+	digits := func(i int) int {
+		for i < len(v) && isDigit(v[i]) {
+			i++
+		}
+		return i
+	}
+	i := digits(0)
+	if i == 0 || i == len(v) {
+		return false
+	}
+	if v[i] == '/' {
+		return true
+	}
+	if v[i] != '-' {
+		return false
+	}
+	j := digits(i + 1)
+	return j > i+1 && j < len(v) && v[j] == '-'
 }
 
 // intervalWord reports whether w (ASCII letters) is a word of interval

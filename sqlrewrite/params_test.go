@@ -52,9 +52,13 @@ func TestParameterize(t *testing.T) {
 			want: "UPDATE t SET a = E'x', b = $$y$$, c = U&'z', d = N'w', e = B'1' WHERE f='v'and g=$1", types: []uint32{oidInt4}, values: []string{"1"}},
 		// What an interval could be read from stays, unless a cast says
 		// what it is.
-		{sql: "UPDATE t SET a = '5', b = '1 day 5', c = 'P1DT2H', d = '2024-01-01 10:00', e = 'note 5', f = '2024-01-01 10:00'::timestamp WHERE g = 'day'", writes: true,
-			want:  "UPDATE t SET a = '5', b = '1 day 5', c = 'P1DT2H', d = '2024-01-01 10:00', e = $1, f = $2::timestamp WHERE g = $3",
-			types: []uint32{0, 0, 0}, values: []string{"note 5", "2024-01-01 10:00", "day"}},
+		{sql: "UPDATE t SET a = '5', b = '1 day 5', c = 'P1DT2H', d = '1-2', e = 'note 5', f = '1:30'::interval WHERE g = 'day'", writes: true,
+			want:  "UPDATE t SET a = '5', b = '1 day 5', c = 'P1DT2H', d = '1-2', e = $1, f = $2::interval WHERE g = $3",
+			types: []uint32{0, 0, 0}, values: []string{"note 5", "1:30", "day"}},
+		// A date or timestamp, which no interval is read from.
+		{sql: "UPDATE t SET a = '2024-01-31', b = ' 2024-01-31 10:00:00.5+01', c = '01/31/2024' WHERE d = '2024'", writes: true,
+			want:  "UPDATE t SET a = $1, b = $2, c = $3 WHERE d = '2024'",
+			types: []uint32{0, 0, 0}, values: []string{"2024-01-31", " 2024-01-31 10:00:00.5+01", "01/31/2024"}},
 		{sql: "UPDATE t SET a = 1;", writes: true, want: "UPDATE t SET a = $1;", types: []uint32{oidInt4}, values: []string{"1"}},
 		{sql: "UPDATE t SET a = 1 ; ; -- done", writes: true, want: "UPDATE t SET a = $1 ; ; -- done", types: []uint32{oidInt4}, values: []string{"1"}},
 		// Where a parameter would not mean what the literal does, or not
