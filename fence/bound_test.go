@@ -478,6 +478,7 @@ func TestBoundStringLiterals(t *testing.T) {
 		"UPDATE %s SET iv = '5'::interval hour, d = '2024-02-29' WHERE id = 2",
 		"UPDATE %s SET ts = '2024-02-29 10:00:00+00', d = '02/28/2024' WHERE id = 2",
 		"UPDATE %s SET iv = '2024-02-29' WHERE id = 2",
+		"UPDATE %s SET iv = '02/28/2024' WHERE id = 2",
 		"UPDATE %s SET ims = '2024-02-29 10:00' WHERE id = 2",
 		"UPDATE %s SET val = pg_typeof('x')::text WHERE id = 1",
 		"UPDATE %s SET val = 'a' || 'b', c = upper('xy') WHERE id = 2",
