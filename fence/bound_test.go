@@ -583,3 +583,40 @@ func TestIntervalValueRule(t *testing.T) {
 	}
 	t.Logf("%d of %d values taken out; %d readings differ between literal and parameter, all of values kept in the text", taken, len(values), differ)
 }
+
+// After search_path changes, a text may stand for another table whose
+// columns have other types. Postgres plans a prepared statement again then,
+// but with the parameter types it was first prepared with: the statements
+// pgfence prepares for a session's writes are prepared again instead, so a
+// write means what it would straight to Postgres.
+func TestSearchPathChange(t *testing.T) {
+	db := pgtest.Direct(t)
+	pgtest.Exec(t, db, `DROP SCHEMA IF EXISTS sp_a CASCADE; DROP SCHEMA IF EXISTS sp_b CASCADE; CREATE SCHEMA sp_a; CREATE SCHEMA sp_b;
+		CREATE TABLE sp_a.sp_t (id int PRIMARY KEY, v text, fence_epoch bigint NOT NULL DEFAULT 0);
+		CREATE TABLE sp_b.sp_t (id int PRIMARY KEY, v boolean, fence_epoch bigint NOT NULL DEFAULT 0);
+		INSERT INTO sp_a.sp_t VALUES (1, 'a'); INSERT INTO sp_b.sp_t VALUES (1, false)`)
+	t.Cleanup(func() { pgtest.Exec(t, pgtest.Direct(t), "DROP SCHEMA sp_a CASCADE; DROP SCHEMA sp_b CASCADE") })
+	p := pgtest.StartProxy(t, []string{"sp_t"})
+	for _, mode := range []string{"simple_protocol", "exec"} {
+		c := p.Connect(t, "default_query_exec_mode="+mode)
+		pgtest.Exec(t, c, "SET fence.token = '5'")
+		for i, step := range []struct{ path, value string }{{"sp_a", "x"}, {"sp_b", "yes"}, {"sp_a", "y"}, {"sp_b", "no"}} {
+			pgtest.Exec(t, c, "SET search_path = "+step.path)
+			var tag pgconn.CommandTag
+			var err error
+			if mode == "exec" {
+				tag, err = c.Exec(ctx, "UPDATE sp_t SET v = $1 WHERE id = $2", step.value, 1)
+			} else {
+				tag, err = c.Exec(ctx, "UPDATE sp_t SET v = '"+step.value+"' WHERE id = 1")
+			}
+			if err != nil || tag.String() != "UPDATE 1" {
+				t.Fatalf("%s, step %d (%s, %q): %v %v", mode, i, step.path, step.value, tag, err)
+			}
+		}
+		var a string
+		var b bool
+		if err := db.QueryRow(ctx, "SELECT (SELECT v FROM sp_a.sp_t), (SELECT v FROM sp_b.sp_t)").Scan(&a, &b); err != nil || a != "y" || b {
+			t.Fatalf("%s: rows %q and %v (%v), want y and false", mode, a, b, err)
+		}
+	}
+}

@@ -39,7 +39,8 @@ type Plan struct {
 	// SQL replaces the client's text; "" forwards the original bytes.
 	SQL string
 	// Forget says the text may deallocate prepared statements (DEALLOCATE,
-	// DISCARD): the proxy prepares its probes again before their next use.
+	// DISCARD) or change what the names in them stand for (search_path):
+	// the proxy prepares its own statements again before their next use.
 	Forget bool
 	// Reuse, for a Parse of the unnamed statement with SQL set, lets the
 	// proxy prepare SQL once per session as a statement of its own and bind

@@ -128,12 +128,33 @@ func MayWrite(sql string) bool {
 	return false
 }
 
-// MayDeallocate reports, conservatively, whether sql could drop prepared
-// statements: whether it spells DEALLOCATE or DISCARD as a word of its own.
-func MayDeallocate(sql string) bool {
+// MayInvalidate reports, conservatively, whether sql could drop prepared
+// statements or change the tables their names stand for: whether it spells
+// DEALLOCATE, DISCARD or search_path as a word of its own, or RESET ALL.
+// (Postgres plans a statement again after a search_path change, but with
+// the parameter types it was first prepared with, which a table of the same
+// name elsewhere may not take.)
+func MayInvalidate(sql string) bool {
 	for i := 0; i < len(sql); i++ {
-		if sql[i]|0x20 == 'd' && (spellsKeyword(sql, i, "deallocate") || spellsKeyword(sql, i, "discard")) {
-			return true
+		switch sql[i] | 0x20 {
+		case 'd':
+			if spellsKeyword(sql, i, "deallocate") || spellsKeyword(sql, i, "discard") {
+				return true
+			}
+		case 's':
+			if spellsKeyword(sql, i, "search_path") {
+				return true
+			}
+		case 'r':
+			if spellsKeyword(sql, i, "reset") {
+				j := i + len("reset")
+				for j < len(sql) && (sql[j] == ' ' || sql[j] == '\t' || sql[j] == '\n' || sql[j] == '\r') {
+					j++
+				}
+				if spellsKeyword(sql, j, "all") {
+					return true
+				}
+			}
 		}
 	}
 	return false

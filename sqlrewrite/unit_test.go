@@ -448,20 +448,27 @@ func TestMayWrite(t *testing.T) {
 	}
 }
 
-func TestMayDeallocate(t *testing.T) {
+func TestMayInvalidate(t *testing.T) {
 	for sql, want := range map[string]bool{
-		"DEALLOCATE ALL":                       true,
-		"deallocate pgx_0":                     true,
-		"DISCARD ALL":                          true,
-		"SELECT 1; discard plans":              true,
-		"SELECT f('DISCARD')":                  true, // conservative
-		"UPDATE discarded_items SET n = 1":     false,
-		"SELECT x FROM t WHERE deallocated":    false,
-		"SELECT * FROM undiscard":              false,
-		"SELECT * FROM accounts WHERE id = $1": false,
+		"DEALLOCATE ALL":                               true,
+		"deallocate pgx_0":                             true,
+		"DISCARD ALL":                                  true,
+		"SELECT 1; discard plans":                      true,
+		"SELECT f('DISCARD')":                          true, // conservative
+		"UPDATE discarded_items SET n = 1":             false,
+		"SELECT x FROM t WHERE deallocated":            false,
+		"SELECT * FROM undiscard":                      false,
+		"SELECT * FROM accounts WHERE id = $1":         false,
+		"SET search_path = tenant_7, public":           true,
+		`SET LOCAL "search_path" TO x`:                 true,
+		"SELECT set_config('search_path', 'x', false)": true,
+		"reset\tALL":                                   true,
+		"RESET search_path":                            true,
+		"UPDATE t SET my_search_path = 1":              false,
+		"SELECT resets FROM all_things":                false,
 	} {
-		if got := MayDeallocate(sql); got != want {
-			t.Errorf("MayDeallocate(%q) = %v, want %v", sql, got, want)
+		if got := MayInvalidate(sql); got != want {
+			t.Errorf("MayInvalidate(%q) = %v, want %v", sql, got, want)
 		}
 	}
 }
