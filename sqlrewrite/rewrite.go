@@ -130,34 +130,35 @@ func MayWrite(sql string) bool {
 
 // MayInvalidate reports, conservatively, whether sql could drop prepared
 // statements or change the tables their names stand for: whether it spells
-// DEALLOCATE, DISCARD or search_path as a word of its own, or RESET ALL.
+// DEALLOCATE, DISCARD or search_path as a word of its own, or is RESET ALL.
 // (Postgres plans a statement again after a search_path change, but with
 // the parameter types it was first prepared with, which a table of the same
 // name elsewhere may not take.)
 func MayInvalidate(sql string) bool {
 	for i := 0; i < len(sql); i++ {
-		switch sql[i] | 0x20 {
-		case 'd':
+		switch c := sql[i]; {
+		case c|0x20 == 'd':
 			if spellsKeyword(sql, i, "deallocate") || spellsKeyword(sql, i, "discard") {
 				return true
 			}
-		case 's':
-			if spellsKeyword(sql, i, "search_path") {
+		case c == '_':
+			if i >= len("search") && spellsKeyword(sql, i-len("search"), "search_path") {
 				return true
-			}
-		case 'r':
-			if spellsKeyword(sql, i, "reset") {
-				j := i + len("reset")
-				for j < len(sql) && (sql[j] == ' ' || sql[j] == '\t' || sql[j] == '\n' || sql[j] == '\r') {
-					j++
-				}
-				if spellsKeyword(sql, j, "all") {
-					return true
-				}
 			}
 		}
 	}
-	return false
+	// RESET ALL, as a text of its own.
+	i := skipSpace(sql, 0)
+	return spellsKeyword(sql, i, "reset") && spellsKeyword(sql, skipSpace(sql, i+len("reset")), "all")
+}
+
+// skipSpace returns the offset of the first byte at or after sql[i] that
+// is not a space, tab or line break.
+func skipSpace(sql string, i int) int {
+	for i < len(sql) && (sql[i] == ' ' || sql[i] == '\t' || sql[i] == '\n' || sql[i] == '\r') {
+		i++
+	}
+	return i
 }
 
 // spellsKeyword reports whether keyword kw (lower case) is spelled at
