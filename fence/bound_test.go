@@ -490,6 +490,7 @@ func TestBoundStringLiterals(t *testing.T) {
 		"UPDATE %s SET n = '12x'::int WHERE val = 'one'",
 		"UPDATE %s SET j = '{bad' WHERE val = 'four''s'",
 		"UPDATE %s SET c = 'toolong' WHERE id = 1",
+		"UPDATE %s SET val = 'x\xff' WHERE val = 'one'", // not UTF-8
 	} {
 		want, got := outcome(direct, fmt.Sprintf(f, tables[0])), outcome(fenced, fmt.Sprintf(f, tables[1]))
 		if got != want {

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"unicode/utf8"
 
 	lru "github.com/hashicorp/golang-lru/v2"
 	"github.com/jackc/pgx/v5/pgproto3"
@@ -409,6 +410,12 @@ func (p *Policy) rewriteText(st *state, c *proxy.Client, sess *session, sql stri
 	// and the cache keep this copy.
 	sql = strings.Clone(sql)
 	key.sql = sql
+	if c.ClientEncoding() == "UTF8" && !utf8.ValidString(sql) {
+		// Postgres rejects the whole text (22021) before it parses any of
+		// it, so it writes nothing: let Postgres say so, as it would
+		// without pgfence, rather than refuse it for pg_query's sake.
+		return &planned{res: &sqlrewrite.Result{SQL: sql}}
+	}
 	var s sqlrewrite.Session
 	if len(sess.prepared) > 0 {
 		s = sess

@@ -4,6 +4,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	pg_query "github.com/pganalyze/pg_query_go/v6"
 	"google.golang.org/protobuf/proto"
@@ -203,10 +204,11 @@ func parameterized(sql string, literals []textRange, strs bool) Parameterized {
 // plainStringValue returns the value of the plain string literal at l in
 // sql; ok is false when it must stay in the text: when an interval could
 // be read from it (a digit, and no word but interval units) and no cast
-// follows it to say what it is (see the top of this file).
+// follows it to say what it is (see the top of this file), or when it is
+// not UTF-8 (Postgres rejects such a Query as a whole, before parsing it).
 func plainStringValue(sql string, l textRange) (v string, ok bool) {
 	v = sql[l.start+1 : l.end-1]
-	if mayBeInterval(v) && !castFollows(sql, l.end) {
+	if mayBeInterval(v) && !castFollows(sql, l.end) || !utf8.ValidString(v) {
 		return "", false
 	}
 	if strings.Contains(v, "''") {

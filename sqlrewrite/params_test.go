@@ -55,6 +55,9 @@ func TestParameterize(t *testing.T) {
 		{sql: "UPDATE t SET a = '5', b = '1 day 5', c = 'P1DT2H', d = '1-2', e = 'note 5', f = '1:30'::interval WHERE g = 'day'", writes: true,
 			want:  "UPDATE t SET a = '5', b = '1 day 5', c = 'P1DT2H', d = '1-2', e = $1, f = $2::interval WHERE g = $3",
 			types: []uint32{0, 0, 0}, values: []string{"note 5", "1:30", "day"}},
+		// Not UTF-8: Postgres fails the Query as a whole.
+		{sql: "UPDATE t SET a = 'x\xff' WHERE b = 'y'", writes: true,
+			want: "UPDATE t SET a = 'x\xff' WHERE b = $1", types: []uint32{0}, values: []string{"y"}},
 		// A date or timestamp, which no interval is read from.
 		{sql: "UPDATE t SET a = '2024-01-31', b = ' 2024-01-31 10:00:00.5+01', c = '01/31/2024' WHERE d = '2024'", writes: true,
 			want:  "UPDATE t SET a = $1, b = $2, c = $3 WHERE d = '2024'",
