@@ -483,6 +483,7 @@ func TestBoundStringLiterals(t *testing.T) {
 		"UPDATE %s SET ims = '2024-02-29 10:00' WHERE id = 2",
 		"UPDATE %s SET val = pg_typeof('x')::text WHERE id = 1",
 		"UPDATE %s SET val = 'a' || 'b', c = upper('xy') WHERE id = 2",
+		"UPDATE %s SET val = coalesce(val, '') || 'k', c = upper('xy'), n = 3 WHERE val = 'ab'",
 		"UPDATE %s SET val = DATE '2024-01-01' || '', ims = interval '90' second WHERE id = 4",
 		"UPDATE %s SET iv = '1-2', ims = '1:30:15.5' WHERE id = 4",
 		// Errors, alike.
@@ -514,6 +515,20 @@ func TestBoundStringLiterals(t *testing.T) {
 	}
 	if val, epoch := row(t, tables[1], 2); val != "note 2" || epoch != 10 {
 		t.Fatalf("row 2: %q at epoch %d, want \"note 2\" at 10", val, epoch)
+	}
+	// So is one with a string where a parameter would not do: that string
+	// stays in the text, the others are parameters.
+	for i := range 3 {
+		pgtest.Exec(t, fenced, fmt.Sprintf("UPDATE %s SET c = upper('ab'), val = 'kept %d' WHERE id = 2", tables[1], i))
+	}
+	err = fenced.QueryRow(ctx, "SELECT count(*) FROM pg_prepared_statements WHERE name LIKE 'pgfence.s.%' AND statement LIKE '%c = upper(''ab''), val = $1 WHERE (id = $2)%'",
+		pgx.QueryExecModeSimpleProtocol).Scan(&n)
+	if err != nil || n != 1 {
+		_, text := reused(t, fenced)
+		t.Fatalf("%d statements of the template with a string kept prepared (%v), want 1; the last: %s", n, err, text)
+	}
+	if val, _ := row(t, tables[1], 2); val != "kept 2" {
+		t.Fatalf("row 2: %q, want \"kept 2\"", val)
 	}
 }
 

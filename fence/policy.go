@@ -238,6 +238,10 @@ type planned struct {
 	// params, for a whole text in state.texts, are the values it binds to
 	// its template's plan (see boundPlan).
 	params []string
+	// keep, for a template in state.bound, says that it has no plan but
+	// the template with these strings left in the text may (see
+	// sqlrewrite.StringsToKeep).
+	keep []int
 }
 
 // newPlanned makes the plan of res, the rewrite of sql, which it may keep.
@@ -295,13 +299,19 @@ func (p *Policy) rewrite(st *state, c *proxy.Client, sess *session, sql string, 
 			return pl, nil
 		}
 		pl := p.boundPlan(st, c, par)
+		if pl != nil && pl.keep != nil {
+			// Strings where a parameter may not mean what they do stay in
+			// the text; the others are still parameters.
+			par = sqlrewrite.ParameterizeKeeping(sql, pl.keep)
+			if pl = p.boundPlan(st, c, par); pl != nil && pl.keep != nil {
+				pl = nil
+			}
+		}
 		if pl == nil && par.Strings() {
-			// Strings where a parameter may not mean what they do: they
-			// stay in the text.
 			par = sqlrewrite.ParameterizeNumbers(sql)
 			pl = p.boundPlan(st, c, par)
 		}
-		if pl != nil {
+		if pl != nil && pl.keep == nil {
 			if cacheable && st.seen.again(sql) { // a text sent again is then a plain cache hit
 				whole := &planned{res: pl.res, plan: pl.plan, params: make([]string, len(par.Values))}
 				for i, v := range par.Values {
@@ -319,16 +329,18 @@ func (p *Policy) rewrite(st *state, c *proxy.Client, sess *session, sql string, 
 }
 
 // boundPlan returns the plan of a parameterized simple-protocol write, nil
-// when its text must be rewritten as sent. Its literals change with every
-// execution, so the plan is cached by template, where a text with new
-// literals finds it, and the proxy prepares its rewrite once per session.
+// when its text must be rewritten as sent, or a planned with only keep set
+// when some of its strings must stay in the text. Its literals change with
+// every execution, so the plan is cached by template, where a text with
+// new literals finds it, and the proxy prepares its rewrite once per
+// session.
 func (p *Policy) boundPlan(st *state, c *proxy.Client, par sqlrewrite.Parameterized) *planned {
 	if par.SQL == "" || len(par.SQL) > maxCachedText {
 		return nil
 	}
 	key := boundKey(par)
 	if pl, ok := st.bound.Get(key); ok {
-		if pl != nil {
+		if pl != nil && pl.keep == nil {
 			p.m.cacheHits.Inc()
 		}
 		return pl
@@ -347,6 +359,8 @@ func (p *Policy) boundPlan(st *state, c *proxy.Client, par sqlrewrite.Parameteri
 		if tp := par.Positions(res); tp != nil {
 			pl.plan.Origin = templateOrigin{tp}
 		}
+	} else if keep := sqlrewrite.StringsToKeep(par); keep != nil && err == nil {
+		pl = &planned{keep: keep}
 	}
 	st.bound.Add(key, pl)
 	return pl

@@ -75,13 +75,22 @@ const maxParams = 1000
 // predicate cannot be proved from a parameter). RewriteTemplate makes the
 // final decision, on the parse tree.
 func Parameterize(sql string) (p Parameterized, writes bool) {
-	return parameterize(sql, true)
+	return parameterize(sql, nil)
+}
+
+// ParameterizeKeeping is Parameterize leaving in the text the string
+// literals whose parameters (by index in Parameterize's template) are in
+// keep: the ones StringsToKeep names.
+func ParameterizeKeeping(sql string, keep []int) Parameterized {
+	p, _ := parameterize(sql, func(i int) bool { return slices.Contains(keep, i) })
+	return p
 }
 
 // ParameterizeNumbers is Parameterize taking out numeric literals only: the
-// template for a text whose template with strings RewriteTemplate refused.
+// template for a text whose template with strings RewriteTemplate refused
+// for another reason than a string's place (one it does not parse, say).
 func ParameterizeNumbers(sql string) Parameterized {
-	p, _ := parameterize(sql, false)
+	p, _ := parameterize(sql, func(int) bool { return true })
 	return p
 }
 
@@ -90,7 +99,9 @@ func (p Parameterized) Strings() bool {
 	return slices.Contains(p.Types, 0)
 }
 
-func parameterize(sql string, strs bool) (p Parameterized, writes bool) {
+// parameterize is Parameterize leaving in the text the strings whose
+// parameters (by index in Parameterize's template) keep reports (nil: none).
+func parameterize(sql string, keep func(i int) bool) (p Parameterized, writes bool) {
 	if !MayWrite(sql) {
 		return p, false
 	}
@@ -108,7 +119,7 @@ func parameterize(sql string, strs bool) (p Parameterized, writes bool) {
 	case lx.refuse || !lx.dml || len(lx.literals) > maxParams:
 		return p, true
 	}
-	return parameterized(sql, lx.literals, strs), true
+	return parameterized(sql, lx.literals, keep), true
 }
 
 // textRange is where a token is in a text: sql[start:end].
@@ -164,25 +175,29 @@ func scanLiteralsPG(sql string) (lx lexed, ok bool) {
 	return lx, true
 }
 
-// parameterized replaces the literals of sql with $1, $2, ..., the string
-// ones only if strs and plainStringValue allows; it returns the zero
-// Parameterized if a number has a form literalType refuses.
-func parameterized(sql string, literals []textRange, strs bool) Parameterized {
+// parameterized replaces the literals of sql with $1, $2, ..., a string
+// only if plainStringValue allows and keep does not say otherwise (see
+// parameterize); it returns the zero Parameterized if a number has a form
+// literalType refuses.
+func parameterized(sql string, literals []textRange, keep func(i int) bool) Parameterized {
 	n := len(literals)
 	p := Parameterized{Types: make([]uint32, 0, n), Values: make([]string, 0, n)}
 	var b strings.Builder
 	b.Grow(len(sql) + 2*n)
-	last := 0
+	last, full := 0, -1 // full: the index in Parameterize's template
 	for _, l := range literals {
 		lit := sql[l.start:l.end]
 		var oid uint32
 		if lit[0] == '\'' {
 			v, ok := plainStringValue(sql, l)
-			if !strs || !ok {
+			if !ok {
 				continue // it stays in the text
 			}
+			if full++; keep != nil && keep(full) {
+				continue
+			}
 			lit = v
-		} else if oid = literalType(lit); oid == 0 {
+		} else if full, oid = full+1, literalType(lit); oid == 0 {
 			return Parameterized{}
 		}
 		p.Types = append(p.Types, oid)
@@ -398,20 +413,28 @@ func (r *Rewriter) RewriteTemplate(p Parameterized) (res *Result, ok bool, err e
 
 // Template is what the proxy does with sql, a simple-protocol Query (the
 // policy does the same steps, with caches between them): the template it
-// prepares and binds sql's literals to, strings taken out where
-// RewriteTemplate keeps them and only numbers otherwise, and the template's
-// rewrite. ok is false when sql is rewritten as sent instead.
+// prepares and binds sql's literals to, and the template's rewrite. Strings
+// are taken out where RewriteTemplate keeps the template, those
+// StringsToKeep names stay in the text, and where that does not do either,
+// only numbers are taken out. ok is false when sql is rewritten as sent.
 func (r *Rewriter) Template(sql string) (p Parameterized, res *Result, ok bool, err error) {
 	if p, _ = Parameterize(sql); p.SQL == "" {
 		return p, nil, false, nil
 	}
-	res, ok, err = r.RewriteTemplate(p)
-	if !ok && err == nil && p.Strings() {
-		if p = ParameterizeNumbers(sql); p.SQL == "" {
-			return p, nil, false, nil
-		}
-		res, ok, err = r.RewriteTemplate(p)
+	if res, ok, err = r.RewriteTemplate(p); ok || err != nil || !p.Strings() {
+		return p, res, ok, err
 	}
+	if keep := StringsToKeep(p); keep != nil {
+		if q := ParameterizeKeeping(sql, keep); q.SQL != "" {
+			if res, ok, err = r.RewriteTemplate(q); ok || err != nil {
+				return q, res, ok, err
+			}
+		}
+	}
+	if p = ParameterizeNumbers(sql); p.SQL == "" {
+		return p, nil, false, nil
+	}
+	res, ok, err = r.RewriteTemplate(p)
 	return p, res, ok, err
 }
 
@@ -425,8 +448,29 @@ func (r *Rewriter) Template(sql string) (p Parameterized, res *Result, ok bool, 
 // literal left unresolved is text where a parameter is an error, or the
 // two pick different functions.
 func stringParamsSafe(tree *pg_query.ParseResult, types []uint32) bool {
+	return len(unsafeStrings(tree, types)) == 0
+}
+
+// StringsToKeep returns the indexes of p's string parameters that stand
+// where a parameter may not mean what the literal did (see
+// stringParamsSafe), for ParameterizeKeeping to leave in the text; nil
+// when there are none or p.SQL does not parse.
+func StringsToKeep(p Parameterized) []int {
+	if !p.Strings() {
+		return nil
+	}
+	tree, err := pg_query.Parse(p.SQL)
+	if err != nil {
+		return nil
+	}
+	return unsafeStrings(tree, p.Types)
+}
+
+// unsafeStrings returns the indexes of the untyped parameters in tree that
+// stringParamsSafe does not find safe.
+func unsafeStrings(tree *pg_query.ParseResult, types []uint32) []int {
 	if !slices.Contains(types, 0) {
-		return true
+		return nil
 	}
 	safe := make([]bool, len(types))
 	mark := func(n *pg_query.Node) {
@@ -480,12 +524,13 @@ func stringParamsSafe(tree *pg_query.ParseResult, types []uint32) bool {
 			}
 		}
 	})
+	var unsafe []int
 	for i, t := range types {
 		if t == 0 && !safe[i] {
-			return false
+			unsafe = append(unsafe, i)
 		}
 	}
-	return true
+	return unsafe
 }
 
 // intervalWithFields reports whether t is interval with fields or a

@@ -282,6 +282,10 @@ func TestTemplate(t *testing.T) {
 		{"UPDATE t SET a = 'x' WHERE id = 1", "UPDATE t SET a = $1 WHERE id = $2"},
 		{"UPDATE t SET a = upper('x') WHERE id = 1", "UPDATE t SET a = upper('x') WHERE id = $1"},
 		{"UPDATE t SET a = 'x', b = '5' WHERE id = 1", "UPDATE t SET a = $1, b = '5' WHERE id = $2"},
+		// Only the strings where a parameter would not do stay.
+		{"UPDATE t SET a = coalesce(a, 'x') || 'y', b = 'z' WHERE id = 1 AND c = upper('w')",
+			"UPDATE t SET a = coalesce(a, 'x') || 'y', b = $1 WHERE id = $2 AND c = upper('w')"},
+		{"UPDATE t SET d = DATE '2024-01-31', e = 'v' WHERE f = 'u'", "UPDATE t SET d = DATE '2024-01-31', e = $1 WHERE f = $2"},
 		{"UPDATE u SET a = 'x' WHERE id = 1", ""}, // not fenced: sent as written
 		{"UPDATE t SET a = 1 ORDER BY 1", ""},
 	} {
