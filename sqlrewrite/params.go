@@ -26,8 +26,8 @@ import (
 // Both resolve alike only in some contexts, though (pg_typeof('x') is
 // "unknown", pg_typeof($1) an error), so a template with strings taken out
 // is used only where each is compared with a column, assigned to one, or
-// cast (see stringParamsSafe), and otherwise the strings stay in the text
-// (ParameterizeNumbers). One more difference is in the value: Postgres
+// cast (see stringParamsSafe); the strings elsewhere stay in the text
+// (StringsToKeep, ParameterizeKeeping). One more difference is in the value: Postgres
 // reads a literal assigned to an interval column declared with fields
 // (interval hour) with those fields, so that '5' is 5 hours where a
 // parameter is 5 seconds; a string that an interval could be read from
