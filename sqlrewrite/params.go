@@ -69,8 +69,9 @@ const maxParams = 1000
 // p.SQL is set when sql is a candidate for running as a prepared statement
 // bound to p.Values: one statement that inserts, updates or deletes, with
 // no parameters of its own, whose numeric literals all have plain decimal
-// forms, and without the clauses where a parameter does not mean what a
-// literal does: ORDER BY and GROUP BY (a literal there is a column
+// forms (plain strings are taken out too, where plainStringValue allows),
+// and without the clauses where a parameter does not mean what a literal
+// does: ORDER BY and GROUP BY (a literal there is a column
 // position), DISTINCT ON (likewise), and ON CONFLICT (an arbiter index's
 // predicate cannot be proved from a parameter). RewriteTemplate makes the
 // final decision, on the parse tree.
