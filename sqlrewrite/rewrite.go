@@ -130,7 +130,8 @@ func MayWrite(sql string) bool {
 
 // MayInvalidate reports, conservatively, whether sql could drop prepared
 // statements or change the tables their names stand for: whether it spells
-// DEALLOCATE, DISCARD or search_path as a word of its own, or is RESET ALL.
+// DEALLOCATE, DISCARD or search_path as a word of its own, or is RESET ALL
+// or sets the role (SET ROLE, SET SESSION AUTHORIZATION, their RESETs).
 // (Postgres plans a statement again after a search_path change, but with
 // the parameter types it was first prepared with, which a table of the same
 // name elsewhere may not take.)
@@ -147,9 +148,34 @@ func MayInvalidate(sql string) bool {
 			}
 		}
 	}
-	// RESET ALL, as a text of its own.
+	// RESET ALL, and SET or RESET of the role, which "$user" in search_path
+	// stands for, as texts of their own.
 	i := skipSpace(sql, 0)
-	return spellsKeyword(sql, i, "reset") && spellsKeyword(sql, skipSpace(sql, i+len("reset")), "all")
+	switch {
+	case spellsKeyword(sql, i, "reset"):
+		return spellsKeyword(sql, skipSpace(sql, i+len("reset")), "all") || spellsRole(sql)
+	case spellsKeyword(sql, i, "set"):
+		return spellsRole(sql)
+	}
+	return false
+}
+
+// spellsRole reports whether sql spells ROLE or AUTHORIZATION (SET SESSION
+// AUTHORIZATION) as a word of its own.
+func spellsRole(sql string) bool {
+	for i := 0; i < len(sql); i++ {
+		switch sql[i] | 0x20 {
+		case 'r':
+			if spellsKeyword(sql, i, "role") {
+				return true
+			}
+		case 'a':
+			if spellsKeyword(sql, i, "authorization") {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // skipSpace returns the offset of the first byte at or after sql[i] that

@@ -466,6 +466,12 @@ func TestMayInvalidate(t *testing.T) {
 		"RESET search_path":                            true,
 		"UPDATE t SET my_search_path = 1":              false,
 		"SELECT resets FROM all_things":                false,
+		"SET ROLE tenant_7":                            true,
+		"set local role = tenant_7":                    true,
+		"SET SESSION AUTHORIZATION alice":              true,
+		"RESET role":                                   true,
+		"SET fence.token = '7'":                        false,
+		"UPDATE users SET role = 'admin'":              false,
 	} {
 		if got := MayInvalidate(sql); got != want {
 			t.Errorf("MayInvalidate(%q) = %v, want %v", sql, got, want)
