@@ -665,14 +665,14 @@ func TestBoundStringsGenerated(t *testing.T) {
 	pick := func(xs ...string) string { rng = rng*1664525 + 1013904223; return xs[int(rng>>8)%len(xs)] }
 	// Literals that each column's type reads, and some it does not.
 	fits := map[string][]string{
-		"val": {"'x'", "'it''s'", "''", "'v3'", "'5'", "'2024-01-31'"},
-		"n":   {"'5'", "'12'", "'-3'"},
-		"iv":  {"'5'", "'1:30'", "'1 day'", "'2 hours 5 minutes'", "'P1DT2H'"},
-		"j":   {`'{"k": 1}'`, "'[1, 2]'", "'\"s\"'"},
-		"b":   {"'yes'", "'t'", "'false'"},
-		"d":   {"'2024-01-31'", "'01/31/2024'", "'epoch'"},
-		"c":   {"'ab'", "'xyz'", "''"},
-		"ts":  {"'2024-01-31 10:00+00'", "'epoch'", "'2024-01-31'"},
+		"val":  {"'x'", "'it''s'", "''", "'v3'", "'5'", "'2024-01-31'"},
+		"n":    {"'5'", "'12'", "'-3'"},
+		"iv":   {"'5'", "'1:30'", "'1 day'", "'2 hours 5 minutes'", "'P1DT2H'"},
+		"j":    {`'{"k": 1}'`, "'[1, 2]'", "'\"s\"'"},
+		"b":    {"'yes'", "'t'", "'false'"},
+		"d":    {"'2024-01-31'", "'01/31/2024'", "'epoch'"},
+		"c":    {"'ab'", "'xyz'", "''"},
+		"ts":   {"'2024-01-31 10:00+00'", "'epoch'", "'2024-01-31'"},
 		"tags": {"'{a,b}'", "'{}'", "'{\"x y\"}'"},
 	}
 	names := []string{"val", "n", "iv", "j", "b", "d", "c", "ts", "tags"}
