@@ -502,9 +502,15 @@ func TestBoundStringLiterals(t *testing.T) {
 		}
 	}
 
-	// A write whose strings change is one template, prepared once.
+	// A write whose strings change is one template, prepared once, and
+	// pgfence_bound_queries_total counts each such write.
+	bound := p.Counter(t, "pgfence_bound_queries_total")
 	for i := range 3 {
 		pgtest.Exec(t, fenced, fmt.Sprintf("UPDATE %s SET val = 'note %d', b = '%v' WHERE id = 2 AND val <> 'x'", tables[1], i, i%2 == 0))
+	}
+	pgtest.Exec(t, fenced, "UPDATE "+tables[1]+" SET val = val WHERE id = 2 RETURNING id") // rewritten as sent
+	if got := p.Counter(t, "pgfence_bound_queries_total") - bound; got != 3 {
+		t.Fatalf("pgfence_bound_queries_total grew by %v, want 3", got)
 	}
 	var n int
 	err := fenced.QueryRow(ctx, "SELECT count(*) FROM pg_prepared_statements WHERE name LIKE 'pgfence.s.%' AND statement LIKE '%val = $1, b = $2 WHERE (id = $3 AND val <> $4)%'",

@@ -18,6 +18,7 @@ type Metrics struct {
 	discoveryOK   prometheus.Gauge
 	cacheHits     prometheus.Counter
 	cacheMisses   prometheus.Counter
+	bound         prometheus.Counter
 	passthrough   prometheus.Counter
 	fenced        prometheus.Counter
 	refused       prometheus.Counter
@@ -56,9 +57,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		discoveryOK: prometheus.NewGauge(prometheus.GaugeOpts{Name: "pgfence_discovery_ok", Help: "1 if the last catalog discovery succeeded, 0 if it failed."}),
 		cacheHits:   prometheus.NewCounter(prometheus.CounterOpts{Name: "pgfence_rewrite_cache_hits_total", Help: "Statements served from the rewrite cache."}),
 		cacheMisses: prometheus.NewCounter(prometheus.CounterOpts{Name: "pgfence_rewrite_cache_misses_total", Help: "Statements parsed because the rewrite cache did not have them."}),
+		bound: prometheus.NewCounter(prometheus.CounterOpts{Name: "pgfence_bound_queries_total",
+			Help: "Fenced simple-protocol writes run as a statement prepared once per session and bound to their literals, rather than rewritten as sent."}),
 	}
 	reg.MustRegister(m.rejects, m.withoutToken, m.guardedWrites, m.unfenced, m.queries, m.errors,
-		m.connsTotal, m.connsActive, m.guarded, m.discoveryOK, m.cacheHits, m.cacheMisses)
+		m.connsTotal, m.connsActive, m.guarded, m.discoveryOK, m.cacheHits, m.cacheMisses, m.bound)
 	m.passthrough = m.queries.WithLabelValues("passthrough")
 	m.fenced = m.queries.WithLabelValues("fenced")
 	m.refused = m.queries.WithLabelValues("refused")

@@ -203,6 +203,9 @@ func (p *Policy) plan(c *proxy.Client, sql string, mode sqlrewrite.Mode) proxy.P
 		p.m.passthrough.Inc()
 	default:
 		p.m.fenced.Inc()
+		if plan.ParamTypes != nil {
+			p.m.bound.Inc()
+		}
 	}
 	sess.remember(res.Prepared)
 	for _, f := range res.Fenced {
