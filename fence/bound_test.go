@@ -431,36 +431,9 @@ func exchange(t *testing.T, fe *pgproto3.Frontend, ready int, msgs ...pgproto3.F
 // strings out as untyped parameters where that means what the literal
 // did, and leaves them in the text elsewhere: both must be exact.
 func TestBoundStringLiterals(t *testing.T) {
-	db := pgtest.Direct(t)
-	const cols = "id int PRIMARY KEY, val text, n int, iv interval hour, ims interval minute to second, " +
-		"j jsonb, tags text[], c char(3), d date, b boolean, ts timestamptz, fence_epoch bigint NOT NULL DEFAULT 0"
-	tables := [2]string{"bound_strings_direct", "bound_strings_fenced"}
-	for _, tbl := range tables {
-		pgtest.Exec(t, db, fmt.Sprintf("DROP TABLE IF EXISTS %[1]s; CREATE TABLE %[1]s (%[2]s); INSERT INTO %[1]s (id, val) VALUES (1, 'one'), (2, 'two')", tbl, cols))
-		t.Cleanup(func() { pgtest.Exec(t, pgtest.Direct(t), "DROP TABLE IF EXISTS "+tbl) })
-	}
-	p := pgtest.StartProxy(t, []string{tables[1]})
-	direct := pgtest.Connect(t, pgtest.DirectURL()+"&default_query_exec_mode=simple_protocol")
-	fenced := simpleMode(t, p)
-	pgtest.Exec(t, fenced, "SET fence.token = '10'")
-	contents := func(tbl string) string {
-		var s string
-		q := "SELECT coalesce(string_agg((id, val, n, iv, ims, j, tags, c, d, b, ts)::text, E'\\n' ORDER BY id), '') FROM " + tbl
-		if err := db.QueryRow(ctx, q).Scan(&s); err != nil {
-			t.Fatal(err)
-		}
-		return s
-	}
-	outcome := func(c *pgx.Conn, sql string) string {
-		tag, err := c.Exec(ctx, sql)
-		var e *pgconn.PgError
-		if errors.As(err, &e) {
-			return fmt.Sprintf("%s %q at %d (%q, %q)", e.Code, e.Message, e.Position, e.Detail, e.Where)
-		} else if err != nil {
-			t.Fatalf("%s: %v", sql, err)
-		}
-		return tag.String()
-	}
+	w := newTwins(t, "bound_strings", "val text, n int, iv interval hour, ims interval minute to second, "+
+		"j jsonb, tags text[], c char(3), d date, b boolean, ts timestamptz", "VALUES (1, 'one'), (2, 'two')")
+	p, fenced, tables := w.proxy, w.fenced, w.tables
 	for _, f := range []string{
 		// Taken out.
 		"UPDATE %s SET val = 'it''s', n = 5 WHERE id = 1",
@@ -493,12 +466,8 @@ func TestBoundStringLiterals(t *testing.T) {
 		"UPDATE %s SET c = 'toolong' WHERE id = 1",
 		"UPDATE %s SET val = 'x\xff' WHERE val = 'one'", // not UTF-8
 	} {
-		want, got := outcome(direct, fmt.Sprintf(f, tables[0])), outcome(fenced, fmt.Sprintf(f, tables[1]))
-		if got != want {
+		if want, got := w.run(f); got != want {
 			t.Errorf("%s:\n through pgfence %s\n straight to Postgres %s", f, got, want)
-		}
-		if got, want := contents(tables[1]), contents(tables[0]); got != want {
-			t.Fatalf("after %s:\n through pgfence:\n%s\n straight to Postgres:\n%s", f, got, want)
 		}
 	}
 
@@ -653,19 +622,8 @@ func TestSearchPathChange(t *testing.T) {
 // reads a literal while it analyses the statement, a parameter only once
 // that is done. TestBoundStringLiterals compares single errors exactly.)
 func TestBoundStringsGenerated(t *testing.T) {
-	db := pgtest.Direct(t)
-	const cols = "id int PRIMARY KEY, val text, n int, iv interval hour, j jsonb, b boolean, d date, c char(3), " +
-		"ts timestamptz, tags text[], fence_epoch bigint NOT NULL DEFAULT 0"
-	tables := [2]string{"gen_strings_direct", "gen_strings_fenced"}
-	for _, tbl := range tables {
-		pgtest.Exec(t, db, fmt.Sprintf("DROP TABLE IF EXISTS %[1]s; CREATE TABLE %[1]s (%[2]s); "+
-			"INSERT INTO %[1]s (id, val, n) SELECT g, 'v' || g, g FROM generate_series(1, 5) g", tbl, cols))
-		t.Cleanup(func() { pgtest.Exec(t, pgtest.Direct(t), "DROP TABLE IF EXISTS "+tbl) })
-	}
-	p := pgtest.StartProxy(t, []string{tables[1]})
-	direct := pgtest.Connect(t, pgtest.DirectURL()+"&default_query_exec_mode=simple_protocol")
-	fenced := simpleMode(t, p)
-	pgtest.Exec(t, fenced, "SET fence.token = '10'")
+	w := newTwins(t, "gen_strings", "val text, n int, iv interval hour, j jsonb, b boolean, d date, c char(3), "+
+		"ts timestamptz, tags text[]", "SELECT g, 'v' || g FROM generate_series(1, 5) g")
 
 	rng := uint32(2026)
 	pick := func(xs ...string) string { rng = rng*1664525 + 1013904223; return xs[int(rng>>8)%len(xs)] }
@@ -713,30 +671,11 @@ func TestBoundStringsGenerated(t *testing.T) {
 		}
 		return fmt.Sprintf("UPDATE %%[1]s SET %s = %s WHERE id = %s AND (%s OR true)", c, value(c), pick("1", "2", "3", "4"), cond())
 	}
-	outcome := func(c *pgx.Conn, sql string) (string, bool) {
-		tag, err := c.Exec(ctx, sql)
-		var e *pgconn.PgError
-		if errors.As(err, &e) {
-			return fmt.Sprintf("%s %q at %d", e.Code, e.Message, e.Position), false
-		} else if err != nil {
-			t.Fatalf("%s: %v", sql, err)
-		}
-		return tag.String(), true
-	}
-	contents := func(tbl string) string {
-		var s string
-		q := "SELECT coalesce(string_agg((id, val, n, iv, j, b, d, c, ts, tags)::text, E'\\n' ORDER BY id), '') FROM " + tbl
-		if err := db.QueryRow(ctx, q).Scan(&s); err != nil {
-			t.Fatal(err)
-		}
-		return s
-	}
 	worked, sameError, otherError := 0, 0, 0
 	for range 400 {
 		f := statement()
-		want, wantOK := outcome(direct, fmt.Sprintf(f, tables[0]))
-		got, gotOK := outcome(fenced, fmt.Sprintf(f, tables[1]))
-		switch {
+		want, got := w.run(f)
+		switch wantOK, gotOK := !strings.HasPrefix(want, "ERROR"), !strings.HasPrefix(got, "ERROR"); {
 		case gotOK != wantOK || gotOK && got != want:
 			t.Errorf("%s:\n through pgfence %s\n straight to Postgres %s", f, got, want)
 		case gotOK:
@@ -746,12 +685,9 @@ func TestBoundStringsGenerated(t *testing.T) {
 		default:
 			otherError++
 		}
-		if got, want := contents(tables[1]), contents(tables[0]); got != want {
-			t.Fatalf("after %s:\n through pgfence:\n%s\n straight to Postgres:\n%s", f, got, want)
-		}
 	}
 	var templates int
-	err := fenced.QueryRow(ctx, "SELECT count(*) FROM pg_prepared_statements WHERE name LIKE 'pgfence.s.%' AND statement ~ '= \\$1\\M'",
+	err := w.fenced.QueryRow(ctx, "SELECT count(*) FROM pg_prepared_statements WHERE name LIKE 'pgfence.s.%' AND statement ~ '= \\$1\\M'",
 		pgx.QueryExecModeSimpleProtocol).Scan(&templates)
 	if err != nil {
 		t.Fatal(err)
@@ -761,4 +697,70 @@ func TestBoundStringsGenerated(t *testing.T) {
 	if worked < 150 || templates < 15 {
 		t.Fatalf("%d of 400 generated writes ran, %d templates: the test checks little", worked, templates)
 	}
+}
+
+// twins are two tables of the same columns and rows: one written straight
+// to Postgres, one through a pgfence guarding it, both in the simple
+// protocol with values as literals, as drivers that interpolate send them.
+type twins struct {
+	t              *testing.T
+	tables         [2]string // direct, fenced
+	columns        string    // compared after each write
+	direct, fenced *pgx.Conn
+	admin          *pgx.Conn // reads the rows
+	proxy          *pgtest.Proxy
+}
+
+// newTwins makes name_direct and name_fenced with columns (besides id and
+// fence_epoch) and rows (a VALUES or SELECT of id and val).
+func newTwins(t *testing.T, name, columns, rows string) *twins {
+	w := &twins{t: t, tables: [2]string{name + "_direct", name + "_fenced"}, admin: pgtest.Direct(t)}
+	var names []string
+	for _, c := range strings.Split(columns, ", ") {
+		names = append(names, strings.Fields(c)[0])
+	}
+	w.columns = "id, " + strings.Join(names, ", ")
+	for _, tbl := range w.tables {
+		pgtest.Exec(t, w.admin, fmt.Sprintf("DROP TABLE IF EXISTS %[1]s; "+
+			"CREATE TABLE %[1]s (id int PRIMARY KEY, %[2]s, fence_epoch bigint NOT NULL DEFAULT 0); "+
+			"INSERT INTO %[1]s (id, val) %[3]s", tbl, columns, rows))
+		t.Cleanup(func() { pgtest.Exec(t, pgtest.Direct(t), "DROP TABLE IF EXISTS "+tbl) })
+	}
+	w.proxy = pgtest.StartProxy(t, []string{w.tables[1]})
+	w.direct = pgtest.Connect(t, pgtest.DirectURL()+"&default_query_exec_mode=simple_protocol")
+	w.fenced = simpleMode(t, w.proxy)
+	pgtest.Exec(t, w.fenced, "SET fence.token = '10'")
+	return w
+}
+
+// run sends f (a format of the table's name) to each table and returns
+// what each got: the command tag, or "ERROR" with the error's code,
+// message, position, detail and context. It fails the test unless both
+// tables hold the same rows after it.
+func (w *twins) run(f string) (want, got string) {
+	outcome := func(c *pgx.Conn, tbl string) string {
+		tag, err := c.Exec(ctx, fmt.Sprintf(f, tbl))
+		var e *pgconn.PgError
+		if errors.As(err, &e) {
+			return fmt.Sprintf("ERROR %s %q at %d (%q, %q)", e.Code, e.Message, e.Position, e.Detail, e.Where)
+		} else if err != nil {
+			w.t.Fatalf("%s: %v", f, err)
+		}
+		return tag.String()
+	}
+	want, got = outcome(w.direct, w.tables[0]), outcome(w.fenced, w.tables[1])
+	if a, b := w.contents(w.tables[1]), w.contents(w.tables[0]); a != b {
+		w.t.Fatalf("after %s:\n through pgfence:\n%s\n straight to Postgres:\n%s", f, a, b)
+	}
+	return want, got
+}
+
+// contents is tbl's rows as text.
+func (w *twins) contents(tbl string) string {
+	var s string
+	q := "SELECT coalesce(string_agg((" + w.columns + ")::text, E'\\n' ORDER BY id), '') FROM " + tbl
+	if err := w.admin.QueryRow(ctx, q).Scan(&s); err != nil {
+		w.t.Fatal(err)
+	}
+	return s
 }
