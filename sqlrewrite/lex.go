@@ -89,7 +89,7 @@ func scanLiterals(sql string, literals []textRange) (lx lexed, ok bool) {
 			}
 		case c == '\'':
 			if end, ok = quoted(sql, i, c, false); ok {
-				lx.literals = lx.plainString(lx.literals, sql, i, end)
+				lx.literals = lx.plainString(lx.literals, sql, i, end, true)
 			}
 		case c == '"':
 			end, ok = quoted(sql, i, c, false)
@@ -305,11 +305,11 @@ var valueWords = [...]string{"and", "or", "not", "then", "else", "when", "case",
 // to take out unless the tokens around it say otherwise (see above), and
 // returns literals with it added, or with the string before it dropped.
 // (The caller assigns literals: an append through lx would move the
-// caller's array to the heap.) Postgres's scanner reads strings continued
-// over a newline as one token: not a candidate either.
-func (lx *lexed) plainString(literals []textRange, sql string, start, end int) []textRange {
-	single, _ := quoted(sql, start, '\'', false)
-	take := lx.prev == tokOther && single == end && (start == 0 || !isIdentCont(sql[start-1])) &&
+// caller's array to the heap.) single is false for strings continued over
+// a newline, which Postgres's scanner reads as one token: not a candidate
+// either.
+func (lx *lexed) plainString(literals []textRange, sql string, start, end int, single bool) []textRange {
+	take := lx.prev == tokOther && single && (start == 0 || !isIdentCont(sql[start-1])) &&
 		(end == len(sql) || !isIdentCont(sql[end]))
 	if lx.prev == tokString && lx.prevTaken {
 		literals = literals[:len(literals)-1] // it continues here

@@ -150,7 +150,8 @@ func scanLiteralsPG(sql string) (lx lexed, ok bool) {
 		switch {
 		case t.Token == pg_query.Token_SQL_COMMENT || t.Token == pg_query.Token_C_COMMENT:
 		case t.Token == pg_query.Token_SCONST && sql[start] == '\'':
-			lx.literals = lx.plainString(lx.literals, sql, start, end)
+			single, _ := quoted(sql, start, '\'', false)
+			lx.literals = lx.plainString(lx.literals, sql, start, end, single == end)
 		case t.Token == pg_query.Token_SCONST || t.Token == pg_query.Token_USCONST ||
 			t.Token == pg_query.Token_BCONST || t.Token == pg_query.Token_XCONST:
 			lx.token(tokString)
@@ -291,10 +292,11 @@ func startsAsDate(v string) bool {
 // intervalWord reports whether w (ASCII letters) is a word of interval
 // input: a unit, "ago", "infinity", or ISO 8601 designators.
 func intervalWord(w string) bool {
-	if strings.Trim(strings.ToLower(w), "pymwdths") == "" {
+	w = strings.ToLower(w)
+	if strings.Trim(w, "pymwdths") == "" {
 		return true
 	}
-	switch strings.ToLower(w) {
+	switch w {
 	case "ago", "infinity", "c", "cent", "centuries", "century", "d", "day", "days",
 		"dec", "decade", "decades", "decs", "h", "hour", "hours", "hr", "hrs", "invalid",
 		"m", "microsecon", "mil", "millennia", "millennium", "millisecon", "mils",
