@@ -130,11 +130,14 @@ func MayWrite(sql string) bool {
 
 // MayInvalidate reports, conservatively, whether sql could drop prepared
 // statements or change the tables their names stand for: whether it spells
-// DEALLOCATE, DISCARD or search_path as a word of its own, or is RESET ALL
-// or sets the role (SET ROLE, SET SESSION AUTHORIZATION, their RESETs).
-// (Postgres plans a statement again after a search_path change, but with
-// the parameter types it was first prepared with, which a table of the same
-// name elsewhere may not take.)
+// DEALLOCATE, DISCARD or search_path as a word of its own, calls set_config
+// on the role (or on a setting it cannot name), or has a statement that is
+// RESET ALL, sets the role (SET ROLE, SET SESSION AUTHORIZATION, their
+// RESETs), or may undo such a change while a transaction goes on (ROLLBACK
+// TO SAVEPOINT, COMMIT AND CHAIN). (Postgres plans a statement again after
+// a search_path change, but with the parameter types it was first prepared
+// with, which a table of the same name elsewhere may not take. The role is
+// what "$user" in search_path stands for.)
 func MayInvalidate(sql string) bool {
 	for i := 0; i < len(sql); i++ {
 		switch c := sql[i]; {
@@ -146,33 +149,100 @@ func MayInvalidate(sql string) bool {
 			if i >= len("search") && spellsKeyword(sql, i-len("search"), "search_path") {
 				return true
 			}
+			if i >= len("set") && spellsKeyword(sql, i-len("set"), "set_config") &&
+				setConfigMaySetRole(sql, i-len("set")+len("set_config")) {
+				return true
+			}
+		case c == ';':
+			if statementMayInvalidate(sql, i+1) {
+				return true
+			}
 		}
 	}
-	// RESET ALL, and SET or RESET of the role, which "$user" in search_path
-	// stands for, as texts of their own.
-	i := skipSpace(sql, 0)
-	switch {
-	case spellsKeyword(sql, i, "reset"):
-		return spellsKeyword(sql, skipSpace(sql, i+len("reset")), "all") || spellsRole(sql)
-	case spellsKeyword(sql, i, "set"):
-		return spellsRole(sql)
+	return statementMayInvalidate(sql, 0)
+}
+
+// statementMayInvalidate reports whether the statement at sql[i:] (up to
+// the next ";", which errs on the safe side) is RESET ALL, a SET or RESET
+// that names the role, or ends a transaction or part of one but goes on
+// in a transaction (a change made in what ends changes back then, where the
+// proxy sees no end of a transaction block).
+func statementMayInvalidate(sql string, i int) bool {
+	i = skipSpace(sql, i)
+	if i == len(sql) {
+		return false
+	}
+	var kws []string
+	switch sql[i] | 0x20 {
+	case 'r':
+		kws = []string{"rollback", "reset"}
+	case 's':
+		kws = []string{"set"}
+	case 'c', 'e', 'a':
+		kws = []string{"commit", "end", "abort"}
+	default:
+		return false
+	}
+	stmt := sql
+	if j := strings.IndexByte(sql[i:], ';'); j >= 0 {
+		stmt = sql[:i+j]
+	}
+	for _, kw := range kws {
+		if !spellsKeyword(stmt, i, kw) {
+			continue
+		}
+		rest := stmt[i+len(kw):]
+		switch kw {
+		case "rollback":
+			return spellsWord(rest, "to") || spellsWord(rest, "chain")
+		case "reset":
+			return spellsKeyword(rest, skipSpace(rest, 0), "all") || spellsRole(rest)
+		case "set":
+			return spellsRole(rest)
+		default:
+			return spellsWord(rest, "chain")
+		}
 	}
 	return false
+}
+
+// setConfigMaySetRole reports whether the set_config call whose name ends
+// at sql[i] may set the role: unless its first argument is a plain string
+// naming another setting, it may. A name that is not followed by "(" is no
+// call (a column, say).
+func setConfigMaySetRole(sql string, i int) bool {
+	i = skipSpace(sql, i)
+	if i == len(sql) || sql[i] != '(' {
+		return false
+	}
+	i = skipSpace(sql, i+1)
+	if i == len(sql) || sql[i] != '\'' {
+		return true // a parameter, an expression, E'...'
+	}
+	name, _, ok := strings.Cut(sql[i+1:], "'")
+	if !ok || strings.ContainsRune(name, '\\') || strings.HasPrefix(sql[i+1+len(name)+1:], "'") {
+		return true // an escape or a doubled quote: read it as Postgres might
+	}
+	return isWord(name, "role") || isWord(name, "session_authorization")
+}
+
+// isWord reports whether s is lower, ignoring ASCII case.
+func isWord(s, lower string) bool {
+	return len(s) == len(lower) && equalFoldASCII(s, lower)
 }
 
 // spellsRole reports whether sql spells ROLE or AUTHORIZATION (SET SESSION
 // AUTHORIZATION) as a word of its own.
 func spellsRole(sql string) bool {
-	for i := 0; i < len(sql); i++ {
-		switch sql[i] | 0x20 {
-		case 'r':
-			if spellsKeyword(sql, i, "role") {
-				return true
-			}
-		case 'a':
-			if spellsKeyword(sql, i, "authorization") {
-				return true
-			}
+	return spellsWord(sql, "role") || spellsWord(sql, "authorization")
+}
+
+// spellsWord reports whether sql spells kw (lower case) as a word of its
+// own anywhere.
+func spellsWord(sql, kw string) bool {
+	for i := 0; i+len(kw) <= len(sql); i++ {
+		if sql[i]|0x20 == kw[0] && spellsKeyword(sql, i, kw) {
+			return true
 		}
 	}
 	return false
