@@ -581,34 +581,95 @@ func TestIntervalValueRule(t *testing.T) {
 // pgfence prepares for a session's writes are prepared again instead, so a
 // write means what it would straight to Postgres.
 func TestSearchPathChange(t *testing.T) {
+	db, p := searchPathTables(t)
+	for _, mode := range []string{"simple_protocol", "exec"} {
+		c := p.Connect(t, "default_query_exec_mode="+mode)
+		pgtest.Exec(t, c, "SET fence.token = '5'")
+		for i, step := range []struct{ path, value string }{{"sp_a", "x"}, {"sp_b", "yes"}, {"sp_a", "y"}, {"sp_b", "no"}} {
+			pgtest.Exec(t, c, "SET search_path = "+step.path)
+			spWrite(t, c, mode, fmt.Sprintf("step %d (%s)", i, step.path), step.value)
+		}
+		spWant(t, db, mode, "y", false)
+	}
+}
+
+// TestSettingChangesBack is TestSearchPathChange for changes that take
+// effect later or elsewhere: a setting changed in a transaction block
+// changes back when the block ends (SET LOCAL, or any SET rolled back), or
+// while it goes on (ROLLBACK TO SAVEPOINT, COMMIT AND CHAIN); a role
+// change moves "$user" in search_path.
+func TestSettingChangesBack(t *testing.T) {
+	db, p := searchPathTables(t)
+	pgtest.Exec(t, db, `DROP ROLE IF EXISTS sp_b; CREATE ROLE sp_b;
+		GRANT USAGE ON SCHEMA sp_a, sp_b TO sp_b; GRANT ALL ON sp_a.sp_t, sp_b.sp_t TO sp_b`)
+	t.Cleanup(func() { pgtest.Exec(t, pgtest.Direct(t), "DROP OWNED BY sp_b; DROP ROLE sp_b") })
+	for _, mode := range []string{"simple_protocol", "exec"} {
+		c := p.Connect(t, "default_query_exec_mode="+mode)
+		pgtest.Exec(t, c, "SET fence.token = '5'; SET search_path = sp_a")
+		for _, step := range []struct{ before, value, after string }{
+			{"", "a1", ""},
+			{"BEGIN; SET LOCAL search_path = sp_b", "true", "COMMIT"}, // a block of several texts
+			{"", "a2", ""},
+			{"BEGIN; SET search_path = sp_b", "false", "ROLLBACK"}, // rolled back: sp_b keeps true
+			{`SET search_path = "$user", sp_a`, "a3", ""},
+			{"SELECT set_config('role', 'sp_b', false)", "false", ""},
+			{"RESET ROLE", "a4", ""},
+			{"BEGIN; SET LOCAL ROLE sp_b", "true", "COMMIT"},
+			{"", "a5", ""},
+			// Undone while the block goes on: the savepoint undoes the
+			// write too, so sp_b keeps true.
+			{"BEGIN; SAVEPOINT s1; SET LOCAL search_path = sp_b", "false", "ROLLBACK TO SAVEPOINT s1"},
+			{"", "a6", "COMMIT"},
+			{"BEGIN; SET LOCAL search_path = sp_b", "false", "COMMIT AND CHAIN"},
+			{"", "a7", "COMMIT"},
+		} {
+			if step.before != "" {
+				pgtest.Exec(t, c, step.before)
+			}
+			spWrite(t, c, mode, fmt.Sprintf("after %q", step.before), step.value)
+			if step.after != "" {
+				pgtest.Exec(t, c, step.after)
+			}
+		}
+		spWant(t, db, mode, "a7", false)
+	}
+}
+
+// searchPathTables makes sp_a.sp_t and sp_b.sp_t, guarded, whose column v
+// is text in one and boolean in the other, and a proxy guarding them.
+func searchPathTables(t *testing.T) (*pgx.Conn, *pgtest.Proxy) {
 	db := pgtest.Direct(t)
 	pgtest.Exec(t, db, `DROP SCHEMA IF EXISTS sp_a CASCADE; DROP SCHEMA IF EXISTS sp_b CASCADE; CREATE SCHEMA sp_a; CREATE SCHEMA sp_b;
 		CREATE TABLE sp_a.sp_t (id int PRIMARY KEY, v text, fence_epoch bigint NOT NULL DEFAULT 0);
 		CREATE TABLE sp_b.sp_t (id int PRIMARY KEY, v boolean, fence_epoch bigint NOT NULL DEFAULT 0);
 		INSERT INTO sp_a.sp_t VALUES (1, 'a'); INSERT INTO sp_b.sp_t VALUES (1, false)`)
 	t.Cleanup(func() { pgtest.Exec(t, pgtest.Direct(t), "DROP SCHEMA sp_a CASCADE; DROP SCHEMA sp_b CASCADE") })
-	p := pgtest.StartProxy(t, []string{"sp_t"})
-	for _, mode := range []string{"simple_protocol", "exec"} {
-		c := p.Connect(t, "default_query_exec_mode="+mode)
-		pgtest.Exec(t, c, "SET fence.token = '5'")
-		for i, step := range []struct{ path, value string }{{"sp_a", "x"}, {"sp_b", "yes"}, {"sp_a", "y"}, {"sp_b", "no"}} {
-			pgtest.Exec(t, c, "SET search_path = "+step.path)
-			var tag pgconn.CommandTag
-			var err error
-			if mode == "exec" {
-				tag, err = c.Exec(ctx, "UPDATE sp_t SET v = $1 WHERE id = $2", step.value, 1)
-			} else {
-				tag, err = c.Exec(ctx, "UPDATE sp_t SET v = '"+step.value+"' WHERE id = 1")
-			}
-			if err != nil || tag.String() != "UPDATE 1" {
-				t.Fatalf("%s, step %d (%s, %q): %v %v", mode, i, step.path, step.value, tag, err)
-			}
-		}
-		var a string
-		var b bool
-		if err := db.QueryRow(ctx, "SELECT (SELECT v FROM sp_a.sp_t), (SELECT v FROM sp_b.sp_t)").Scan(&a, &b); err != nil || a != "y" || b {
-			t.Fatalf("%s: rows %q and %v (%v), want y and false", mode, a, b, err)
-		}
+	return db, pgtest.StartProxy(t, []string{"sp_t"})
+}
+
+// spWrite sets v of row 1 of whichever sp_t the session's search_path
+// finds, with the value bound (mode exec) or in the text.
+func spWrite(t *testing.T, c *pgx.Conn, mode, what, value string) {
+	t.Helper()
+	var tag pgconn.CommandTag
+	var err error
+	if mode == "exec" {
+		tag, err = c.Exec(ctx, "UPDATE sp_t SET v = $1 WHERE id = $2", value, 1)
+	} else {
+		tag, err = c.Exec(ctx, "UPDATE sp_t SET v = '"+value+"' WHERE id = 1")
+	}
+	if err != nil || tag.String() != "UPDATE 1" {
+		t.Fatalf("%s, %s, writing %q: %v %v", mode, what, value, tag, err)
+	}
+}
+
+// spWant checks the rows the writes left.
+func spWant(t *testing.T, db *pgx.Conn, mode, a string, b bool) {
+	t.Helper()
+	var gotA string
+	var gotB bool
+	if err := db.QueryRow(ctx, "SELECT (SELECT v FROM sp_a.sp_t), (SELECT v FROM sp_b.sp_t)").Scan(&gotA, &gotB); err != nil || gotA != a || gotB != b {
+		t.Fatalf("%s: rows %q and %v (%v), want %q and %v", mode, gotA, gotB, err, a, b)
 	}
 }
 

@@ -36,7 +36,10 @@ type wait struct {
 	origin Origin       // waitQuery, waitParse, waitSwallow: maps error positions in a rewrite
 	params []byte       // waitSwallow of a bound Query: the values bound, one after another
 	ends   []int32      // where each ends in params
-	pooled bool         // made by pipeline.get: recycled once dropped
+	// changes, on a waitQuery or waitReady, says the unit of work it ends
+	// had a text that may change a setting (Plan.Forget).
+	changes bool
+	pooled  bool // made by pipeline.get: recycled once dropped
 }
 
 // position maps the position of an error in the text w answers for to
@@ -176,16 +179,19 @@ func (p *pipeline) skipToSync() {
 	}
 }
 
-// ready drops waits up to and including the one a ReadyForQuery answers.
-func (p *pipeline) ready() {
+// ready drops waits up to and including the one a ReadyForQuery answers,
+// and reports whether that one's changes is set.
+func (p *pipeline) ready() (changes bool) {
 	p.lock()
 	defer p.unlock()
 	for p.h < len(p.q) {
-		k := p.q[p.h].kind
-		p.q[p.h].dropped() // unanswered, so the server skipped it
+		w := p.q[p.h]
+		k, changes := w.kind, w.changes
+		w.dropped() // unanswered, so the server skipped it
 		p.drop()
 		if k == waitReady || k == waitQuery {
-			return
+			return changes
 		}
 	}
+	return false
 }

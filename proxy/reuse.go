@@ -236,7 +236,7 @@ func (s *session) queryBound(plan Plan) error {
 			return err
 		}
 	}
-	s.pipe.push(readyWait)
+	s.pipe.push(s.syncWait())
 	_, err := s.sw.Write(syncMessage)
 	return err
 }

@@ -65,10 +65,12 @@ type session struct {
 	// cancel is the CancelRequest for this session's backend, built from
 	// its BackendKeyData.
 	cancel atomic.Pointer[[]byte]
-	// lost is set when the server said a prepared statement does not
-	// exist (26000): the proxy's own may be gone too, deallocated where
-	// the proxy cannot see (by a function, say), so the client side
-	// prepares them again.
+	// lost is set when the proxy's own prepared statements may be gone or
+	// stand for other tables, so the client side prepares them again: the
+	// server said a prepared statement does not exist (26000), so they may
+	// have been deallocated where the proxy cannot see (by a function, say),
+	// or a setting changed in a transaction block changed back as it ended
+	// (see settled).
 	lost atomic.Bool
 
 	// Owned by the client-to-server goroutine.
@@ -95,12 +97,18 @@ type session struct {
 	// last, or the proxy's own). A Bind or Describe of it before the next
 	// Parse closes it first, so that it fails as it would have.
 	unnamedGone bool
+	// changing is set by a Parse whose Plan says Forget, until the wait for
+	// the next ReadyForQuery carries it (see wait.changes).
+	changing bool
 
 	// Owned by the server-to-client goroutine.
 	sbuf []byte
 	// row and rowBuf hold the last probe row captured.
 	row    [][]byte
 	rowBuf []byte
+	// reverting is set while a setting a text changed inside a
+	// transaction block may change back when the block ends.
+	reverting bool
 }
 
 // prepared is what the proxy remembers of a prepared statement, so that it
@@ -305,7 +313,7 @@ func (s *session) clientMessage(typ byte, n int) error {
 	case 'D':
 		return s.describe(n)
 	case 'S', 'F': // Sync and FunctionCall end with ReadyForQuery
-		s.pipe.push(readyWait)
+		s.pipe.push(s.syncWait())
 		return forward(s.sw, s.cr, n)
 	case 'p':
 		return s.saslInitial(n)
@@ -341,12 +349,16 @@ func (s *session) query(n int) error {
 	delete(s.stmts, "")
 	delete(s.portals, "")
 	s.unnamed = nil
+	if plan.Forget {
+		s.changing = true
+	}
 	if plan.ParamTypes != nil {
 		return s.queryBound(plan)
 	}
-	if len(plan.Probes) > 0 || plan.SQL != "" && plan.Origin != nil {
+	if len(plan.Probes) > 0 || plan.SQL != "" && plan.Origin != nil || s.changing {
 		w := s.pipe.get(waitQuery)
-		w.probes, w.origin = plan.Probes, plan.Origin
+		w.probes, w.origin, w.changes = plan.Probes, plan.Origin, s.changing
+		s.changing = false
 		s.pipe.push(w)
 	} else {
 		s.pipe.push(queryWait)
@@ -393,6 +405,9 @@ func (s *session) parse(n int) error {
 		s.forgetProbes()
 		s.forgetReused()
 	}
+	if plan.Forget {
+		s.changing = true
+	}
 	st.sent, st.probe, st.gen = plan.SQL, plan.probe(), gen
 	if len(name) == 0 {
 		s.unnamed, s.unnamedGone = nil, false
@@ -412,6 +427,19 @@ func (s *session) parse(n int) error {
 	s.out = append(s.out, 0)
 	s.out = append(s.out, params...)
 	return writeMessage(s.sw, 'P', s.out)
+}
+
+// syncWait returns the wait for the ReadyForQuery that a Sync (or a
+// FunctionCall) ends with: marked when a Parse since the last one may have
+// changed a setting.
+func (s *session) syncWait() *wait {
+	if !s.changing {
+		return readyWait
+	}
+	s.changing = false
+	w := s.pipe.get(waitReady)
+	w.changes = true
+	return w
 }
 
 // parseWaitFor is the wait for the reply to a Parse of plan.SQL.
@@ -687,7 +715,11 @@ func (s *session) reply(w *wait, typ byte, n int) error {
 			}
 		}
 	case 'Z':
-		s.pipe.ready()
+		if changed := s.pipe.ready(); (changed || s.reverting) && n == 1 {
+			if b, err := s.sr.Peek(6); err == nil {
+				s.settled(changed, b[5])
+			}
+		}
 		if n == 1 && s.pipe.head() == nil {
 			if b, err := s.sr.Peek(6); err == nil && b[5] == 'I' {
 				s.idle.Store(true)
@@ -709,6 +741,26 @@ func (s *session) reply(w *wait, typ byte, n int) error {
 		s.noteAuth(n)
 	}
 	return forward(s.cw, s.sr, n)
+}
+
+// settled follows a setting that a text may have changed (Plan.Forget) to
+// where the change ends. Changed inside a transaction block (SET LOCAL, or
+// any SET the block rolls back), it changes back as the block ends, after
+// the proxy prepared its statements again for the changed one: they must be
+// prepared again then too. changed says the unit of work that a
+// ReadyForQuery ends had such a text, status is the transaction status
+// that ReadyForQuery gives.
+func (s *session) settled(changed bool, status byte) {
+	switch {
+	case status != 'I':
+		s.reverting = true
+	case changed || s.reverting:
+		// A block ended, or may have ended inside the unit itself
+		// (BEGIN; SET LOCAL ...; COMMIT). After a change outside any block
+		// this prepares again only what the unit prepared after it.
+		s.reverting = false
+		s.lost.Store(true)
+	}
 }
 
 // serverError forwards an ErrorResponse (or the Interceptor's replacement)
