@@ -97,8 +97,8 @@ func rewriteAndVerify(t *testing.T, sql string, prepared bool, rws ...*Rewriter)
 	}
 }
 
-// FuzzMayWrite checks that the prefilters never miss a keyword the scanner
-// finds (MayWrite a write keyword, MayInvalidate DEALLOCATE or DISCARD),
+// FuzzMayWrite checks that the prefilters never miss what the scanner
+// finds (MayWrite a write keyword, MayInvalidate what invalidating finds),
 // and that Rewrite passes a text MayWrite clears unchanged.
 func FuzzMayWrite(f *testing.F) {
 	for _, s := range []string{
@@ -110,6 +110,11 @@ func FuzzMayWrite(f *testing.F) {
 		"EXECUTE q",
 		"SELECT updated_at FROM accounts;DISCARD ALL",
 		"SELECT 1deallocate",
+		"BEGIN; SET LOCAL ROLE r",
+		"select pg_catalog.set_config('role', 'r', true)",
+		"ROLLBACK TO SAVEPOINT s",
+		"COMMIT AND CHAIN",
+		"/* c */ SET ROLE r",
 	} {
 		f.Add(s)
 	}
@@ -117,11 +122,8 @@ func FuzzMayWrite(f *testing.F) {
 	f.Fuzz(func(t *testing.T, sql string) {
 		scan, err := pg_query.Scan(sql)
 		if err == nil && !MayInvalidate(sql) {
-			for _, tok := range scan.Tokens {
-				if tok.Token == pg_query.Token_DEALLOCATE || tok.Token == pg_query.Token_DISCARD ||
-					tok.Token == pg_query.Token_IDENT && strings.EqualFold(strings.Trim(sql[tok.Start:tok.End], `"`), "search_path") {
-					t.Fatalf("MayInvalidate(%q) = false, but the scanner finds %v", sql, tok.Token)
-				}
+			if what := invalidating(sql, scan.Tokens); what != "" {
+				t.Fatalf("MayInvalidate(%q) = false, but the scanner finds %s", sql, what)
 			}
 		}
 		if MayWrite(sql) {
@@ -137,4 +139,58 @@ func FuzzMayWrite(f *testing.F) {
 			}
 		}
 	})
+}
+
+// invalidating names what in tokens of sql MayInvalidate must see, "" if
+// nothing: DEALLOCATE, DISCARD or search_path anywhere; a statement that
+// starts SET or RESET and names the role, RESET ALL, ROLLBACK ... TO, or
+// COMMIT (END, ABORT, ROLLBACK) AND CHAIN; set_config( with anything but
+// a plain string naming another setting first.
+func invalidating(sql string, tokens []*pg_query.ScanToken) string {
+	text := func(tok *pg_query.ScanToken) string { return sql[tok.Start:tok.End] }
+	var first pg_query.Token
+	start := true
+	for i, tok := range tokens {
+		if start {
+			first, start = tok.Token, false
+		}
+		switch tok.Token {
+		case pg_query.Token_ASCII_59:
+			start = true
+		case pg_query.Token_DEALLOCATE, pg_query.Token_DISCARD:
+			return tok.Token.String()
+		case pg_query.Token_IDENT:
+			name := strings.ToLower(strings.Trim(text(tok), `"`))
+			if name == "search_path" {
+				return "search_path"
+			}
+			if name == "set_config" && i+2 < len(tokens) && tokens[i+1].Token == pg_query.Token_ASCII_40 {
+				arg := tokens[i+2]
+				if arg.Token != pg_query.Token_SCONST || !strings.HasPrefix(text(arg), "'") {
+					return "set_config of a setting it cannot name"
+				}
+				if v := strings.ToLower(strings.Trim(text(arg), "'")); v == "role" || v == "session_authorization" {
+					return "set_config of " + v
+				}
+			}
+		case pg_query.Token_ROLE, pg_query.Token_AUTHORIZATION:
+			if first == pg_query.Token_SET || first == pg_query.Token_RESET {
+				return "a SET or RESET of the role"
+			}
+		case pg_query.Token_ALL:
+			if first == pg_query.Token_RESET && tokens[i-1].Token == pg_query.Token_RESET {
+				return "RESET ALL"
+			}
+		case pg_query.Token_TO:
+			if first == pg_query.Token_ROLLBACK {
+				return "ROLLBACK TO"
+			}
+		case pg_query.Token_CHAIN:
+			switch first {
+			case pg_query.Token_COMMIT, pg_query.Token_END_P, pg_query.Token_ABORT_P, pg_query.Token_ROLLBACK:
+				return "AND CHAIN"
+			}
+		}
+	}
+	return ""
 }

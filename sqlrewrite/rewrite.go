@@ -249,10 +249,46 @@ func spellsWord(sql, kw string) bool {
 }
 
 // skipSpace returns the offset of the first byte at or after sql[i] that
-// is not a space, tab or line break.
+// is neither white space nor in a comment (an unterminated comment runs to
+// the end).
 func skipSpace(sql string, i int) int {
-	for i < len(sql) && (sql[i] == ' ' || sql[i] == '\t' || sql[i] == '\n' || sql[i] == '\r') {
-		i++
+	for i < len(sql) {
+		switch c := sql[i]; {
+		case c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v':
+			i++
+		case strings.HasPrefix(sql[i:], "--"):
+			j := strings.IndexAny(sql[i:], "\n\r")
+			if j < 0 {
+				return len(sql)
+			}
+			i += j
+		case strings.HasPrefix(sql[i:], "/*"):
+			i = commentEnd(sql, i)
+		default:
+			return i
+		}
+	}
+	return i
+}
+
+// commentEnd returns the offset right after the /* comment at sql[i],
+// which may nest.
+func commentEnd(sql string, i int) int {
+	depth := 0
+	for i < len(sql) {
+		switch {
+		case strings.HasPrefix(sql[i:], "/*"):
+			depth++
+			i += 2
+		case strings.HasPrefix(sql[i:], "*/"):
+			depth--
+			i += 2
+			if depth == 0 {
+				return i
+			}
+		default:
+			i++
+		}
 	}
 	return i
 }
