@@ -489,6 +489,28 @@ func TestMayInvalidate(t *testing.T) {
 		"SELECT set_config(":                                     true,
 		"SELECT set_config('role":                                true,
 		"UPDATE t SET set_config = 'role'":                       false,
+		"ROLLBACK TO SAVEPOINT s1":                               true,
+		"rollback work to s1":                                    true,
+		"SELECT 1; ROLLBACK TRANSACTION TO s1":                   true,
+		"COMMIT AND CHAIN":                                       true,
+		"end and chain":                                          true,
+		"ABORT AND CHAIN":                                        true,
+		"ROLLBACK":                                               false, // the transaction status it ends with says so
+		"COMMIT":                                                 false,
+		"RELEASE SAVEPOINT s1":                                   false,
+		"ROLLBACK PREPARED 'tx1'":                                false,
+		"UPDATE t SET x = 1 WHERE y = 'to'":                      false,
+		"UPDATE t SET chain = 1":                                 false,
+		"SELECT commit_chain FROM t":                             false,
+		"   ":                                                    false,
+		"":                                                       false,
+		";":                                                      false,
+		"/* app=x */ SET ROLE r":                                 true,
+		"-- note\nSET ROLE r":                                    true,
+		"SELECT 1; /* a /* nested */ one */ RESET ALL":           true,
+		"SELECT set_config /* x */ ('role', 'r', true)":          true,
+		"/* SET ROLE r */ SELECT 1":                              false,
+		"/* unterminated SET ROLE":                               false,
 	} {
 		if got := MayInvalidate(sql); got != want {
 			t.Errorf("MayInvalidate(%q) = %v, want %v", sql, got, want)
