@@ -181,7 +181,7 @@ func (p *pipeline) skipToSync() {
 
 // ready drops waits up to and including the one a ReadyForQuery answers,
 // and reports whether that one's changes is set.
-func (p *pipeline) ready() (changes bool) {
+func (p *pipeline) ready() bool {
 	p.lock()
 	defer p.unlock()
 	for p.h < len(p.q) {

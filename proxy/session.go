@@ -97,7 +97,7 @@ type session struct {
 	// last, or the proxy's own). A Bind or Describe of it before the next
 	// Parse closes it first, so that it fails as it would have.
 	unnamedGone bool
-	// changing is set by a Parse whose Plan says Forget, until the wait for
+	// changing is set by a text whose Plan says Forget, until the wait for
 	// the next ReadyForQuery carries it (see wait.changes).
 	changing bool
 
