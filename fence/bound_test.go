@@ -632,6 +632,18 @@ func TestSettingChangesBack(t *testing.T) {
 			}
 		}
 		spWant(t, db, mode, "a7", false)
+
+		// The end of the block and a write after it sent in one go, before
+		// Postgres has said the block ended.
+		pgtest.Exec(t, c, "BEGIN; SET LOCAL search_path = sp_b")
+		spWrite(t, c, mode, "in a block", "true")
+		b := &pgx.Batch{}
+		b.Queue("COMMIT")
+		b.Queue("UPDATE sp_t SET v = $1 WHERE id = $2", "a8", 1) // spWrite's text, so its statement may be reused
+		if err := c.SendBatch(ctx, b).Close(); err != nil {
+			t.Fatalf("%s, a batch: %v", mode, err)
+		}
+		spWant(t, db, mode, "a8", true)
 	}
 }
 

@@ -185,9 +185,9 @@ func (p *Policy) plan(c *proxy.Client, sql string, mode sqlrewrite.Mode) proxy.P
 	// uses one (once: the proxy also forgets them on a 26000).
 	if !st.rw.MayTouch(sql) && !sess.mayExecute(sql) || readOnly(c, sql) {
 		p.m.passthrough.Inc()
-		return proxy.Plan{Forget: sqlrewrite.MayInvalidate(sql)}
+		return proxy.Plan{Forget: sess.invalidates(sql)}
 	}
-	forget := sqlrewrite.MayInvalidate(sql)
+	forget := sess.invalidates(sql)
 	pl, params := p.rewrite(st, c, sess, sql, mode, forget)
 	res := pl.res
 	plan := pl.plan

@@ -12,6 +12,9 @@ import (
 // Only the client-to-server relay touches it.
 type session struct {
 	prepared map[string][]string
+	// changed is set by a text that may have changed a setting, until a
+	// text that ends a transaction.
+	changed bool
 }
 
 func sessionOf(c *proxy.Client) *session {
@@ -31,6 +34,24 @@ func (s *session) remember(ps []sqlrewrite.PreparedWrite) {
 		}
 		s.prepared[p.Name] = p.Tables
 	}
+}
+
+// invalidates reports whether sql may drop the proxy's prepared statements
+// or change what they stand for (sqlrewrite.MayInvalidate), or ends a
+// transaction after a text that may have changed a setting, which then
+// changes back (SET LOCAL, or a SET rolled back). The proxy sees a
+// transaction end in ReadyForQuery too, but only after it has sent what
+// the client pipelined behind it.
+func (s *session) invalidates(sql string) bool {
+	if sqlrewrite.MayInvalidate(sql) {
+		s.changed = true
+		return true
+	}
+	if s.changed && sqlrewrite.EndsTransaction(sql) {
+		s.changed = false
+		return true
+	}
+	return false
 }
 
 // mayExecute reports whether sql could EXECUTE a prepared write of this

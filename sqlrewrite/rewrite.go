@@ -206,6 +206,29 @@ func statementMayInvalidate(sql string, i int) bool {
 	return false
 }
 
+// EndsTransaction reports, conservatively, whether a statement of sql
+// starts COMMIT, END, ROLLBACK, ABORT or PREPARE TRANSACTION.
+func EndsTransaction(sql string) bool {
+	for i := 0; ; {
+		j := skipSpace(sql, i)
+		if j < len(sql) {
+			switch sql[j] | 0x20 {
+			case 'c', 'e', 'r', 'a', 'p':
+				if spellsKeyword(sql, j, "commit") || spellsKeyword(sql, j, "end") ||
+					spellsKeyword(sql, j, "rollback") || spellsKeyword(sql, j, "abort") ||
+					spellsKeyword(sql, j, "prepare") && spellsKeyword(sql, skipSpace(sql, j+len("prepare")), "transaction") {
+					return true
+				}
+			}
+		}
+		k := strings.IndexByte(sql[i:], ';')
+		if k < 0 {
+			return false
+		}
+		i += k + 1
+	}
+}
+
 // setConfigMaySetRole reports whether the set_config call whose name ends
 // at sql[i] may set the role: unless its first argument is a plain string
 // naming another setting, it may. A name that is not followed by "(" is no

@@ -448,6 +448,30 @@ func TestMayWrite(t *testing.T) {
 	}
 }
 
+func TestEndsTransaction(t *testing.T) {
+	for sql, want := range map[string]bool{
+		"COMMIT":                              true,
+		"end":                                 true,
+		"ROLLBACK":                            true,
+		"abort work":                          true,
+		"PREPARE TRANSACTION 'tx1'":           true,
+		"UPDATE t SET x = 1; COMMIT":          true,
+		"/* c */ rollback":                    true,
+		"SELECT 1;;  commit":                  true,
+		"PREPARE q AS SELECT 1":               false,
+		"BEGIN":                               false,
+		"UPDATE t SET committed = true":       false,
+		"SELECT 'x; commit'":                  true, // conservative
+		"SELECT ending FROM t":                false,
+		"":                                    false,
+		"SELECT 1; SELECT rollback_at FROM t": false,
+	} {
+		if got := EndsTransaction(sql); got != want {
+			t.Errorf("EndsTransaction(%q) = %v, want %v", sql, got, want)
+		}
+	}
+}
+
 func TestMayInvalidate(t *testing.T) {
 	for sql, want := range map[string]bool{
 		"DEALLOCATE ALL":                                         true,
