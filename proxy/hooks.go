@@ -40,7 +40,10 @@ type Plan struct {
 	SQL string
 	// Forget says the text may deallocate prepared statements (DEALLOCATE,
 	// DISCARD) or change what the names in them stand for (search_path):
-	// the proxy prepares its own statements again before their next use.
+	// the proxy prepares its own statements again before their next use,
+	// and once more when the change may have been undone: after the
+	// ReadyForQuery that ends the text's unit of work, or, if that finds a
+	// transaction block open, the one that finds it ended.
 	Forget bool
 	// Reuse, for a Parse of the unnamed statement with SQL set, lets the
 	// proxy prepare SQL once per session as a statement of its own and bind
