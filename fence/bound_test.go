@@ -647,6 +647,83 @@ func TestSettingChangesBack(t *testing.T) {
 	}
 }
 
+// A client's unnamed statement bound again without a new Parse, after a
+// text that made pgfence forget the statement it prepared in its place (a
+// COMMIT that ends a setting change, sent as a named statement, which
+// leaves the unnamed statement alone): pgfence prepares it again, as the
+// server's unnamed statement, before the Bind. Postgres plans its own
+// again too, under the setting as it now is.
+func TestUnnamedBoundAfterForget(t *testing.T) {
+	db, p := searchPathTables(t)
+	type step struct {
+		write *pgproto3.Parse
+		in    [][]byte // the Bind's values in the block
+		after [][]byte // and after it
+	}
+	// run writes in a block that sets search_path to sp_b, commits it with a
+	// named statement, describes and binds the unnamed statement again and
+	// returns the parameter types described and the replies to the Bind.
+	run := func(t *testing.T, addr string, st step) string {
+		pgtest.Exec(t, db, "UPDATE sp_a.sp_t SET v = 'a'")
+		conn, fe := pgtest.RawSession(t, addr)
+		conn.SetDeadline(time.Now().Add(20 * time.Second))
+		do := func(msgs ...pgproto3.FrontendMessage) string { t.Helper(); return exchange(t, fe, 1, msgs...) }
+		do(&pgproto3.Query{String: "SET fence.token = '5'; SET search_path = sp_a"})
+		do(&pgproto3.Query{String: "BEGIN; SET LOCAL search_path = sp_b"})
+		for range 2 { // the second Parse is one pgfence answers with its reused statement
+			if got := do(st.write, &pgproto3.Bind{Parameters: st.in}, &pgproto3.Execute{}, &pgproto3.Sync{}); !strings.HasSuffix(got, "CommandComplete, ReadyForQuery T") {
+				t.Fatalf("write in the block: %s", got)
+			}
+		}
+		do(&pgproto3.Parse{Name: "c", Query: "COMMIT"}, &pgproto3.Bind{PreparedStatement: "c"}, &pgproto3.Execute{}, &pgproto3.Sync{})
+		fe.Send(&pgproto3.Describe{ObjectType: 'S'})
+		fe.Send(&pgproto3.Sync{})
+		if err := fe.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		var described string
+		for m := pgproto3.BackendMessage(nil); ; {
+			var err error
+			if m, err = fe.Receive(); err != nil {
+				t.Fatal(err)
+			}
+			if d, ok := m.(*pgproto3.ParameterDescription); ok {
+				described = fmt.Sprint(d.ParameterOIDs)
+			}
+			if _, ok := m.(*pgproto3.ReadyForQuery); ok {
+				break
+			}
+		}
+		return described + " " + do(&pgproto3.Bind{Parameters: st.after}, &pgproto3.Execute{}, &pgproto3.Sync{})
+	}
+
+	// Without parameters pgfence's answer is Postgres's. Before, pgfence
+	// bound the server's unnamed statement: its own empty one, which ran as
+	// an EmptyQueryResponse.
+	plain := step{write: &pgproto3.Parse{Query: "UPDATE sp_t SET v = 'true' WHERE id = 1"}}
+	ran := "[] BindComplete, CommandComplete, ReadyForQuery I"
+	for _, c := range []struct{ name, addr string }{{"postgres", pgtest.Server().Addr()}, {"pgfence", p.Addr}} {
+		if got := run(t, c.addr, plain); got != ran {
+			t.Errorf("%s: Bind of the unnamed statement after the block: %s, want %s", c.name, got, ran)
+		}
+		spWant(t, db, c.name, "true", true)
+	}
+
+	// With a parameter whose type Postgres inferred from sp_b's boolean
+	// column, Postgres refuses a value for sp_a's text column (22P02);
+	// pgfence infers the types again (text, int4), so it is taken.
+	typed := step{
+		write: &pgproto3.Parse{Query: "UPDATE sp_t SET v = $1 WHERE id = $2"},
+		in:    [][]byte{[]byte("false"), []byte("1")},
+		after: [][]byte{[]byte("b1"), []byte("1")},
+	}
+	ran = "[25 23] BindComplete, CommandComplete, ReadyForQuery I"
+	if got := run(t, p.Addr, typed); got != ran {
+		t.Errorf("a bound value after the block: %s, want %s", got, ran)
+	}
+	spWant(t, db, "pgfence", "b1", false)
+}
+
 // searchPathTables makes sp_a.sp_t and sp_b.sp_t, guarded, whose column v
 // is text in one and boolean in the other, and a proxy guarding them.
 func searchPathTables(t *testing.T) (*pgx.Conn, *pgtest.Proxy) {

@@ -112,10 +112,11 @@ func (s *session) bindReused(ss *serverStmt, portal []byte, n int) error {
 }
 
 // describe forwards a Describe, pointing one of the unnamed statement at
-// the statement it stands for, or closing it first if a bound Query
-// destroyed it for the client (see session.unnamedGone).
+// the statement it stands for, closing it first if a bound Query
+// destroyed it for the client (see session.unnamedGone), or preparing it
+// again if what it stood for was forgotten (see session.unnamedStale).
 func (s *session) describe(n int) error {
-	if s.unnamed == nil && !s.unnamedGone || n != 2 {
+	if s.unnamed == nil && !s.unnamedGone && !s.unnamedStale || n != 2 {
 		return forward(s.sw, s.cr, n)
 	}
 	b, err := s.peek(n)
@@ -123,6 +124,12 @@ func (s *session) describe(n int) error {
 		return err
 	}
 	if b[0] != 'S' || b[1] != 0 {
+		return forward(s.sw, s.cr, n)
+	}
+	if st := s.stmts[""]; s.unnamedStale && st != nil {
+		if err := s.replan(nil, st); err != nil {
+			return err
+		}
 		return forward(s.sw, s.cr, n)
 	}
 	if s.reusedUnnamed() == nil {
@@ -154,13 +161,17 @@ func (s *session) reusedUnnamed() *serverStmt {
 }
 
 // forgetReused drops what the session knows of its server-side statements,
-// after a text that may have deallocated them.
+// after a text that may have deallocated them or changed what they mean.
 func (s *session) forgetReused() {
 	for _, ss := range s.reused {
 		ss.state.Store(stmtAbsent)
 	}
 	clear(s.reused)
-	s.unnamed = nil
+	if s.unnamed != nil {
+		// The client still has its unnamed statement unless this is a
+		// Query or a Parse of it, which clear this again.
+		s.unnamed, s.unnamedStale = nil, true
+	}
 }
 
 // A simple Query whose Plan has ParamTypes runs as a prepared statement:

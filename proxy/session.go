@@ -97,6 +97,11 @@ type session struct {
 	// last, or the proxy's own). A Bind or Describe of it before the next
 	// Parse closes it first, so that it fails as it would have.
 	unnamedGone bool
+	// unnamedStale is set when the statement the client's unnamed one
+	// stood for was forgotten (see forgetReused) while the client still
+	// has it: a Bind or Describe of it prepares it again first, as the
+	// server's unnamed statement.
+	unnamedStale bool
 	// changing is set by a text whose Plan says Forget, until the wait for
 	// the next ReadyForQuery carries it (see wait.changes).
 	changing bool
@@ -348,7 +353,7 @@ func (s *session) query(n int) error {
 	// A simple Query destroys the unnamed statement and portal.
 	delete(s.stmts, "")
 	delete(s.portals, "")
-	s.unnamed = nil
+	s.unnamed, s.unnamedStale = nil, false
 	if plan.Forget {
 		s.changing = true
 	}
@@ -410,7 +415,7 @@ func (s *session) parse(n int) error {
 	}
 	st.sent, st.probe, st.gen = plan.SQL, plan.probe(), gen
 	if len(name) == 0 {
-		s.unnamed, s.unnamedGone = nil, false
+		s.unnamed, s.unnamedGone, s.unnamedStale = nil, false, false
 		if plan.Reuse && plan.SQL != "" && !plan.Forget {
 			return s.parseReused(plan, params)
 		}
@@ -520,30 +525,33 @@ func (s *session) closeUnnamed() error {
 // replan plans a statement prepared under an older configuration again.
 // If what should be sent for it changed (a table became guarded, say), the
 // statement is re-prepared under its own name before the Bind, so a
-// configuration change reaches statements prepared before it. stmt is
-// the statement's name as the Bind holds it: made a string only here, off
-// the path of every Bind.
+// configuration change reaches statements prepared before it. So is an
+// unnamed statement whose stand-in was forgotten (session.unnamedStale).
+// stmt is the statement's name as the Bind holds it: made a string only
+// here, off the path of every Bind.
 func (s *session) replan(stmt []byte, st *prepared) error {
 	ic := s.srv.cfg.Interceptor
 	gen := ic.Generation()
-	if st.gen == gen {
+	stale := len(stmt) == 0 && s.unnamedStale
+	if st.gen == gen && !stale {
 		return nil
 	}
 	name := string(stmt)
 	plan := ic.Parse(s.c, st.text)
 	st.gen, st.probe = gen, plan.probe()
-	if plan.SQL == st.sent {
+	if plan.SQL == st.sent && !stale {
 		return nil
 	}
 	st.sent = plan.SQL
 	if name == "" {
-		s.unnamed = nil // it stood for the statement of the old rewrite
+		// It stood for the statement of the old rewrite, or for one forgotten.
+		s.unnamed, s.unnamedStale = nil, false
 	}
 	sql := plan.SQL
 	if sql == "" {
 		sql = st.text
 	}
-	s.log.Debug("re-preparing a statement after a configuration change", "statement", name)
+	s.log.Debug("re-preparing a statement after a configuration or setting change", "statement", name)
 	w := s.pipe.get(waitSwallow)
 	w.want, w.origin = 2, plan.Origin
 	s.pipe.push(w)
@@ -633,7 +641,7 @@ func (s *session) close(n int) error {
 			case 'S':
 				delete(s.stmts, string(name))
 				if len(name) == 0 {
-					s.unnamed, s.unnamedGone = nil, false
+					s.unnamed, s.unnamedGone, s.unnamedStale = nil, false, false
 				}
 			case 'P':
 				delete(s.portals, string(name))
