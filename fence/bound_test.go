@@ -649,8 +649,8 @@ func TestSettingChangesBack(t *testing.T) {
 
 // A client's unnamed statement bound again without a new Parse, after a
 // text that made pgfence forget the statement it prepared in its place (a
-// COMMIT that ends a setting change, sent as a named statement, which
-// leaves the unnamed statement alone): pgfence prepares it again, as the
+// COMMIT that ends a setting change, or DEALLOCATE ALL, sent as a named
+// statement, which leaves the unnamed statement alone): pgfence prepares it again, as the
 // server's unnamed statement, before the Bind. Postgres plans its own
 // again too, under the setting as it now is.
 func TestUnnamedBoundAfterForget(t *testing.T) {
@@ -722,6 +722,25 @@ func TestUnnamedBoundAfterForget(t *testing.T) {
 		t.Errorf("a bound value after the block: %s, want %s", got, ran)
 	}
 	spWant(t, db, "pgfence", "b1", false)
+
+	// DEALLOCATE ALL drops the client's named statements, and pgfence's
+	// stand-in for its unnamed one, but not the unnamed statement.
+	for _, c := range []struct{ name, addr string }{{"postgres", pgtest.Server().Addr()}, {"pgfence", p.Addr}} {
+		pgtest.Exec(t, db, "UPDATE sp_a.sp_t SET v = 'a'")
+		conn, fe := pgtest.RawSession(t, c.addr)
+		conn.SetDeadline(time.Now().Add(20 * time.Second))
+		do := func(msgs ...pgproto3.FrontendMessage) string { t.Helper(); return exchange(t, fe, 1, msgs...) }
+		do(&pgproto3.Query{String: "SET fence.token = '5'; SET search_path = sp_a"})
+		for range 2 {
+			do(plain.write, &pgproto3.Bind{}, &pgproto3.Execute{}, &pgproto3.Sync{})
+		}
+		pgtest.Exec(t, db, "UPDATE sp_a.sp_t SET v = 'a'")
+		do(&pgproto3.Parse{Name: "d", Query: "DEALLOCATE ALL"}, &pgproto3.Bind{PreparedStatement: "d"}, &pgproto3.Execute{}, &pgproto3.Sync{})
+		if got, want := do(&pgproto3.Bind{}, &pgproto3.Execute{}, &pgproto3.Sync{}), "BindComplete, CommandComplete, ReadyForQuery I"; got != want {
+			t.Errorf("%s: Bind of the unnamed statement after DEALLOCATE ALL: %s, want %s", c.name, got, want)
+		}
+		spWant(t, db, c.name, "true", false)
+	}
 }
 
 // searchPathTables makes sp_a.sp_t and sp_b.sp_t, guarded, whose column v
