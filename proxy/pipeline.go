@@ -21,6 +21,7 @@ const (
 	waitProbe                   // an injected probe: probeReplies replies, all kept from the client
 	waitSwallow                 // messages the proxy sent on its own: want replies (ParseComplete, BindComplete, CloseComplete), kept from the client
 	waitParse                   // Parse: ends with ParseComplete
+	waitPass                    // want BindComplete and CloseComplete the client's, passed on (see pipeline.loose)
 )
 
 type wait struct {
@@ -28,14 +29,16 @@ type wait struct {
 	probes []ProbeAt    // waitQuery: statements whose replies are probes
 	stmt   int          // waitQuery: index of the statement now replying
 	probe  *Probe       // waitProbe
-	seen   int          // waitProbe, waitSwallow: replies consumed
-	want   int          // waitProbe, waitSwallow: replies expected
+	seen   int          // waitProbe, waitSwallow, waitPass: replies consumed
+	want   int          // waitProbe, waitSwallow, waitPass: replies expected
 	ready  *atomic.Bool // waitProbe that prepares: set once Postgres has the statement
 	row    [][]byte     // probe row, once received
 	reuse  *serverStmt  // waitParse, waitSwallow: preparing a statement the proxy reuses
-	origin Origin       // waitQuery, waitParse, waitSwallow: maps error positions in a rewrite
-	params []byte       // waitSwallow of a bound Query: the values bound, one after another
-	ends   []int32      // where each ends in params
+	mark   *parseMark   // waitParse of the unnamed statement: where its fate is noted, as seq
+	seq    uint64
+	origin Origin  // waitQuery, waitParse, waitSwallow: maps error positions in a rewrite
+	params []byte  // waitSwallow of a bound Query: the values bound, one after another
+	ends   []int32 // where each ends in params
 	// changes, on a waitQuery or waitReady, says the unit of work it ends
 	// had a text that may change a setting (Plan.Forget).
 	changes bool
@@ -70,6 +73,9 @@ func (w *wait) dropped() {
 	if w.reuse != nil {
 		w.reuse.state.Store(stmtAbsent)
 	}
+	if w.mark != nil {
+		w.mark.dropped.Store(w.seq)
+	}
 }
 
 type pipeline struct {
@@ -87,6 +93,11 @@ type pipeline struct {
 	// fenced statement would otherwise be allocated. Used only while
 	// single, when nothing can hold a wait past its drop.
 	free []*wait
+	// loose counts the client's Binds and Closes sent since the last push:
+	// their replies are not waited for, so one arriving while a waitSwallow
+	// heads the queue would be taken for the proxy's own. A waitPass for
+	// them goes first (see session.pushSwallow).
+	loose int
 }
 
 // get returns a new wait of kind, for pushing once.
@@ -119,7 +130,7 @@ func (p *pipeline) push(w *wait) {
 		w.dropped()
 		return
 	}
-	p.skipping = false
+	p.skipping, p.loose = false, 0
 	p.q = append(p.q, w)
 	p.unlock()
 }

@@ -46,6 +46,26 @@ type serverStmt struct {
 // the cheapest message Postgres answers with a ParseComplete.
 var emptyParse = []byte{0, 0, 0, 0}
 
+// parseMark is where the server side notes what became of the Parses of
+// the unnamed statement the client side numbers (session.unnamedSeq): the
+// last answered with ParseComplete, and the last that failed or that
+// Postgres skipped after an earlier error in its batch.
+type parseMark struct {
+	done, dropped atomic.Uint64
+}
+
+// unnamedParseWait is the wait for a Parse of the unnamed statement whose
+// rewrite plan gives: one that notes its fate while the session numbers
+// such Parses.
+func (s *session) unnamedParseWait(plan Plan) *wait {
+	if s.unnamedSeq == 0 {
+		return s.parseWaitFor(plan)
+	}
+	w := s.pipe.get(waitParse)
+	w.origin, w.mark, w.seq = plan.Origin, &s.parsed, s.unnamedSeq
+	return w
+}
+
 // parseReused sends the Parse of the unnamed statement whose rewrite is
 // sql, reusing this session's server-side statement of sql when it has one,
 // else preparing one.
@@ -58,15 +78,15 @@ func (s *session) parseReused(plan Plan, params []byte) error {
 	switch {
 	case ss != nil && ss.state.Load() == stmtReady:
 		s.unnamed = ss
-		s.pipe.push(parseWait)
+		s.pipe.push(s.unnamedParseWait(plan))
 		return writeMessage(s.sw, 'P', emptyParse)
 	case ss != nil && ss.state.Load() == stmtPending:
 		// Its Parse may yet fail: parse this one as sent.
-		return s.parseAs("", sql, params, s.parseWaitFor(plan))
+		return s.parseAs("", sql, params, s.unnamedParseWait(plan))
 	case ss != nil:
 		// Its Parse failed or was skipped, so the name is free: try again.
 	case s.reuses == maxReused:
-		return s.parseAs("", sql, params, s.parseWaitFor(plan))
+		return s.parseAs("", sql, params, s.unnamedParseWait(plan))
 	default:
 		s.reuses++
 		ss = &serverStmt{name: reusePrefix + strconv.Itoa(s.reuses), params: bytes.Clone(params)}
@@ -79,8 +99,12 @@ func (s *session) parseReused(plan Plan, params []byte) error {
 	// Binds that follow reach the statement before anything else the
 	// server runs, or are skipped with it if its Parse fails.
 	s.unnamed = ss
-	w := s.pipe.get(waitParse)
-	w.reuse, w.origin = ss, plan.Origin
+	w := s.unnamedParseWait(plan)
+	if !w.pooled { // not numbered: never so for a Parse reused for
+		w = s.pipe.get(waitParse)
+		w.origin = plan.Origin
+	}
+	w.reuse = ss
 	return s.parseAs(ss.name, sql, params, w)
 }
 
@@ -114,27 +138,33 @@ func (s *session) bindReused(ss *serverStmt, portal []byte, n int) error {
 // describe forwards a Describe, pointing one of the unnamed statement at
 // the statement it stands for, closing it first if a bound Query
 // destroyed it for the client (see session.unnamedGone), or preparing it
-// again if what it stood for was forgotten (see session.unnamedStale).
+// again first if it must be (see replan).
 func (s *session) describe(n int) error {
-	if s.unnamed == nil && !s.unnamedGone && !s.unnamedStale || n != 2 {
+	if len(s.stmts) == 0 && !s.unnamedGone && !s.portalGone || n != 2 {
 		return forward(s.sw, s.cr, n)
 	}
 	b, err := s.peek(n)
 	if err != nil {
 		return err
 	}
+	if b[0] == 'P' && b[1] == 0 && s.portalGone {
+		if err := s.closeUnnamedPortal(); err != nil {
+			return err
+		}
+	}
 	if b[0] != 'S' || b[1] != 0 {
 		return forward(s.sw, s.cr, n)
 	}
-	if st := s.stmts[""]; s.unnamedStale && st != nil {
+	if st := s.stmts[""]; st != nil {
 		if err := s.replan(nil, st); err != nil {
 			return err
 		}
-		return forward(s.sw, s.cr, n)
 	}
 	if s.reusedUnnamed() == nil {
-		if err := s.closeUnnamed(); err != nil {
-			return err
+		if s.unnamedGone {
+			if err := s.closeUnnamed(); err != nil {
+				return err
+			}
 		}
 		return forward(s.sw, s.cr, n)
 	}
@@ -152,8 +182,17 @@ func (s *session) describe(n int) error {
 // session.unnamedGone). A Parse skipped after an earlier error in its batch
 // counts as failed too, where Postgres would still have the statement
 // before it: a Bind of it then fails rather than runs what the client
-// meant to replace.
+// meant to replace, or the proxy's empty statement. So does any Parse of
+// the unnamed statement that the session numbers (see session.unnamedSeq).
 func (s *session) reusedUnnamed() *serverStmt {
+	if s.unnamedSeq != 0 {
+		switch s.unnamedSeq {
+		case s.parsed.dropped.Load():
+			s.unnamed, s.unnamedGone, s.unnamedSeq = nil, true, 0
+		case s.parsed.done.Load():
+			s.unnamedSeq = 0
+		}
+	}
 	if s.unnamed != nil && s.unnamed.state.Load() == stmtAbsent {
 		s.unnamed, s.unnamedGone = nil, true
 	}
@@ -168,9 +207,12 @@ func (s *session) forgetReused() {
 	}
 	clear(s.reused)
 	if s.unnamed != nil {
-		// The client still has its unnamed statement unless this is a
-		// Query or a Parse of it, which clear this again.
-		s.unnamed, s.unnamedStale = nil, true
+		// The client still has its unnamed statement (unless this is a
+		// Query or a Parse of it, which drop this record).
+		s.unnamed = nil
+		if st := s.stmts[""]; st != nil {
+			st.again = new(serverStmt) // absent: prepare it again
+		}
 	}
 }
 
@@ -187,7 +229,7 @@ var syncMessage = []byte{'S', 0, 0, 0, 4}
 // queryBound sends a Query's Plan.SQL as a prepared statement bound to
 // Plan.Params.
 func (s *session) queryBound(plan Plan) error {
-	s.unnamedGone = true
+	s.unnamedGone, s.portalGone = true, true
 	ss := s.reused[plan.SQL]
 	if ss != nil && !bytes.Equal(ss.params, plan.ParamTypes) {
 		ss = nil

@@ -55,6 +55,9 @@ type session struct {
 	// idle is true while the session is outside a transaction with nothing
 	// in flight, so a drain may end it.
 	idle atomic.Bool
+	// failed is true while the last ReadyForQuery said the transaction
+	// block failed.
+	failed atomic.Bool
 	// fatal is set once the server has sent a FATAL error.
 	fatal bool
 	// sasl is set between AuthenticationSASL and the client's answer.
@@ -97,11 +100,17 @@ type session struct {
 	// last, or the proxy's own). A Bind or Describe of it before the next
 	// Parse closes it first, so that it fails as it would have.
 	unnamedGone bool
-	// unnamedStale is set when the statement the client's unnamed one
-	// stood for was forgotten (see forgetReused) while the client still
-	// has it: a Bind or Describe of it prepares it again first, as the
-	// server's unnamed statement.
-	unnamedStale bool
+	// portalGone is the same for the unnamed portal, which a bound Query
+	// leaves open: an Execute or Describe of it before the next Bind of it
+	// closes it first.
+	portalGone bool
+	// unnamedSeq numbers the last Parse of the unnamed statement while the
+	// server's unnamed statement may be the proxy's (its empty statement,
+	// see reuse.go): from a Parse the proxy reuses for, or any after one,
+	// until Postgres answers it (parsed, see reusedUnnamed). 0 when not
+	// numbered; parses counts them.
+	unnamedSeq uint64
+	parses     uint64
 	// changing is set by a text whose Plan says Forget, until the wait for
 	// the next ReadyForQuery carries it (see wait.changes).
 	changing bool
@@ -114,6 +123,9 @@ type session struct {
 	// reverting is set while a setting a text changed inside a
 	// transaction block may change back when the block ends.
 	reverting bool
+
+	// parsed is written by the server side, read by the client side.
+	parsed parseMark
 }
 
 // prepared is what the proxy remembers of a prepared statement, so that it
@@ -124,6 +136,13 @@ type prepared struct {
 	sent   string // the SQL sent in its place, "" for the client's own
 	probe  *Probe // run after each Execute of a portal bound to it
 	gen    uint64 // the Interceptor generation it was planned under
+	// again is set while the statement must be prepared again before its
+	// next Bind or Describe: the proxy's own statement the client's
+	// unnamed one stood for was forgotten (see forgetReused), or replan
+	// prepared it again and Postgres has not confirmed that yet (it skips
+	// the Parse after an earlier error in its batch, and so the Bind that
+	// needed it; a Bind in a later batch sends it again).
+	again *serverStmt
 }
 
 // is reports whether st is the statement of text with params.
@@ -353,7 +372,7 @@ func (s *session) query(n int) error {
 	// A simple Query destroys the unnamed statement and portal.
 	delete(s.stmts, "")
 	delete(s.portals, "")
-	s.unnamed, s.unnamedStale = nil, false
+	s.unnamed, s.unnamedSeq, s.portalGone = nil, 0, false
 	if plan.Forget {
 		s.changing = true
 	}
@@ -413,19 +432,30 @@ func (s *session) parse(n int) error {
 	if plan.Forget {
 		s.changing = true
 	}
-	st.sent, st.probe, st.gen = plan.SQL, plan.probe(), gen
+	st.sent, st.probe, st.gen, st.again = plan.SQL, plan.probe(), gen, nil
+	w := parseWait
 	if len(name) == 0 {
-		s.unnamed, s.unnamedGone, s.unnamedStale = nil, false, false
-		if plan.Reuse && plan.SQL != "" && !plan.Forget {
+		// In a failed transaction block Postgres refuses the Parse, but
+		// takes the empty one reuse sends.
+		reuse := plan.Reuse && plan.SQL != "" && !plan.Forget && !s.failed.Load()
+		if reuse || s.unnamed != nil || s.unnamedSeq != 0 {
+			s.parses++
+			s.unnamedSeq = s.parses
+		}
+		s.unnamed, s.unnamedGone = nil, false
+		if reuse {
 			return s.parseReused(plan, params)
 		}
+		w = s.unnamedParseWait(plan)
+	} else if plan.SQL != "" {
+		w = s.parseWaitFor(plan)
 	}
 	if plan.SQL == "" {
-		s.pipe.push(parseWait)
+		s.pipe.push(w)
 		_, err := s.sw.Write(m)
 		return err
 	}
-	s.pipe.push(s.parseWaitFor(plan))
+	s.pipe.push(w)
 	s.out = append(s.out[:0], name...)
 	s.out = append(s.out, 0)
 	s.out = append(s.out, plan.SQL...)
@@ -467,8 +497,15 @@ func (s *session) peek(n int) ([]byte, error) {
 	return b[5:], nil
 }
 
+// bind forwards a Bind, after what the proxy sends before it, if anything.
 func (s *session) bind(n int) error {
-	if len(s.stmts) == 0 && !s.unnamedGone {
+	err := s.bindAs(n)
+	s.pipe.loose++ // after the proxy's own: its reply comes after theirs
+	return err
+}
+
+func (s *session) bindAs(n int) error {
+	if len(s.stmts) == 0 && !s.unnamedGone && !s.portalGone {
 		return forward(s.sw, s.cr, n)
 	}
 	b, err := s.peek(n)
@@ -477,6 +514,9 @@ func (s *session) bind(n int) error {
 	}
 	portal, rest, err1 := cstring(b)
 	stmt, _, err2 := cstring(rest)
+	if len(portal) == 0 {
+		s.portalGone = false
+	}
 	if err1 != nil || err2 != nil {
 		// Names longer than peekLimit: Postgres limits names to 63 bytes, so
 		// the server will refuse this Bind; nothing to track.
@@ -508,53 +548,85 @@ func (s *session) bind(n int) error {
 	return forward(s.sw, s.cr, n)
 }
 
-// closeUnnamedMessage is a Close of the unnamed statement.
-var closeUnnamedMessage = []byte{'C', 0, 0, 0, 6, 'S', 0}
+// pushSwallow pushes w, a waitSwallow for messages the proxy sends in the
+// middle of the client's, after a waitPass for the replies to the client's
+// Binds and Closes before them.
+func (s *session) pushSwallow(w *wait) {
+	if n := s.pipe.loose; n > 0 {
+		pw := s.pipe.get(waitPass)
+		pw.want = n
+		s.pipe.push(pw)
+	}
+	s.pipe.push(w)
+}
+
+// Closes of the unnamed statement and portal.
+var (
+	closeUnnamedMessage       = []byte{'C', 0, 0, 0, 6, 'S', 0}
+	closeUnnamedPortalMessage = []byte{'C', 0, 0, 0, 6, 'P', 0}
+)
 
 // closeUnnamed closes the server's unnamed statement, which the client's
 // view of the session says a Query destroyed (see session.unnamedGone).
 func (s *session) closeUnnamed() error {
 	s.unnamedGone = false
+	return s.closeQuietly(closeUnnamedMessage)
+}
+
+// closeUnnamedPortal does the same for the unnamed portal (see
+// session.portalGone).
+func (s *session) closeUnnamedPortal() error {
+	s.portalGone = false
+	return s.closeQuietly(closeUnnamedPortalMessage)
+}
+
+// closeQuietly sends the Close message m, keeping its reply from the
+// client.
+func (s *session) closeQuietly(m []byte) error {
 	w := s.pipe.get(waitSwallow)
 	w.want = 1 // CloseComplete
-	s.pipe.push(w)
-	_, err := s.sw.Write(closeUnnamedMessage)
+	s.pushSwallow(w)
+	_, err := s.sw.Write(m)
 	return err
 }
 
 // replan plans a statement prepared under an older configuration again.
 // If what should be sent for it changed (a table became guarded, say), the
 // statement is re-prepared under its own name before the Bind, so a
-// configuration change reaches statements prepared before it. So is an
-// unnamed statement whose stand-in was forgotten (session.unnamedStale).
-// stmt is the statement's name as the Bind holds it: made a string only
-// here, off the path of every Bind.
+// configuration change reaches statements prepared before it. So is one
+// marked to be prepared again (prepared.again). stmt is the statement's
+// name as the Bind holds it: made a string only here, off the path of
+// every Bind.
 func (s *session) replan(stmt []byte, st *prepared) error {
 	ic := s.srv.cfg.Interceptor
 	gen := ic.Generation()
-	stale := len(stmt) == 0 && s.unnamedStale
-	if st.gen == gen && !stale {
+	redo := st.again != nil && st.again.state.Load() != stmtReady
+	if !redo {
+		st.again = nil
+	}
+	if st.gen == gen && !redo {
 		return nil
 	}
 	name := string(stmt)
 	plan := ic.Parse(s.c, st.text)
 	st.gen, st.probe = gen, plan.probe()
-	if plan.SQL == st.sent && !stale {
+	if plan.SQL == st.sent && !redo {
 		return nil
 	}
 	st.sent = plan.SQL
 	if name == "" {
-		// It stood for the statement of the old rewrite, or for one forgotten.
-		s.unnamed, s.unnamedStale = nil, false
+		s.unnamed = nil // it stood for the statement of the old rewrite
 	}
 	sql := plan.SQL
 	if sql == "" {
 		sql = st.text
 	}
 	s.log.Debug("re-preparing a statement after a configuration or setting change", "statement", name)
+	st.again = &serverStmt{name: name}
+	st.again.state.Store(stmtPending)
 	w := s.pipe.get(waitSwallow)
-	w.want, w.origin = 2, plan.Origin
-	s.pipe.push(w)
+	w.want, w.origin, w.reuse = 2, plan.Origin, st.again
+	s.pushSwallow(w)
 	out, _ := (&pgproto3.Close{ObjectType: 'S', Name: name}).Encode(s.out[:0])
 	s.out = out
 	if _, err := s.sw.Write(out); err != nil {
@@ -569,13 +641,18 @@ func (s *session) replan(stmt []byte, st *prepared) error {
 
 func (s *session) execute(n int) error {
 	var p *Probe
-	if len(s.portals) > 0 {
+	if len(s.portals) > 0 || s.portalGone {
 		b, err := s.peek(n)
 		if err != nil {
 			return err
 		}
 		if portal, _, err := cstring(b); err == nil {
 			p = s.portals[string(portal)]
+			if len(portal) == 0 && s.portalGone {
+				if err := s.closeUnnamedPortal(); err != nil {
+					return err
+				}
+			}
 		}
 	}
 	s.pipe.push(executeWait)
@@ -628,6 +705,7 @@ func (s *session) forgetProbes() {
 }
 
 func (s *session) close(n int) error {
+	s.pipe.loose++
 	if len(s.stmts) == 0 && len(s.portals) == 0 {
 		return forward(s.sw, s.cr, n)
 	}
@@ -640,8 +718,13 @@ func (s *session) close(n int) error {
 			switch b[0] {
 			case 'S':
 				delete(s.stmts, string(name))
-				if len(name) == 0 {
-					s.unnamed, s.unnamedGone, s.unnamedStale = nil, false, false
+				if len(name) == 0 && (s.unnamed != nil || s.unnamedSeq != 0) {
+					// If Postgres skips this Close (after an error in its
+					// batch), the client's unnamed statement stays, but
+					// the server's may be the proxy's empty one: fail a
+					// Bind of it rather than run that (see
+					// session.unnamedGone).
+					s.unnamed, s.unnamedGone, s.unnamedSeq = nil, true, 0
 				}
 			case 'P':
 				delete(s.portals, string(name))
@@ -680,6 +763,10 @@ func (s *session) serverMessage(typ byte, n int) error {
 		return s.probeReply(w, typ, n)
 	case w.kind == waitSwallow:
 		return s.swallowReply(w, typ, n)
+	case w.kind == waitPass && (typ == '2' || typ == '3'):
+		if w.seen++; w.seen == w.want {
+			s.pipe.pop()
+		}
 	case w.kind == waitQuery && w.inProbe():
 		return s.queryProbeReply(w, typ, n)
 	}
@@ -709,6 +796,9 @@ func (s *session) reply(w *wait, typ byte, n int) error {
 			if w.reuse != nil {
 				w.reuse.state.Store(stmtReady)
 			}
+			if w.mark != nil {
+				w.mark.done.Store(w.seq)
+			}
 			s.pipe.pop()
 		}
 	case 'C', 'I', 's': // CommandComplete, EmptyQueryResponse, PortalSuspended
@@ -723,13 +813,16 @@ func (s *session) reply(w *wait, typ byte, n int) error {
 			}
 		}
 	case 'Z':
-		if changed := s.pipe.ready(); (changed || s.reverting) && n == 1 {
-			if b, err := s.sr.Peek(6); err == nil {
-				s.settled(changed, b[5])
-			}
+		var status byte
+		if b, err := s.sr.Peek(6); err == nil && n == 1 {
+			status = b[5]
 		}
-		if n == 1 && s.pipe.head() == nil {
-			if b, err := s.sr.Peek(6); err == nil && b[5] == 'I' {
+		s.failed.Store(status == 'E')
+		if changed := s.pipe.ready(); (changed || s.reverting) && status != 0 {
+			s.settled(changed, status)
+		}
+		if status != 0 && s.pipe.head() == nil {
+			if status == 'I' {
 				s.idle.Store(true)
 				if s.srv.draining.Load() {
 					if err := forward(s.cw, s.sr, n); err != nil {
@@ -807,7 +900,7 @@ func (s *session) serverError(w *wait, n int) error {
 			if w.probes != nil {
 				w.probes = nil // the rest of the query string is not run
 			}
-		case waitExecute, waitProbe, waitSwallow, waitParse:
+		case waitExecute, waitProbe, waitSwallow, waitParse, waitPass:
 			s.pipe.skipToSync()
 		}
 	}
