@@ -202,11 +202,7 @@ func (s *session) reusedUnnamed() *serverStmt {
 // forgetReused drops what the session knows of its server-side statements,
 // after a text that may have deallocated them or changed what they mean.
 func (s *session) forgetReused() {
-	for _, ss := range s.reused {
-		ss.state.Store(stmtAbsent)
-	}
-	clear(s.reused)
-	if s.unnamed != nil {
+	if s.reusedUnnamed() != nil { // not one whose Parse failed
 		// The client still has its unnamed statement (unless this is a
 		// Query or a Parse of it, which drop this record).
 		s.unnamed = nil
@@ -214,6 +210,10 @@ func (s *session) forgetReused() {
 			st.again = new(serverStmt) // absent: prepare it again
 		}
 	}
+	for _, ss := range s.reused {
+		ss.state.Store(stmtAbsent)
+	}
+	clear(s.reused)
 }
 
 // A simple Query whose Plan has ParamTypes runs as a prepared statement:
