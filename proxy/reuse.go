@@ -96,6 +96,11 @@ func (s *session) parseReused(plan Plan, params []byte) error {
 		s.reused[sql] = ss
 	}
 	ss.state.Store(stmtPending)
+	// Postgres drops its unnamed statement before it parses the next one,
+	// even one that fails; a Parse of ss.name leaves it, so close it.
+	if err := s.closeQuietly(closeUnnamedMessage); err != nil {
+		return err
+	}
 	// Binds that follow reach the statement before anything else the
 	// server runs, or are skipped with it if its Parse fails.
 	s.unnamed = ss
