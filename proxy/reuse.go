@@ -98,7 +98,7 @@ func (s *session) parseReused(plan Plan, params []byte) error {
 	ss.state.Store(stmtPending)
 	// Postgres drops its unnamed statement before it parses the next one,
 	// even one that fails; a Parse of ss.name leaves it, so close it.
-	if err := s.closeQuietly(closeUnnamedMessage); err != nil {
+	if err := s.closeQuietly(closeUnnamedMessage, nil); err != nil {
 		return err
 	}
 	// Binds that follow reach the statement before anything else the
@@ -193,13 +193,13 @@ func (s *session) reusedUnnamed() *serverStmt {
 	if s.unnamedSeq != 0 {
 		switch s.unnamedSeq {
 		case s.parsed.dropped.Load():
-			s.unnamed, s.unnamedGone, s.unnamedSeq = nil, true, 0
+			s.unnamed, s.unnamedGone, s.unnamedSeq, s.unnamedClosed = nil, true, 0, nil
 		case s.parsed.done.Load():
 			s.unnamedSeq = 0
 		}
 	}
 	if s.unnamed != nil && s.unnamed.state.Load() == stmtAbsent {
-		s.unnamed, s.unnamedGone = nil, true
+		s.unnamed, s.unnamedGone, s.unnamedClosed = nil, true, nil
 	}
 	return s.unnamed
 }
@@ -235,6 +235,7 @@ var syncMessage = []byte{'S', 0, 0, 0, 4}
 // Plan.Params.
 func (s *session) queryBound(plan Plan) error {
 	s.unnamedGone, s.portalGone = true, true
+	s.unnamedClosed, s.portalClosed = nil, nil
 	ss := s.reused[plan.SQL]
 	if ss != nil && !bytes.Equal(ss.params, plan.ParamTypes) {
 		ss = nil

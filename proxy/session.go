@@ -104,6 +104,10 @@ type session struct {
 	// leaves open: an Execute or Describe of it before the next Bind of it
 	// closes it first.
 	portalGone bool
+	// unnamedClosed and portalClosed are the proxy's last Close for each,
+	// which Postgres skips after an earlier error in its batch: the flag
+	// stays until it confirms one.
+	unnamedClosed, portalClosed *serverStmt
 	// unnamedSeq numbers the last Parse of the unnamed statement while the
 	// server's unnamed statement may be the proxy's (its empty statement,
 	// see reuse.go): from a Parse the proxy reuses for, or any after one,
@@ -569,22 +573,33 @@ var (
 // closeUnnamed closes the server's unnamed statement, which the client's
 // view of the session says a Query destroyed (see session.unnamedGone).
 func (s *session) closeUnnamed() error {
-	s.unnamedGone = false
-	return s.closeQuietly(closeUnnamedMessage)
+	return s.closeGone(&s.unnamedGone, &s.unnamedClosed, closeUnnamedMessage)
 }
 
 // closeUnnamedPortal does the same for the unnamed portal (see
 // session.portalGone).
 func (s *session) closeUnnamedPortal() error {
-	s.portalGone = false
-	return s.closeQuietly(closeUnnamedPortalMessage)
+	return s.closeGone(&s.portalGone, &s.portalClosed, closeUnnamedPortalMessage)
+}
+
+// closeGone sends the Close message m for what gone says is gone, unless
+// Postgres confirmed the one sent last (closed), which clears gone.
+func (s *session) closeGone(gone *bool, closed **serverStmt, m []byte) error {
+	if c := *closed; c != nil && c.state.Load() == stmtReady {
+		*gone, *closed = false, nil
+		return nil
+	}
+	c := new(serverStmt)
+	c.state.Store(stmtPending)
+	*closed = c
+	return s.closeQuietly(m, c)
 }
 
 // closeQuietly sends the Close message m, keeping its reply from the
-// client.
-func (s *session) closeQuietly(m []byte) error {
+// client; done, if not nil, notes when Postgres answers it.
+func (s *session) closeQuietly(m []byte, done *serverStmt) error {
 	w := s.pipe.get(waitSwallow)
-	w.want = 1 // CloseComplete
+	w.want, w.reuse = 1, done // CloseComplete
 	s.pushSwallow(w)
 	_, err := s.sw.Write(m)
 	return err
@@ -724,7 +739,7 @@ func (s *session) close(n int) error {
 					// the server's may be the proxy's empty one: fail a
 					// Bind of it rather than run that (see
 					// session.unnamedGone).
-					s.unnamed, s.unnamedGone, s.unnamedSeq = nil, true, 0
+					s.unnamed, s.unnamedGone, s.unnamedSeq, s.unnamedClosed = nil, true, 0, nil
 				}
 			case 'P':
 				delete(s.portals, string(name))
@@ -1060,6 +1075,9 @@ func (s *session) swallowReply(w *wait, typ byte, n int) error {
 		return s.reply(w, typ, n)
 	}
 	if w.seen++; w.seen == w.want {
+		if w.reuse != nil { // a Close's (a Parse's is noted above)
+			w.reuse.state.Store(stmtReady)
+		}
 		s.pipe.pop()
 	}
 	return skip(s.sr, n)
