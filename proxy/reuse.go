@@ -160,6 +160,7 @@ func (s *session) describe(n int) error {
 	if b[0] != 'S' || b[1] != 0 {
 		return forward(s.sw, s.cr, n)
 	}
+	s.reusedUnnamed() // first: its Parse may have failed
 	if st := s.stmts[""]; st != nil {
 		if err := s.replan(nil, st); err != nil {
 			return err
@@ -189,19 +190,28 @@ func (s *session) describe(n int) error {
 // before it: a Bind of it then fails rather than runs what the client
 // meant to replace, or the proxy's empty statement. So does any Parse of
 // the unnamed statement that the session numbers (see session.unnamedSeq).
+// What the session remembers of a gone statement is dropped with it, so
+// it is not prepared again.
 func (s *session) reusedUnnamed() *serverStmt {
 	if s.unnamedSeq != 0 {
 		switch s.unnamedSeq {
 		case s.parsed.dropped.Load():
-			s.unnamed, s.unnamedGone, s.unnamedSeq, s.unnamedClosed = nil, true, 0, nil
+			s.unnamedGoneNow()
 		case s.parsed.done.Load():
 			s.unnamedSeq = 0
 		}
 	}
 	if s.unnamed != nil && s.unnamed.state.Load() == stmtAbsent {
-		s.unnamed, s.unnamedGone, s.unnamedClosed = nil, true, nil
+		s.unnamedGoneNow()
 	}
 	return s.unnamed
+}
+
+// unnamedGoneNow notes that the client's unnamed statement is gone: its
+// last Parse failed or was skipped.
+func (s *session) unnamedGoneNow() {
+	s.unnamed, s.unnamedGone, s.unnamedSeq, s.unnamedClosed = nil, true, 0, nil
+	delete(s.stmts, "")
 }
 
 // forgetReused drops what the session knows of its server-side statements,

@@ -527,6 +527,9 @@ func (s *session) bindAs(n int) error {
 		return forward(s.sw, s.cr, n)
 	}
 	var p *Probe
+	if len(stmt) == 0 {
+		s.reusedUnnamed() // first: its Parse may have failed
+	}
 	if st := s.stmts[string(stmt)]; st != nil {
 		if err := s.replan(stmt, st); err != nil {
 			return err
