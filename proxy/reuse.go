@@ -61,6 +61,12 @@ func (s *session) unnamedParseWait(plan Plan) *wait {
 	if s.unnamedSeq == 0 {
 		return s.parseWaitFor(plan)
 	}
+	return s.numberedParseWait(plan)
+}
+
+// numberedParseWait is a wait of its own for the Parse numbered
+// session.unnamedSeq.
+func (s *session) numberedParseWait(plan Plan) *wait {
 	w := s.pipe.get(waitParse)
 	w.origin, w.mark, w.seq = plan.Origin, &s.parsed, s.unnamedSeq
 	return w
@@ -104,11 +110,7 @@ func (s *session) parseReused(plan Plan, params []byte) error {
 	// Binds that follow reach the statement before anything else the
 	// server runs, or are skipped with it if its Parse fails.
 	s.unnamed = ss
-	w := s.unnamedParseWait(plan)
-	if !w.pooled { // not numbered: never so for a Parse reused for
-		w = s.pipe.get(waitParse)
-		w.origin = plan.Origin
-	}
+	w := s.numberedParseWait(plan) // parse numbers every Parse reused for
 	w.reuse = ss
 	return s.parseAs(ss.name, sql, params, w)
 }
