@@ -46,6 +46,10 @@ func FuzzStatementSequences(f *testing.F) {
 	}
 	// The case that found pgfence binding its own empty statement.
 	f.Add([]byte{0, 15, 14, 15, 14, 1 + 16*3, 3, 4, 10, 14})
+	// The case that found pgfence forgetting the unnamed statement it was
+	// parsing: a write reused for, a failed Parse, a missing statement
+	// (26000), and the write again.
+	f.Add([]byte{0, 14, 10, 0, 14, 10, 16 * 3, 10, 3, 10, 0, 14, 10})
 	f.Fuzz(func(t *testing.T, program []byte) {
 		msgs := sequence(program)
 		pipelined := len(program) > 0 && program[0]&1 == 1

@@ -432,6 +432,9 @@ func (s *session) parse(n int) error {
 	if plan.Forget || s.lostStatements() {
 		s.forgetProbes()
 		s.forgetReused()
+		// which drops the record of an unnamed statement whose last Parse
+		// failed: not this one's.
+		s.stmts[string(name)] = st
 	}
 	if plan.Forget {
 		s.changing = true
