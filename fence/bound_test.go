@@ -312,6 +312,58 @@ func TestUnnamedStatementGoneAfterFailedParse(t *testing.T) {
 	})
 }
 
+// A client that pipelines a batch whose Parse of the unnamed statement
+// Postgres skips (after an error earlier in the batch) and binds the
+// unnamed statement in the next, sent before Postgres answered, gets ahead
+// of what pgfence knows: Postgres still has the fenced write parsed before,
+// and runs it; pgfence, which answered that Parse with its stand-in, may
+// not yet know the later one was skipped, and binds the server's unnamed
+// statement. The stand-in must then fail, not run as an empty statement
+// (a write silently not done, as it did before).
+func TestPipelinedBindAfterSkippedParse(t *testing.T) {
+	tbl := table(t, [3]any{1, "v", 5})
+	p := pgtest.StartProxy(t, []string{tbl})
+	for _, c := range []struct {
+		name   string
+		params [][]byte
+	}{{"no parameter", nil}, {"a parameter", [][]byte{[]byte("w")}}} {
+		t.Run(c.name, func(t *testing.T) {
+			pgtest.Exec(t, pgtest.Direct(t), "UPDATE "+tbl+" SET val = 'v'")
+			conn, fe := pgtest.RawSession(t, p.Addr)
+			conn.SetDeadline(time.Now().Add(20 * time.Second))
+			exchange(t, fe, 1, &pgproto3.Query{String: "SET fence.token = '20'"})
+			write := &pgproto3.Parse{Query: "UPDATE " + tbl + " SET val = val || 'w' WHERE id = 1"}
+			if c.params != nil {
+				write.Query = "UPDATE " + tbl + " SET val = val || $1 WHERE id = 1"
+			}
+			ran := "ParseComplete, BindComplete, CommandComplete, ReadyForQuery I"
+			for i := range 2 { // prepared for reuse, then reused
+				if got := exchange(t, fe, 1, write, &pgproto3.Bind{Parameters: c.params}, &pgproto3.Execute{}, &pgproto3.Sync{}); got != ran {
+					t.Fatalf("write %d: %s, want %s", i+1, got, ran)
+				}
+			}
+			got := exchange(t, fe, 2,
+				&pgproto3.Bind{PreparedStatement: "nosuch"}, &pgproto3.Parse{Query: "SELECT 1"}, &pgproto3.Sync{},
+				&pgproto3.Bind{Parameters: c.params}, &pgproto3.Execute{}, &pgproto3.Sync{})
+			first, second, _ := strings.Cut(got, "ReadyForQuery I, ")
+			if !strings.HasPrefix(first, "ErrorResponse 26000") {
+				t.Fatalf("the batch with the skipped Parse: %s", got)
+			}
+			if !strings.Contains(second, "ErrorResponse") || strings.Contains(second, "CommandComplete") || strings.Contains(second, "EmptyQueryResponse") {
+				t.Errorf("Bind of the unnamed statement pipelined after its skipped Parse: %s, want an error", second)
+			}
+			t.Logf("pgfence answered the Bind after the skipped Parse: %s", second)
+			if val, _ := row(t, tbl, 1); val != "vww" {
+				t.Errorf("the row is %q, want the two writes before (vww)", val)
+			}
+			want := "ParseComplete, BindComplete, CommandComplete, ReadyForQuery I"
+			if got := exchange(t, fe, 1, write, &pgproto3.Bind{Parameters: c.params}, &pgproto3.Execute{}, &pgproto3.Sync{}); got != want {
+				t.Errorf("the same write parsed again: %s, want %s", got, want)
+			}
+		})
+	}
+}
+
 // gone is what Postgres answers a Bind or Describe of an unnamed statement
 // it does not have.
 const gone = "ErrorResponse 26000 unnamed prepared statement does not exist, ReadyForQuery I"

@@ -13,9 +13,10 @@ import (
 // and plans the text each time. For a text the Interceptor rewrote (Plan.
 // Reuse) that is pgfence's cost: the fenced text is several times the
 // client's. So the session prepares the rewritten text once under a name of
-// its own and answers later Parses of it with an empty Parse, whose
-// ParseComplete the client takes for its own, and points the client's Binds
-// and Describes of the unnamed statement at the prepared one.
+// its own and answers later Parses of it with a Parse of a stand-in (see
+// standInParse), whose ParseComplete the client takes for its own, and
+// points the client's Binds and Describes of the unnamed statement at the
+// prepared one.
 
 // maxReused bounds the statements one session prepares for reuse (for the
 // lifetime of the session, so that forgetting them cannot make the backend's
@@ -42,9 +43,15 @@ type serverStmt struct {
 	state  atomic.Int32 // written by the server side once Postgres answers
 }
 
-// emptyParse is the body of a Parse of the unnamed statement with no text:
-// the cheapest message Postgres answers with a ParseComplete.
-var emptyParse = []byte{0, 0, 0, 0}
+// standInParse is the body of the Parse of the unnamed statement that
+// answers a client's Parse the proxy reuses a statement for. Postgres
+// parses its text without a catalog lookup, and refuses it, as it would
+// the client's, in a failed transaction block. It is never bound while the
+// proxy knows what the server's unnamed statement is; should it be (a
+// Parse Postgres skipped in a batch the client sent before Postgres
+// answered the one before, see README), it fails with 26000 saying what
+// to do, rather than run as an empty statement, a write silently not done.
+var standInParse = []byte("\x00EXECUTE \"pgfence: Parse the unnamed statement again\"\x00\x00\x00")
 
 // parseMark is where the server side notes what became of the Parses of
 // the unnamed statement the client side numbers (session.unnamedSeq): the
@@ -85,7 +92,7 @@ func (s *session) parseReused(plan Plan, params []byte) error {
 	case ss != nil && ss.state.Load() == stmtReady:
 		s.unnamed = ss
 		s.pipe.push(s.unnamedParseWait(plan))
-		return writeMessage(s.sw, 'P', emptyParse)
+		return writeMessage(s.sw, 'P', standInParse)
 	case ss != nil && ss.state.Load() == stmtPending:
 		// Its Parse may yet fail: parse this one as sent.
 		return s.parseAs("", sql, params, s.unnamedParseWait(plan))
@@ -190,7 +197,7 @@ func (s *session) describe(n int) error {
 // session.unnamedGone). A Parse skipped after an earlier error in its batch
 // counts as failed too, where Postgres would still have the statement
 // before it: a Bind of it then fails rather than runs what the client
-// meant to replace, or the proxy's empty statement. So does any Parse of
+// meant to replace, or the proxy's stand-in. So does any Parse of
 // the unnamed statement that the session numbers (see session.unnamedSeq).
 // What the session remembers of a gone statement is dropped with it, so
 // it is not prepared again.

@@ -109,8 +109,8 @@ type session struct {
 	// stays until it confirms one.
 	unnamedClosed, portalClosed *serverStmt
 	// unnamedSeq numbers the last Parse of the unnamed statement while the
-	// server's unnamed statement may be the proxy's (its empty statement,
-	// see reuse.go): from a Parse the proxy reuses for, or any after one,
+	// server's unnamed statement may be the proxy's (its stand-in, see
+	// standInParse): from a Parse the proxy reuses for, or any after one,
 	// until Postgres answers it (parsed, see reusedUnnamed). 0 when not
 	// numbered; parses counts them.
 	unnamedSeq uint64
@@ -442,8 +442,8 @@ func (s *session) parse(n int) error {
 	st.sent, st.probe, st.gen, st.again = plan.SQL, plan.probe(), gen, nil
 	w := parseWait
 	if len(name) == 0 {
-		// In a failed transaction block Postgres refuses the Parse, but
-		// takes the empty one reuse sends.
+		// In a failed transaction block Postgres refuses the Parse (and
+		// the stand-in): send the client's, and track nothing.
 		reuse := plan.Reuse && plan.SQL != "" && !plan.Forget && !s.failed.Load()
 		if reuse || s.unnamed != nil || s.unnamedSeq != 0 {
 			s.parses++
@@ -742,7 +742,7 @@ func (s *session) close(n int) error {
 				if len(name) == 0 && (s.unnamed != nil || s.unnamedSeq != 0) {
 					// If Postgres skips this Close (after an error in its
 					// batch), the client's unnamed statement stays, but
-					// the server's may be the proxy's empty one: fail a
+					// the server's may be the proxy's stand-in: fail a
 					// Bind of it rather than run that (see
 					// session.unnamedGone).
 					s.unnamed, s.unnamedGone, s.unnamedSeq, s.unnamedClosed = nil, true, 0, nil
