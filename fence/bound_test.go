@@ -364,6 +364,92 @@ func TestPipelinedBindAfterSkippedParse(t *testing.T) {
 	}
 }
 
+// Postgres 15.18 crashes (SIGSEGV, every session reset) on a named Parse
+// of an UPDATE refused in a block that DISCARD ALL failed, followed by an
+// Execute of the unnamed portal; with the client's unnamed Parse in its
+// place it does not. pgfence prepares fenced writes under names of its
+// own, so it must not while the block may have failed: here once because
+// the client pipelined past the error, once because the last
+// ReadyForQuery said the block failed (a simple Query pgfence binds).
+// Each exchange must get what Postgres answers straight, and Postgres
+// must still be the same server after it.
+func TestNoNamedParseInFailedBlock(t *testing.T) {
+	tbl := table(t, [3]any{1, "v", 5})
+	p := pgtest.StartProxy(t, []string{tbl})
+	update := "UPDATE " + tbl + " SET val = val || 'x' WHERE id = 1"
+	cases := []struct {
+		name  string
+		steps [][]pgproto3.FrontendMessage // each sent at once, answered before the next
+	}{
+		{"pipelined Parse", [][]pgproto3.FrontendMessage{{
+			&pgproto3.Query{String: "BEGIN"}, &pgproto3.Query{String: "DISCARD ALL"},
+			&pgproto3.Parse{Query: update}, &pgproto3.Sync{},
+			&pgproto3.Execute{}, &pgproto3.Sync{},
+		}}},
+		{"bound Query", [][]pgproto3.FrontendMessage{
+			{&pgproto3.Query{String: "BEGIN"}},
+			{&pgproto3.Query{String: "DISCARD ALL"}},
+			{&pgproto3.Query{String: update}},
+			{&pgproto3.Execute{}, &pgproto3.Sync{}},
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var answers [2]string
+			for i, addr := range []string{pgtest.Server().Addr(), p.Addr} {
+				before := checkpointerPID(t)
+				conn, fe := pgtest.RawSession(t, addr)
+				conn.SetDeadline(time.Now().Add(20 * time.Second))
+				exchange(t, fe, 1, &pgproto3.Query{String: "SET fence.token = '20'"})
+				for _, step := range c.steps {
+					answers[i] += exchange(t, fe, countReady(step), step...) + "; "
+				}
+				endSession(t, conn, fe)
+				if after := checkpointerPID(t); after != before {
+					t.Fatalf("Postgres restarted (it crashed) after this session (%s): %s", []string{"straight", "through pgfence"}[i], answers[i])
+				}
+			}
+			if answers[0] != answers[1] {
+				t.Errorf("through pgfence:\n%s\nstraight:\n%s", answers[1], answers[0])
+			}
+		})
+	}
+}
+
+// countReady counts the messages of msgs that end with a ReadyForQuery.
+func countReady(msgs []pgproto3.FrontendMessage) int {
+	n := 0
+	for _, m := range msgs {
+		switch m.(type) {
+		case *pgproto3.Sync, *pgproto3.Query:
+			n++
+		}
+	}
+	return n
+}
+
+// checkpointerPID is the process ID of Postgres's checkpointer, which
+// changes when Postgres restarts after a backend crashed; it waits for
+// Postgres to accept connections again.
+func checkpointerPID(t testing.TB) int {
+	t.Helper()
+	var err error
+	for range 100 {
+		var c *pgx.Conn
+		if c, err = pgx.Connect(ctx, pgtest.DirectURL()); err == nil {
+			var pid int
+			err = c.QueryRow(ctx, "SELECT pid FROM pg_stat_activity WHERE backend_type = 'checkpointer'").Scan(&pid)
+			c.Close(ctx)
+			if err == nil {
+				return pid
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("reading the checkpointer's pid: %v", err)
+	return 0
+}
+
 // gone is what Postgres answers a Bind or Describe of an unnamed statement
 // it does not have.
 const gone = "ErrorResponse 26000 unnamed prepared statement does not exist, ReadyForQuery I"

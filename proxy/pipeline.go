@@ -190,6 +190,19 @@ func (p *pipeline) skipToSync() {
 	}
 }
 
+// awaitsReady reports whether a ReadyForQuery is owed: a Sync or Query
+// the server has not answered yet.
+func (p *pipeline) awaitsReady() bool {
+	p.lock()
+	defer p.unlock()
+	for _, w := range p.q[p.h:] {
+		if w.kind == waitReady || w.kind == waitQuery {
+			return true
+		}
+	}
+	return false
+}
+
 // ready drops waits up to and including the one a ReadyForQuery answers,
 // and reports whether that one's changes is set.
 func (p *pipeline) ready() bool {

@@ -96,6 +96,8 @@ func (s *session) parseReused(plan Plan, params []byte) error {
 	case ss != nil && ss.state.Load() == stmtPending:
 		// Its Parse may yet fail: parse this one as sent.
 		return s.parseAs("", sql, params, s.unnamedParseWait(plan))
+	case s.blockMayHaveFailed():
+		return s.parseAs("", sql, params, s.unnamedParseWait(plan))
 	case ss != nil:
 		// Its Parse failed or was skipped, so the name is free: try again.
 	case s.reuses == maxReused:
@@ -120,6 +122,25 @@ func (s *session) parseReused(plan Plan, params []byte) error {
 	w := s.numberedParseWait(plan) // parse numbers every Parse reused for
 	w.reuse = ss
 	return s.parseAs(ss.name, sql, params, w)
+}
+
+// blockMayHaveFailed reports whether the transaction block may have
+// failed by the time Postgres reads what the client sends now: the last
+// ReadyForQuery said so, or the client is ahead of the replies. The proxy
+// then sends no Parse of a name of its own: Postgres 15 (15.18 here)
+// crashes, every session with it, on a named Parse refused in a block
+// that an error such as DISCARD ALL's or a missing savepoint's failed,
+// followed by an Execute of a portal that does not exist, where the
+// client's unnamed Parse in its place does not (see README).
+func (s *session) blockMayHaveFailed() bool {
+	return s.failed.Load() || s.pipe.awaitsReady()
+}
+
+// failedNow reports whether the transaction block is known to have failed
+// when Postgres reads what the client sends now: the last ReadyForQuery
+// said so, and the client sent nothing since that ends with another.
+func (s *session) failedNow() bool {
+	return s.failed.Load() && !s.pipe.awaitsReady()
 }
 
 // parseAs sends a Parse of sql named name, answered by w.
@@ -253,7 +274,10 @@ var syncMessage = []byte{'S', 0, 0, 0, 4}
 // queryBound sends a Query's Plan.SQL as a prepared statement bound to
 // Plan.Params.
 func (s *session) queryBound(plan Plan) error {
-	s.unnamedGone, s.portalGone = true, true
+	// In a block known to have failed Postgres refuses the Parse, which
+	// leaves the unnamed portal as it was, as it would leave it for the
+	// Query.
+	s.unnamedGone, s.portalGone = true, !s.failedNow()
 	s.unnamedClosed, s.portalClosed = nil, nil
 	ss := s.reused[plan.SQL]
 	if ss != nil && !bytes.Equal(ss.params, plan.ParamTypes) {
@@ -272,9 +296,9 @@ func (s *session) queryBound(plan Plan) error {
 	switch {
 	case ss != nil && ss.state.Load() == stmtReady:
 		name, swallow.want = ss.name, 1
-	case ss != nil && ss.state.Load() == stmtPending, ss == nil && s.reuses == maxReused:
+	case ss != nil && ss.state.Load() == stmtPending, ss == nil && s.reuses == maxReused, s.blockMayHaveFailed():
 		// Parse it unnamed: the pending Parse may yet fail, or the session
-		// prepared all it may.
+		// prepared all it may, or a named Parse might meet a failed block.
 	default:
 		if ss == nil {
 			s.reuses++

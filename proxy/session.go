@@ -443,7 +443,7 @@ func (s *session) parse(n int) error {
 	w := parseWait
 	if len(name) == 0 {
 		// In a failed transaction block Postgres refuses the Parse (and
-		// the stand-in): send the client's, and track nothing.
+		// the stand-in): send the text itself, to be refused.
 		reuse := plan.Reuse && plan.SQL != "" && !plan.Forget && !s.failed.Load()
 		if reuse || s.unnamed != nil || s.unnamedSeq != 0 {
 			s.parses++
