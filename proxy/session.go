@@ -521,7 +521,13 @@ func (s *session) bindAs(n int) error {
 	}
 	portal, rest, err1 := cstring(b)
 	stmt, _, err2 := cstring(rest)
-	if len(portal) == 0 {
+	if len(portal) == 0 && s.portalGone {
+		// The Bind replaces the portal a bound Query left only if it
+		// succeeds: close that first. After it the portal is the
+		// client's, or there is none.
+		if err := s.closeUnnamedPortal(); err != nil {
+			return err
+		}
 		s.portalGone = false
 	}
 	if err1 != nil || err2 != nil {
