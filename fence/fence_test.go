@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/pgfence/pgfence/internal/pgtest"
 	"github.com/pgfence/pgfence/sqlrewrite"
@@ -487,6 +489,46 @@ func TestReloadReachesPreparedStatements(t *testing.T) {
 	}
 	if v, _ := row(t, tbl, 1); v != "plain again" {
 		t.Fatalf("row %q", v)
+	}
+}
+
+// A reload in the middle of a failed transaction block reaches a named
+// statement at its first Bind after the block, not in it: pgfence sends no
+// named Parse in a failed block (see TestNoNamedParseInFailedBlock).
+func TestReloadDuringFailedBlock(t *testing.T) {
+	tbl := table(t, [3]any{1, "v", 50})
+	p := pgtest.StartProxy(t, nil)
+	conn, fe := pgtest.RawSession(t, p.Addr)
+	conn.SetDeadline(time.Now().Add(20 * time.Second))
+	exchange(t, fe, 1, &pgproto3.Query{String: "SET fence.token = '10'"})
+	exchange(t, fe, 1, &pgproto3.Parse{Name: "n", Query: "UPDATE " + tbl + " SET val = val || 'x' WHERE id = 1"}, &pgproto3.Sync{})
+	exchange(t, fe, 1, &pgproto3.Query{String: "BEGIN"})
+	exchange(t, fe, 1, &pgproto3.Query{String: "DISCARD ALL"}) // fails: the block is failed
+	cfg := p.Policy.Config()
+	g, _ := sqlrewrite.ParseGuard(tbl)
+	cfg.Guards = append(cfg.Guards, g)
+	if err := p.Policy.Reload(cfg); err != nil {
+		t.Fatal(err)
+	}
+	before := checkpointerPID(t)
+	refused := "ErrorResponse 25P02 current transaction is aborted, commands ignored until end of transaction block, ReadyForQuery E"
+	if got := exchange(t, fe, 1, &pgproto3.Bind{PreparedStatement: "n"}, &pgproto3.Execute{}, &pgproto3.Sync{}); got != refused {
+		t.Errorf("Bind in the failed block: %s, want %s", got, refused)
+	}
+	exchange(t, fe, 1, &pgproto3.Execute{}, &pgproto3.Sync{})
+	if checkpointerPID(t) != before {
+		t.Fatal("Postgres restarted (it crashed)")
+	}
+	exchange(t, fe, 1, &pgproto3.Query{String: "ROLLBACK"})
+	// The stale token 10 against the row's epoch 50: fenced now.
+	if got, want := exchange(t, fe, 1, &pgproto3.Bind{PreparedStatement: "n"}, &pgproto3.Execute{}, &pgproto3.Sync{}), "BindComplete, CommandComplete, ReadyForQuery I"; got != want {
+		t.Fatalf("Bind after the block: %s, want %s", got, want)
+	}
+	if v, _ := row(t, tbl, 1); v != "v" {
+		t.Fatalf("the statement prepared before the reload wrote %q after it with a stale token", v)
+	}
+	if got := rejects(t, p, tbl); got != 1 {
+		t.Fatalf("rejects %v, want 1", got)
 	}
 }
 

@@ -635,6 +635,12 @@ func (s *session) replan(stmt []byte, st *prepared) error {
 		return nil
 	}
 	name := string(stmt)
+	if name != "" && s.failedNow() {
+		// Postgres refuses the Bind (a statement to plan again is no
+		// ROLLBACK), so prepare it at the next: a named Parse here can
+		// crash Postgres (see blockMayHaveFailed).
+		return nil
+	}
 	plan := ic.Parse(s.c, st.text)
 	st.gen, st.probe = gen, plan.probe()
 	if plan.SQL == st.sent && !redo {
