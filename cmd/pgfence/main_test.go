@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -312,5 +313,80 @@ func TestServeSIGTERM(t *testing.T) {
 	}
 	if d := time.Since(start); d > 3*time.Second {
 		t.Fatalf("second signal took %v", d)
+	}
+}
+
+// A log destination that stops taking lines (a pipe nobody reads) must not
+// stop the proxy: before the logWriter, the first stale write fenced after
+// stderr filled blocked the relay in write(2), and every session with it.
+// Here nothing is ever read from the log, every write is stale (one WARN
+// line each), and the writes, and a second session, must go on.
+func TestStalledLogDoesNotStopRelay(t *testing.T) {
+	pg, err := pgserver.Start(context.Background(), pgserver.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pg.Stop()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	db, err := pgx.Connect(ctx, pg.URL("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close(ctx)
+	if _, err := db.Exec(ctx, "CREATE TABLE accounts (id int PRIMARY KEY, val text, fence_epoch bigint NOT NULL DEFAULT 0); INSERT INTO accounts VALUES (1, 'v', 10)"); err != nil {
+		t.Fatal(err)
+	}
+	unread, stalled := io.Pipe() // read by nobody
+	lw := newLogWriter(stalled, nil)
+	defer lw.Close()
+	log, err := newLogger(lw, "info", "text")
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := serveOptions{listen: "127.0.0.1:0", metricsListen: "", upstream: pg.URL("postgres"),
+		policyOptions: policyOptions{tokenSetting: "fence.token", guards: []string{"accounts"}}}
+	inst, err := start(opts, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer inst.Close()
+	url := "postgres://postgres@" + inst.Addr() + "/postgres?sslmode=disable"
+	stale, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stale.Close(ctx)
+	if _, err := stale.Exec(ctx, "SET fence.token = '5'"); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { // a relay that stopped would leave it stuck: a watchdog fails the test
+		for i := range 500 {
+			tag, err := stale.Exec(ctx, "UPDATE accounts SET val = 'stale' WHERE id = 1")
+			if err != nil || tag.String() != "UPDATE 0" {
+				done <- fmt.Errorf("stale write %d: %v %v", i, tag, err)
+				return
+			}
+		}
+		done <- nil
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		unread.Close() // so that the proxy can close
+		t.Fatal("500 stale writes did not finish in 30 s: the relay stopped while the log took nothing")
+	}
+	other, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatalf("a new session while the log takes nothing: %v", err)
+	}
+	defer other.Close(ctx)
+	var one int
+	if err := other.QueryRow(ctx, "SELECT 1").Scan(&one); err != nil || one != 1 {
+		t.Fatalf("SELECT 1 in another session: %v %v", one, err)
 	}
 }

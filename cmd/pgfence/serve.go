@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -91,7 +92,14 @@ func serveCmd() *cobra.Command {
 			if err := loadConfigFile(cmd, o.configFile); err != nil {
 				return err
 			}
-			log, err := newLogger(o.logLevel, o.logFormat)
+			// Lines go to stderr through a logWriter, so that a log
+			// destination that stops reading cannot stop the relay.
+			var log *slog.Logger
+			lw := newLogWriter(os.Stderr, func(lines int) {
+				log.Warn("log lines dropped: stderr took nothing while they came", "lines", lines, "kept_at_most_bytes", maxPendingLog)
+			})
+			defer lw.Close()
+			log, err := newLogger(lw, o.logLevel, o.logFormat)
 			if err != nil {
 				return err
 			}
@@ -178,7 +186,7 @@ func rereadOptions(cli map[string][]string) (serveOptions, error) {
 	return o, loadConfigFile(cmd, o.configFile)
 }
 
-func newLogger(level, format string) (*slog.Logger, error) {
+func newLogger(out io.Writer, level, format string) (*slog.Logger, error) {
 	var lv slog.Level
 	if err := lv.UnmarshalText([]byte(level)); err != nil {
 		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
@@ -186,9 +194,9 @@ func newLogger(level, format string) (*slog.Logger, error) {
 	opts := &slog.HandlerOptions{Level: lv}
 	switch format {
 	case "text":
-		return slog.New(slog.NewTextHandler(os.Stderr, opts)), nil
+		return slog.New(slog.NewTextHandler(out, opts)), nil
 	case "json":
-		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
+		return slog.New(slog.NewJSONHandler(out, opts)), nil
 	}
 	return nil, fmt.Errorf("--log-format %q: want text or json", format)
 }
