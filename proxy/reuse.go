@@ -130,8 +130,9 @@ func (s *session) parseReused(plan Plan, params []byte) error {
 // then sends no Parse of a name of its own: Postgres 15 (15.18 here)
 // crashes, every session with it, on a named Parse refused in a block
 // that an error such as DISCARD ALL's or a missing savepoint's failed,
-// followed by an Execute of a portal that does not exist, where the
-// client's unnamed Parse in its place does not (see README).
+// followed by an Execute of the unnamed portal that failed statement
+// left, where the client's unnamed Parse in its place does not (see
+// README).
 func (s *session) blockMayHaveFailed() bool {
 	return s.failed.Load() || s.pipe.awaitsReady()
 }
