@@ -31,7 +31,9 @@ import (
 // where Postgres runs the statement it kept. Sent pipelined, pgfence may
 // not know of the skip in time, and any difference is allowed from there
 // (see README, How it relays). After it the sessions differ, so nothing
-// more is compared.
+// more of the sequence is compared; but each session then sends the same
+// recovery (see recovery), which must be answered alike: a difference
+// pgfence is allowed must not leave the session broken.
 //
 // Postgres must not crash on a sequence: one that crashes it through
 // pgfence but not straight would be pgfence's to avoid (see
@@ -58,10 +60,13 @@ func FuzzStatementSequences(f *testing.F) {
 	f.Fuzz(func(t *testing.T, program []byte) {
 		msgs := sequence(program)
 		pipelined := len(program) > 0 && program[0]&1 == 1
-		want, wantVal := runSequence(t, pgtest.Server().Addr(), msgs, pipelined)
-		got, gotVal := runSequence(t, p.Addr, msgs, pipelined)
+		want, wantTail, wantVal := runSequence(t, pgtest.Server().Addr(), msgs, pipelined)
+		got, gotTail, gotVal := runSequence(t, p.Addr, msgs, pipelined)
 		if checkpointerPID(t) != postgres {
 			t.Fatalf("Postgres crashed (it restarted) on this sequence (pipelined %v)\n%s", pipelined, sideBySide(msgs, want, got))
+		}
+		if strings.Join(wantTail, "\n") != strings.Join(gotTail, "\n") {
+			t.Fatalf("after this sequence (pipelined %v)\n%s\npgfence answered the recovery otherwise than Postgres\n%s", pipelined, sideBySide(msgs, want, got), sideBySide(recovery, wantTail, gotTail))
 		}
 		same := strings.Join(want, "\n") == strings.Join(got, "\n")
 		if !same && skippedUnnamed(msgs, want) {
@@ -298,15 +303,27 @@ func skippedUnnamed(msgs []pgproto3.FrontendMessage, replies []string) bool {
 	return false
 }
 
+// recovery is what each session sends after its sequence, one unit at a
+// time: it leaves any transaction block, then runs the fenced writes as a
+// driver sends them (one reused for, one with a parameter) and describes
+// the named statement.
+var recovery = []pgproto3.FrontendMessage{
+	&pgproto3.Query{String: "ROLLBACK"},
+	&pgproto3.Parse{Query: seqParses[0]}, &pgproto3.Bind{}, &pgproto3.Execute{}, &pgproto3.Sync{},
+	&pgproto3.Parse{Query: seqParses[1]}, &pgproto3.Bind{Parameters: [][]byte{[]byte("r")}}, &pgproto3.Execute{}, &pgproto3.Sync{},
+	&pgproto3.Parse{Query: seqParses[0]}, &pgproto3.Bind{}, &pgproto3.Execute{}, &pgproto3.Sync{},
+	&pgproto3.Describe{ObjectType: 'S', Name: "a"}, &pgproto3.Sync{},
+}
+
 // runSequence runs msgs in a new session at addr, with a fencing token set,
-// and returns what each reply said and the row's value after the session.
-func runSequence(t *testing.T, addr string, msgs []pgproto3.FrontendMessage, pipelined bool) ([]string, string) {
+// then recovery, and returns what each reply to msgs said, the same for
+// recovery, and the row's value after the session.
+func runSequence(t *testing.T, addr string, msgs []pgproto3.FrontendMessage, pipelined bool) (replies, tail []string, val string) {
 	db := pgtest.Direct(t)
 	pgtest.Exec(t, db, "UPDATE seq_t SET val = '', fence_epoch = 0")
 	conn, fe := pgtest.RawSession(t, addr)
 	conn.SetDeadline(time.Now().Add(20 * time.Second))
 	exchange(t, fe, 1, &pgproto3.Query{String: "SET fence.token = '5'; SET lock_timeout = '5s'"})
-	var replies []string
 	ready := 0 // ReadyForQuery owed
 	receive := func() {
 		for ; ready > 0; ready-- {
@@ -330,12 +347,31 @@ func runSequence(t *testing.T, addr string, msgs []pgproto3.FrontendMessage, pip
 		t.Fatal(err)
 	}
 	receive()
+	var m []pgproto3.FrontendMessage
+	for _, r := range recovery {
+		if m = append(m, r); countReady(m) == 1 {
+			tail = append(tail, strings.Split(exchangeReplies(t, fe, m), "\n")...)
+			m = nil
+		}
+	}
 	endSession(t, conn, fe)
-	var val string
 	if err := db.QueryRow(ctx, "SELECT val FROM seq_t WHERE id = 1").Scan(&val); err != nil {
 		t.Fatal(err)
 	}
-	return replies, val
+	return replies, tail, val
+}
+
+// exchangeReplies sends msgs, which end with one ReadyForQuery, and returns
+// the replies as receiveUntilReady says them, a line each.
+func exchangeReplies(t *testing.T, fe *pgproto3.Frontend, msgs []pgproto3.FrontendMessage) string {
+	t.Helper()
+	for _, m := range msgs {
+		fe.Send(m)
+	}
+	if err := fe.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return strings.Join(receiveUntilReady(t, fe), "\n")
 }
 
 // receiveUntilReady returns the replies up to and including the next
