@@ -305,14 +305,15 @@ func skippedUnnamed(msgs []pgproto3.FrontendMessage, replies []string) bool {
 
 // recovery is what each session sends after its sequence, one unit at a
 // time: it leaves any transaction block, then runs the fenced writes as a
-// driver sends them (one reused for, one with a parameter) and describes
-// the named statement.
+// driver sends them (one reused for, one with a parameter). Nothing in it
+// uses the named statement: after an allowed difference (a Bind that
+// fails through pgfence) Postgres skipped different messages each way,
+// such as a Close of it.
 var recovery = []pgproto3.FrontendMessage{
 	&pgproto3.Query{String: "ROLLBACK"},
 	&pgproto3.Parse{Query: seqParses[0]}, &pgproto3.Bind{}, &pgproto3.Execute{}, &pgproto3.Sync{},
 	&pgproto3.Parse{Query: seqParses[1]}, &pgproto3.Bind{Parameters: [][]byte{[]byte("r")}}, &pgproto3.Execute{}, &pgproto3.Sync{},
 	&pgproto3.Parse{Query: seqParses[0]}, &pgproto3.Bind{}, &pgproto3.Execute{}, &pgproto3.Sync{},
-	&pgproto3.Describe{ObjectType: 'S', Name: "a"}, &pgproto3.Sync{},
 }
 
 // runSequence runs msgs in a new session at addr, with a fencing token set,
