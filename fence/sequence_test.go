@@ -325,8 +325,24 @@ func runSequence(t *testing.T, addr string, msgs []pgproto3.FrontendMessage, pip
 	conn, fe := pgtest.RawSession(t, addr)
 	conn.SetDeadline(time.Now().Add(20 * time.Second))
 	exchange(t, fe, 1, &pgproto3.Query{String: "SET fence.token = '5'; SET lock_timeout = '5s'"})
+	replies = sendAll(t, fe, msgs, pipelined)
+	tail = sendAll(t, fe, recovery, false)
+	endSession(t, conn, fe)
+	if err := db.QueryRow(ctx, "SELECT val FROM seq_t WHERE id = 1").Scan(&val); err != nil {
+		t.Fatal(err)
+	}
+	return replies, tail, val
+}
+
+// sendAll sends msgs, waiting for each ReadyForQuery before going on
+// unless pipelined, and returns the replies as receiveUntilReady says them.
+func sendAll(t *testing.T, fe *pgproto3.Frontend, msgs []pgproto3.FrontendMessage, pipelined bool) (replies []string) {
+	t.Helper()
 	ready := 0 // ReadyForQuery owed
 	receive := func() {
+		if err := fe.Flush(); err != nil {
+			t.Fatal(err)
+		}
 		for ; ready > 0; ready-- {
 			replies = append(replies, receiveUntilReady(t, fe)...)
 		}
@@ -337,42 +353,12 @@ func runSequence(t *testing.T, addr string, msgs []pgproto3.FrontendMessage, pip
 		case *pgproto3.Sync, *pgproto3.Query:
 			ready++
 			if !pipelined {
-				if err := fe.Flush(); err != nil {
-					t.Fatal(err)
-				}
 				receive()
 			}
 		}
 	}
-	if err := fe.Flush(); err != nil {
-		t.Fatal(err)
-	}
 	receive()
-	var m []pgproto3.FrontendMessage
-	for _, r := range recovery {
-		if m = append(m, r); countReady(m) == 1 {
-			tail = append(tail, strings.Split(exchangeReplies(t, fe, m), "\n")...)
-			m = nil
-		}
-	}
-	endSession(t, conn, fe)
-	if err := db.QueryRow(ctx, "SELECT val FROM seq_t WHERE id = 1").Scan(&val); err != nil {
-		t.Fatal(err)
-	}
-	return replies, tail, val
-}
-
-// exchangeReplies sends msgs, which end with one ReadyForQuery, and returns
-// the replies as receiveUntilReady says them, a line each.
-func exchangeReplies(t *testing.T, fe *pgproto3.Frontend, msgs []pgproto3.FrontendMessage) string {
-	t.Helper()
-	for _, m := range msgs {
-		fe.Send(m)
-	}
-	if err := fe.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	return strings.Join(receiveUntilReady(t, fe), "\n")
+	return replies
 }
 
 // receiveUntilReady returns the replies up to and including the next
