@@ -46,7 +46,7 @@ func (r *runner) pgbenchClients(t target, mode string, clients int, workload []s
 	defer cancel()
 	cmd := exec.CommandContext(ctx, r.pgbenchBin, args...)
 	cmd.Env = append([]string{"PGAPPNAME=pgfence-bench", "LC_ALL=C"}, env...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setsid: true}
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 

@@ -63,7 +63,7 @@ func (r *runner) startService(name string, cmd *exec.Cmd, logPath string, cred *
 		os.Chown(logPath, int(cred.Uid), int(cred.Gid))
 	}
 	cmd.Stdout, cmd.Stderr = f, f
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Credential: cred, Setpgid: true}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Credential: cred, Setsid: true}
 	if err := cmd.Start(); err != nil {
 		f.Close()
 		return nil, fmt.Errorf("starting %s: %w", name, err)
@@ -131,7 +131,7 @@ func (r *runner) startPostgres() error {
 		"max_connections": "1100",
 		"shared_buffers":  "256MB",
 		"max_wal_size":    "4GB", // no forced checkpoints mid-run
-	}})
+	}, OwnSession: true})
 	if err != nil {
 		return err
 	}

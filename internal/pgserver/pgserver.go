@@ -55,6 +55,11 @@ type Options struct {
 	// StartTimeout bounds how long Start (and Resume) wait for the server
 	// to accept connections. 0 means 30 seconds.
 	StartTimeout time.Duration
+	// OwnSession starts the postmaster in a session of its own (setsid),
+	// as a server started by pg_ctl or a service manager runs: where
+	// autogroup scheduling is on, that gives it a scheduling group of its
+	// own rather than its starter's.
+	OwnSession bool
 }
 
 // Server is a running throwaway Postgres server.
@@ -399,6 +404,7 @@ func (s *Server) prepare(cmd *exec.Cmd) {
 		// binary), take the server down with it (immediate shutdown).
 		Pdeathsig:  syscall.SIGQUIT,
 		Credential: s.cred,
+		Setsid:     s.opt.OwnSession,
 	}
 }
 
