@@ -52,6 +52,11 @@ func (r *runner) pgbenchClients(t target, mode string, clients int, workload []s
 
 	var rej0, cpu0, pg0 float64
 	var err error
+	if t.fresh != nil {
+		if err := t.fresh(); err != nil {
+			return run{}, err
+		}
+	}
 	if pg0, err = r.postgresCPUSeconds(); err != nil {
 		return run{}, err
 	}
