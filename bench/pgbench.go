@@ -52,7 +52,7 @@ func (r *runner) pgbenchClients(t target, mode string, clients int, workload []s
 
 	var rej0, cpu0, pg0 float64
 	var err error
-	if t.fresh != nil {
+	if t.fresh != nil { // after anything else that used it
 		if err := t.fresh(); err != nil {
 			return run{}, err
 		}
@@ -72,6 +72,14 @@ func (r *runner) pgbenchClients(t target, mode string, clients int, workload []s
 
 	}
 	runErr := cmd.Run()
+	if t.fresh != nil && runErr == nil {
+		// Its backends end now too, as pgfence's and direct ones do when
+		// pgbench disconnects, so that Postgres's CPU counts their exit
+		// for every target alike.
+		if err := t.fresh(); err != nil {
+			return run{}, err
+		}
+	}
 	time.Sleep(200 * time.Millisecond) // backends exit
 	var res run
 	pg1, err := r.postgresCPUSeconds()

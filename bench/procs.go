@@ -30,9 +30,9 @@ type target struct {
 	pid     int    // the proxy's process, 0 for Postgres itself
 	metrics string // pgfence's /metrics URL, "" otherwise
 	clients int    // pgbench -c in interleave; 0 means the runner's default
-	// fresh, if set, runs before each pgbench run so that it starts on
-	// new Postgres backends, as runs through pgfence and straight to
-	// Postgres do (see startPgBouncer).
+	// fresh, if set, runs before and after each pgbench run so that it
+	// starts on new Postgres backends and ends them, as runs through
+	// pgfence and straight to Postgres do (see closeServers).
 	fresh func() error
 }
 
