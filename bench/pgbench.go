@@ -52,7 +52,7 @@ func (r *runner) pgbenchClients(t target, mode string, clients int, workload []s
 
 	var rej0, cpu0, pg0 float64
 	var err error
-	if t.fresh != nil { // after anything else that used it
+	if t.fresh != nil { // close what earlier use of t left open
 		if err := t.fresh(); err != nil {
 			return run{}, err
 		}
