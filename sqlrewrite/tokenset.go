@@ -1,0 +1,162 @@
+package sqlrewrite
+
+import (
+	pg_query "github.com/pganalyze/pg_query_go/v6"
+)
+
+// TokenSettings recognizes the statements that set the session's fencing
+// token: the token setting itself, or a lock domain's
+// <token setting>.<domain>.
+type TokenSettings struct {
+	names map[string]bool // lower case, as Postgres folds them
+}
+
+// NewTokenSettings returns the recognizer for token and the lock domains'
+// settings. A name Postgres's parser does not take unquoted in a SET (a
+// part that is a reserved keyword, say) is left out, so a SET of it is
+// never recognized and runs as sent.
+func NewTokenSettings(token string, domains []string) TokenSettings {
+	ts := TokenSettings{names: make(map[string]bool)}
+	token = asciiLower(token)
+	for _, name := range append([]string{token}, domains...) {
+		if name != token {
+			name = token + "." + asciiLower(name)
+		}
+		if n, v, ok := parseTokenSet("SET " + name + " = '1'"); !ok || n != name || v != "1" || !plainSet(name) {
+			continue
+		}
+		ts.names[name] = true
+	}
+	return ts
+}
+
+// plainSet reports whether Postgres's parser reads SET name = '1' as one
+// plain SET of name.
+func plainSet(name string) bool {
+	tree, err := pg_query.Parse("SET " + name + " = '1'")
+	if err != nil || len(tree.Stmts) != 1 {
+		return false
+	}
+	set := tree.Stmts[0].Stmt.GetVariableSetStmt()
+	return set != nil && set.Name == name && set.Kind == pg_query.VariableSetKind_VAR_SET_VALUE && !set.IsLocal
+}
+
+// Match reports whether sql is exactly one statement that sets one of the
+// token settings to a constant, and if so which setting (lower case) and
+// the text value Postgres would store:
+//
+//	SET [SESSION] <name> { = | TO } { '<text>' | <integer> } [;]
+//
+// Such a statement can only fail on the server for reasons outside the
+// statement (an aborted transaction, a cancel), so a proxy may answer it
+// itself and run it later. Anything less plain (comments, quoted names,
+// escapes, LOCAL, DEFAULT, a second statement) is not recognized and so
+// runs as sent: recognizing too little only costs speed. value shares
+// sql's memory.
+func (ts TokenSettings) Match(sql string) (name, value string, ok bool) {
+	if len(ts.names) == 0 {
+		return "", "", false
+	}
+	name, value, ok = parseTokenSet(sql)
+	if !ok || !ts.names[name] {
+		return "", "", false
+	}
+	return name, value, true
+}
+
+// parseTokenSet reads sql as SET [SESSION] <name> { = | TO } <constant>,
+// where name is dotted words.
+func parseTokenSet(sql string) (name, value string, ok bool) {
+	i := space(sql, 0)
+	if !word(sql, i, "set") {
+		return "", "", false
+	}
+	i = space(sql, i+len("set"))
+	if word(sql, i, "session") {
+		i = space(sql, i+len("session"))
+	}
+	start := i
+	for i < len(sql) && (isIdentCont(sql[i]) || sql[i] == '.') {
+		i++
+	}
+	name = asciiLower(sql[start:i])
+	i = space(sql, i)
+	switch {
+	case i < len(sql) && sql[i] == '=':
+		i++
+	case word(sql, i, "to"):
+		i += len("to")
+	default:
+		return "", "", false
+	}
+	i = space(sql, i)
+	value, i, ok = constant(sql, i)
+	if !ok {
+		return "", "", false
+	}
+	i = space(sql, i)
+	if i < len(sql) && sql[i] == ';' {
+		i = space(sql, i+1)
+	}
+	if i != len(sql) {
+		return "", "", false
+	}
+	return name, value, true
+}
+
+// constant reads the value at sql[i:]: a plain single-quoted string of
+// printable ASCII (no quote or backslash inside, so it means the same with
+// standard_conforming_strings off), or an integer written as Postgres
+// prints it (optional minus, no leading zeros), which it stores as the same
+// text.
+func constant(sql string, i int) (value string, end int, ok bool) {
+	if i < len(sql) && sql[i] == '\'' {
+		for j := i + 1; j < len(sql); j++ {
+			switch c := sql[j]; {
+			case c == '\'':
+				if j+1 < len(sql) && sql[j+1] == '\'' {
+					return "", 0, false // a doubled quote: an escape
+				}
+				return sql[i+1 : j], j + 1, true
+			case c == '\\' || c < ' ' || c > '~':
+				return "", 0, false
+			}
+		}
+		return "", 0, false
+	}
+	j := i
+	if j < len(sql) && sql[j] == '-' {
+		j++
+	}
+	digits := j
+	for j < len(sql) && isDigit(sql[j]) {
+		j++
+	}
+	n := j - digits
+	switch {
+	case n == 0, n > 18, // int8 range, stored as written
+		n > 1 && sql[digits] == '0',                            // 007 is stored as 7
+		sql[i] == '-' && n == 1 && sql[digits] == '0',          // -0 is stored as 0
+		j < len(sql) && (isIdentCont(sql[j]) || sql[j] == '.'): // 1e3, 1.5, 12abc
+		return "", 0, false
+	}
+	return sql[i:j], j, true
+}
+
+// space skips white space (not comments: a text with one is not plain).
+func space(sql string, i int) int {
+	for i < len(sql) {
+		switch sql[i] {
+		case ' ', '\t', '\n', '\r', '\f', '\v':
+			i++
+		default:
+			return i
+		}
+	}
+	return i
+}
+
+// word reports whether sql spells the keyword kw at i, as a word of its own.
+func word(sql string, i int, kw string) bool {
+	return i < len(sql) && spellsKeyword(sql, i, kw)
+}
