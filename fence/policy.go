@@ -76,6 +76,9 @@ type state struct {
 	// than the miss it would save.
 	seen   doorkeeper
 	probes sync.Map // probe SQL -> *proxy.Probe
+	// tokens recognizes a plain SET of a token setting, which the proxy
+	// may answer itself.
+	tokens sqlrewrite.TokenSettings
 }
 
 // doorkeeper remembers hashes of recent texts, one per slot: a text whose
@@ -126,7 +129,13 @@ func (p *Policy) Reload(cfg Config) error {
 	if err != nil {
 		return err
 	}
-	st := &state{cfg: cfg, rw: rw}
+	var domains []string
+	for _, g := range cfg.Guards {
+		if g.Domain != "" {
+			domains = append(domains, g.Domain)
+		}
+	}
+	st := &state{cfg: cfg, rw: rw, tokens: sqlrewrite.NewTokenSettings(cfg.TokenSetting, domains)}
 	if size := cfg.CacheSize; size >= 0 {
 		if size == 0 {
 			size = 4096
@@ -179,6 +188,12 @@ func (p *Policy) Parse(c *proxy.Client, sql string) proxy.Plan {
 
 func (p *Policy) plan(c *proxy.Client, sql string, mode sqlrewrite.Mode) proxy.Plan {
 	st := p.state.Load()
+	if name, value, ok := st.tokens.Match(sql); ok {
+		// It changes no prepared statement and touches no table; the
+		// proxy may answer it itself (see proxy.Plan.Setting).
+		p.m.passthrough.Inc()
+		return proxy.Plan{Setting: &proxy.Setting{Name: name, Value: strings.Clone(value)}}
+	}
 	sess := sessionOf(c)
 	// Plan.Forget has the proxy prepare its own statements again: on a
 	// false alarm that costs a Parse, a miss fails the next write that

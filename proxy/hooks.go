@@ -74,6 +74,19 @@ type Plan struct {
 	// proxy right after each Execute of a portal bound to that statement, in
 	// the same transaction.
 	Probes []ProbeAt
+	// Setting, for a text that is exactly one SET of a session setting to
+	// a constant, names the setting and the value Postgres would store:
+	// the proxy may answer the text itself and set the value later, ahead
+	// of the client's next statement (see Config.ForwardSettings). Set it
+	// only for a setting whose SET can fail for no reason of its own (a
+	// placeholder setting, such as the fencing token), and only with SQL
+	// "" and no Probes.
+	Setting *Setting
+}
+
+// Setting is a session setting and its value, as set_config takes them.
+type Setting struct {
+	Name, Value string
 }
 
 // Origin maps where Postgres says an error is in a Plan's SQL to the same

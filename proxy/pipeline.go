@@ -22,6 +22,7 @@ const (
 	waitSwallow                 // messages the proxy sent on its own: want replies (ParseComplete, BindComplete, CloseComplete), kept from the client
 	waitParse                   // Parse: ends with ParseComplete
 	waitPass                    // want BindComplete and CloseComplete the client's, passed on (see pipeline.loose)
+	waitSet                     // deferred settings the proxy sent (see settings.go): want replies, kept from the client
 )
 
 type wait struct {
@@ -35,14 +36,17 @@ type wait struct {
 	row    [][]byte     // probe row, once received
 	reuse  *serverStmt  // waitParse, waitSwallow: preparing a statement the proxy reuses
 	mark   *parseMark   // waitParse of the unnamed statement: where its fate is noted, as seq
-	seq    uint64
-	origin Origin  // waitQuery, waitParse, waitSwallow: maps error positions in a rewrite
-	params []byte  // waitSwallow of a bound Query: the values bound, one after another
-	ends   []int32 // where each ends in params
+	seq    uint64       // waitParse: see mark; waitSet: the deferred settings' number
+	origin Origin       // waitQuery, waitParse, waitSwallow: maps error positions in a rewrite
+	params []byte       // waitSwallow of a bound Query: the values bound, one after another
+	ends   []int32      // where each ends in params
 	// changes, on a waitQuery or waitReady, says the unit of work it ends
 	// had a text that may change a setting (Plan.Forget).
 	changes bool
 	pooled  bool // made by pipeline.get: recycled once dropped
+	// held, on a waitSet and the waitReady of the Sync the proxy sent
+	// after it, says the client's next message waits for them.
+	held bool
 }
 
 // position maps the position of an error in the text w answers for to

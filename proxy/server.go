@@ -54,6 +54,14 @@ type Config struct {
 	// is Linux-only and never relays TLS sessions, which always use
 	// goroutines.
 	GoroutineRelay bool
+	// ForwardSettings sends every SET to Postgres as the client sent it.
+	// By default a plain SET the Interceptor vouches for (Plan.Setting),
+	// sent while the session is idle, is answered by the proxy at once and
+	// run on the server ahead of the client's next statement, in the same
+	// transaction when that is one write, so a transaction that sets its
+	// fencing token and writes costs one round trip to Postgres, not two
+	// (see settings.go). Event-loop sessions only.
+	ForwardSettings bool
 }
 
 // Server accepts clients and relays each to its own Postgres connection.

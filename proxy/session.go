@@ -118,6 +118,31 @@ type session struct {
 	// changing is set by a text whose Plan says Forget, until the wait for
 	// the next ReadyForQuery carries it (see wait.changes).
 	changing bool
+	// wasIdle says the message being handled came while the session was
+	// idle.
+	wasIdle bool
+
+	// Deferred settings (see settings.go), used only while the event loop
+	// relays the session, so both sides touch them on one goroutine.
+	// deferred are the SETs the proxy answered itself that Postgres has
+	// not yet been seen to keep, deferredVer numbers their changes, and
+	// setKept is the last number a unit that carried them ended with no
+	// error; setRan is the number whose settings ran in the unit now
+	// replying (0 after an error in it).
+	deferred             []Setting
+	deferredVer, setKept uint64
+	setRan               uint64
+	// setReady is set once the backend has the proxy's setStmt.
+	setReady bool
+	// applyPlan is set while a Query or Parse that starts a batch is
+	// planned, to set deferred settings ahead of it (see applyPlanned).
+	applyPlan bool
+	// held is set while deferred settings sent with a Sync of their own
+	// await Postgres's answer: what the proxy sends the server meanwhile
+	// goes to heldOut, and heldWriter is the writer to send it to then.
+	held       bool
+	heldOut    heldBuffer
+	heldWriter msgWriter
 
 	// Owned by the server-to-client goroutine.
 	sbuf []byte
@@ -139,7 +164,10 @@ type prepared struct {
 	params []byte // the Parse's parameter-type section
 	sent   string // the SQL sent in its place, "" for the client's own
 	probe  *Probe // run after each Execute of a portal bound to it
-	gen    uint64 // the Interceptor generation it was planned under
+	// setting, for a statement that is one SET the proxy may answer
+	// itself, is what it sets (see settings.go).
+	setting *Setting
+	gen     uint64 // the Interceptor generation it was planned under
 	// again is set while the statement must be prepared again before its
 	// next Bind or Describe: the proxy's own statement the client's
 	// unnamed one stood for was forgotten (see forgetReused), or replan
@@ -318,8 +346,18 @@ func framingError(err error) error {
 // and n, handing the few that matter to the Interceptor. It returns io.EOF
 // after the client's Terminate.
 func (s *session) clientMessage(typ byte, n int) error {
-	if s.idle.Load() { // a load is cheaper than a store on every message
+	if s.wasIdle = s.idle.Load(); s.wasIdle { // a load is cheaper than a store on every message
 		s.idle.Store(false)
+	}
+	if typ == 'B' && s.wasIdle {
+		if ok, err := s.answerBind(n); ok || err != nil {
+			return err
+		}
+	}
+	if len(s.deferred) > 0 && s.applyNow(typ, !s.c.midBatch) {
+		if err := s.applyDeferred(typ, n); err != nil {
+			return err
+		}
 	}
 	switch typ {
 	case 'P', 'B', 'E', 'C', 'D', 'H':
@@ -369,6 +407,23 @@ func (s *session) query(n int) error {
 		return &clientError{err: fmt.Errorf("Query: %w", err)}
 	}
 	plan := s.srv.cfg.Interceptor.Query(s.c, unsafe.String(unsafe.SliceData(text), len(text)))
+	apply := s.applyPlan
+	s.applyPlan = false
+	if plan.Setting != nil && s.mayAnswer() {
+		// As for a bound Query, the server keeps the unnamed statement the
+		// client's view of the session says the Query destroyed. (An idle
+		// session has no unnamed portal: its transaction ended.)
+		delete(s.stmts, "")
+		delete(s.portals, "")
+		s.unnamed, s.unnamedSeq = nil, 0
+		s.unnamedGone, s.unnamedClosed = true, nil
+		return s.answerQuery(plan.Setting)
+	}
+	if apply {
+		if err := s.applyPlanned(&plan, false, nil); err != nil {
+			return err
+		}
+	}
 	if plan.Forget || s.lostStatements() {
 		s.forgetProbes()
 		s.forgetReused()
@@ -429,6 +484,12 @@ func (s *session) parse(n int) error {
 		s.stmts[string(name)] = st
 	}
 	plan := ic.Parse(s.c, st.text)
+	if s.applyPlan {
+		s.applyPlan = false
+		if err := s.applyPlanned(&plan, true, name); err != nil {
+			return err
+		}
+	}
 	if plan.Forget || s.lostStatements() {
 		s.forgetProbes()
 		s.forgetReused()
@@ -439,7 +500,7 @@ func (s *session) parse(n int) error {
 	if plan.Forget {
 		s.changing = true
 	}
-	st.sent, st.probe, st.gen, st.again = plan.SQL, plan.probe(), gen, nil
+	st.sent, st.probe, st.setting, st.gen, st.again = plan.SQL, plan.probe(), plan.Setting, gen, nil
 	w := parseWait
 	if len(name) == 0 {
 		// In a failed transaction block Postgres refuses the Parse (and
@@ -642,7 +703,7 @@ func (s *session) replan(stmt []byte, st *prepared) error {
 		return nil
 	}
 	plan := ic.Parse(s.c, st.text)
-	st.gen, st.probe = gen, plan.probe()
+	st.gen, st.probe, st.setting = gen, plan.probe(), plan.Setting
 	if plan.SQL == st.sent && !redo {
 		return nil
 	}
@@ -730,11 +791,13 @@ func (s *session) lostStatements() bool {
 	return s.lost.Load() && s.lost.Swap(false) // a load is cheaper than a swap on every message
 }
 
-// forgetProbes makes every probe prepare again before its next use.
+// forgetProbes makes every probe, and setStmt, prepare again before its
+// next use.
 func (s *session) forgetProbes() {
 	for _, ready := range s.probes {
 		ready.Store(false)
 	}
+	s.setReady = false
 }
 
 func (s *session) close(n int) error {
@@ -796,6 +859,8 @@ func (s *session) serverMessage(typ byte, n int) error {
 		return s.probeReply(w, typ, n)
 	case w.kind == waitSwallow:
 		return s.swallowReply(w, typ, n)
+	case w.kind == waitSet:
+		return s.setReply(w, typ, n)
 	case w.kind == waitPass && (typ == '2' || typ == '3'):
 		if w.seen++; w.seen == w.want {
 			s.pipe.pop()
@@ -814,7 +879,7 @@ func (s *session) wholeServerMessage(typ byte) bool {
 		return true
 	}
 	w := s.pipe.head()
-	return w != nil && (w.kind == waitProbe || w.kind == waitSwallow || w.kind == waitQuery && w.inProbe())
+	return w != nil && (w.kind == waitProbe || w.kind == waitSwallow || w.kind == waitSet || w.kind == waitQuery && w.inProbe())
 }
 
 // inProbe reports whether the statement now replying is a probe.
@@ -850,6 +915,10 @@ func (s *session) reply(w *wait, typ byte, n int) error {
 		if b, err := s.sr.Peek(6); err == nil && n == 1 {
 			status = b[5]
 		}
+		if w != nil && w.held {
+			return s.heldReady(n, status)
+		}
+		s.readySet(status)
 		s.failed.Store(status == 'E')
 		if changed := s.pipe.ready(); (changed || s.reverting) && status != 0 {
 			s.settled(changed, status)
@@ -900,6 +969,7 @@ func (s *session) settled(changed bool, status byte) {
 // serverError forwards an ErrorResponse (or the Interceptor's replacement)
 // and notes what the server will skip because of it.
 func (s *session) serverError(w *wait, n int) error {
+	s.setRan = 0 // the unit's transaction is rolled back
 	b, err := body(s.sr, n, &s.sbuf)
 	if err != nil {
 		return err

@@ -1,0 +1,258 @@
+package fence_test
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgfence/pgfence/internal/pgtest"
+)
+
+// answersSets reports whether the proxies of this test run answer a plain
+// SET of the token themselves: the event loop relays them (see
+// proxy.Config.ForwardSettings).
+func answersSets() bool { return os.Getenv("PGFENCE_TEST_RELAY") != "goroutines" }
+
+var (
+	simple   = pgx.QueryExecModeSimpleProtocol
+	prepared = pgx.QueryExecModeCacheStatement
+)
+
+func exec(t *testing.T, c *pgx.Conn, mode pgx.QueryExecMode, sql string) string {
+	t.Helper()
+	tag, err := c.Exec(ctx, sql, mode)
+	if err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+	return tag.String()
+}
+
+func show(t *testing.T, c *pgx.Conn) string {
+	t.Helper()
+	var v string
+	if err := c.QueryRow(ctx, "SELECT coalesce(current_setting('fence.token', true), '<unset>')", simple).Scan(&v); err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// lastQuery is what Postgres says the backend pid ran last.
+func lastQuery(t *testing.T, pid uint32) string {
+	t.Helper()
+	var q string
+	if err := pgtest.Direct(t).QueryRow(ctx, "SELECT query FROM pg_stat_activity WHERE pid = $1", pid).Scan(&q); err != nil {
+		t.Fatal(err)
+	}
+	return q
+}
+
+// A plain SET of the token is answered by pgfence without Postgres, and
+// set on the server ahead of the next statement: the write carries it, in
+// either protocol.
+func TestTokenSetAnsweredByProxy(t *testing.T) {
+	tbl := table(t, [3]any{1, "v", 5})
+	p := pgtest.StartProxy(t, []string{tbl})
+	for i, mode := range []pgx.QueryExecMode{simple, prepared} {
+		c := p.Connect(t)
+		pid := c.PgConn().PID()
+		token := []string{"7", "8"}[i]
+		set := "SET fence.token = '" + token + "'"
+		if mode == prepared {
+			// The first run prepares the statement, which Postgres sees.
+			exec(t, c, mode, set)
+			exec(t, c, simple, "SELECT 1")
+		}
+		if tag := exec(t, c, mode, set); tag != "SET" {
+			t.Fatalf("%v: %s answered %q", mode, set, tag)
+		}
+		if last := lastQuery(t, pid); answersSets() == strings.Contains(last, "fence.token") {
+			t.Fatalf("%v: after %s Postgres's backend last ran %q (pgfence answers sets: %v)", mode, set, last, answersSets())
+		}
+		if tag := exec(t, c, mode, "UPDATE "+tbl+" SET val = 'w"+token+"' WHERE id = 1"); tag != "UPDATE 1" {
+			t.Fatalf("%v: the write after the SET: %s, want UPDATE 1", mode, tag)
+		}
+		if v, e := row(t, tbl, 1); v != "w"+token || fmt.Sprint(e) != token {
+			t.Fatalf("%v: row is (%s, %d), want (w%s, %s): the write must carry the token set", mode, v, e, token, token)
+		}
+		if got := show(t, c); got != token {
+			t.Fatalf("%v: the session's token is %q, want %q", mode, got, token)
+		}
+	}
+	// A stale token set the same way is fenced and counted.
+	c := p.Connect(t)
+	exec(t, c, simple, "SET fence.token = '3'")
+	if tag := exec(t, c, simple, "UPDATE "+tbl+" SET val = 'stale' WHERE id = 1"); tag != "UPDATE 0" {
+		t.Fatalf("stale write: %s, want UPDATE 0", tag)
+	}
+	if got := rejects(t, p, tbl); got != 1 {
+		t.Fatalf("fencing_reject_total = %v, want 1", got)
+	}
+}
+
+// If setting a deferred token fails on the server, nothing runs without
+// it: a write it was sent ahead of is skipped and the client gets the
+// error; anything else waits for it, and the session ends with the error.
+// A function that deallocates pgfence's own set_config statement, out of
+// pgfence's sight, makes it fail.
+func TestDeferredTokenFailsClosed(t *testing.T) {
+	tbl := table(t, [3]any{1, "v", 0})
+	p := pgtest.StartProxy(t, []string{tbl})
+	c := p.Connect(t)
+	exec(t, c, simple, `CREATE FUNCTION pg_temp.forget() RETURNS int LANGUAGE plpgsql AS $$
+		BEGIN EXECUTE 'DEALLOCATE "pgfence.set"'; RETURN 1;
+		EXCEPTION WHEN invalid_sql_statement_name THEN RETURN 0; -- the goroutine relay has none
+		END$$`)
+	exec(t, c, simple, "SET fence.token = '6'")
+	exec(t, c, simple, "UPDATE "+tbl+" SET val = 'six' WHERE id = 1") // pgfence prepares set_config here
+	if v, e := row(t, tbl, 1); v != "six" || e != 6 {
+		t.Fatalf("row is (%s, %d), want (six, 6)", v, e)
+	}
+
+	exec(t, c, simple, "SELECT pg_temp.forget()")
+	exec(t, c, simple, "SET fence.token = '7'")
+	// Under the old token, 6, this write would land.
+	_, err := c.Exec(ctx, "UPDATE "+tbl+" SET val = 'seven' WHERE id = 1", simple)
+	if answersSets() {
+		if pe := pgErr(t, err); pe.Code != "26000" || !strings.Contains(pe.Message, "pgfence.set") {
+			t.Fatalf("the write behind a failed deferred SET: %s %q, want 26000 naming pgfence.set", pe.Code, pe.Message)
+		}
+		if v, e := row(t, tbl, 1); v != "six" || e != 6 {
+			t.Fatalf("a write ran without the token the client set: row is (%s, %d)", v, e)
+		}
+		// The token is set again ahead of the next write, which lands.
+		exec(t, c, simple, "UPDATE "+tbl+" SET val = 'seven' WHERE id = 1")
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	if v, e := row(t, tbl, 1); v != "seven" || e != 7 {
+		t.Fatalf("row is (%s, %d), want (seven, 7)", v, e)
+	}
+
+	exec(t, c, simple, "SELECT pg_temp.forget()")
+	exec(t, c, simple, "SET fence.token = '8'")
+	_, err = c.Exec(ctx, "SELECT 1", simple)
+	if answersSets() {
+		pe := pgErr(t, err)
+		if pe.Severity != "FATAL" || pe.Code != "26000" || !strings.Contains(pe.Message, "SET fence.token, which pgfence answered at once, failed") {
+			t.Fatalf("a statement behind a failed deferred SET: %s %s %q, want FATAL 26000 saying the SET failed", pe.Severity, pe.Code, pe.Message)
+		}
+		if _, err := c.Exec(ctx, "SELECT 1", simple); err == nil {
+			t.Fatal("the session goes on after its token could not be set")
+		}
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	if v, e := row(t, tbl, 1); v != "seven" || e != 7 {
+		t.Fatalf("row is (%s, %d), want (seven, 7)", v, e)
+	}
+	// Other sessions go on.
+	d := p.Connect(t)
+	exec(t, d, simple, "SET fence.token = '9'")
+	if tag := exec(t, d, prepared, "UPDATE "+tbl+" SET val = 'nine' WHERE id = 1"); tag != "UPDATE 1" {
+		t.Fatalf("another session's write: %s", tag)
+	}
+}
+
+// A deferred token sent in the transaction of a write that fails is rolled
+// back with it, and set again ahead of the next statement.
+func TestDeferredTokenRolledBackWithWrite(t *testing.T) {
+	tbl := table(t, [3]any{1, "v", 0})
+	p := pgtest.StartProxy(t, []string{tbl})
+	for i, mode := range []pgx.QueryExecMode{simple, prepared} {
+		c := p.Connect(t)
+		token := fmt.Sprint(5 + i)
+		exec(t, c, mode, "SET fence.token = '"+token+"'")
+		_, err := c.Exec(ctx, "UPDATE "+tbl+" SET val = (1 / 0)::text WHERE id = 1", mode)
+		if pe := pgErr(t, err); pe.Code != "22012" {
+			t.Fatalf("%v: %s %q, want division by zero", mode, pe.Code, pe.Message)
+		}
+		if got := show(t, c); got != token {
+			t.Fatalf("%v: after the failed write the token is %q, want %q", mode, got, token)
+		}
+		// Twice in a row: each failure rolls it back again.
+		exec(t, c, mode, "SET fence.token = '"+token+"'")
+		for range 2 {
+			if _, err := c.Exec(ctx, "UPDATE "+tbl+" SET val = (1 / 0)::text WHERE id = 1", mode); err == nil {
+				t.Fatalf("%v: a division by zero succeeded", mode)
+			}
+		}
+		if tag := exec(t, c, mode, "UPDATE "+tbl+" SET val = 'w' WHERE id = 1"); tag != "UPDATE 1" {
+			t.Fatalf("%v: %s", mode, tag)
+		}
+		if _, e := row(t, tbl, 1); fmt.Sprint(e) != token {
+			t.Fatalf("%v: epoch %d, want %s", mode, e, token)
+		}
+	}
+}
+
+// A SET inside a transaction block is Postgres's to answer: it is undone
+// with the block, and refused in a failed one.
+func TestTokenSetInBlockIsForwarded(t *testing.T) {
+	p := pgtest.StartProxy(t, nil)
+	c := p.Connect(t)
+	exec(t, c, simple, "SET fence.token = '5'")
+	for _, mode := range []pgx.QueryExecMode{simple, prepared} {
+		exec(t, c, simple, "BEGIN")
+		exec(t, c, mode, "SET fence.token = '9'")
+		if got := show(t, c); got != "9" {
+			t.Fatalf("%v: in the block the token is %q", mode, got)
+		}
+		exec(t, c, simple, "ROLLBACK")
+		if got := show(t, c); got != "5" {
+			t.Fatalf("%v: after ROLLBACK the token is %q, want 5", mode, got)
+		}
+		exec(t, c, simple, "BEGIN")
+		c.Exec(ctx, "SELECT 1/0", simple)
+		_, err := c.Exec(ctx, "SET fence.token = '10'", mode)
+		if pe := pgErr(t, err); pe.Code != "25P02" {
+			t.Fatalf("%v: SET in a failed block: %s %q, want 25P02", mode, pe.Code, pe.Message)
+		}
+		exec(t, c, simple, "ROLLBACK")
+		if got := show(t, c); got != "5" {
+			t.Fatalf("%v: after the failed block the token is %q, want 5", mode, got)
+		}
+	}
+}
+
+// Pipelined with a write, a SET is not answered alone; a batch of several
+// statements after an answered SET gets the token ahead of all of them.
+func TestDeferredTokenPipelined(t *testing.T) {
+	tbl := table(t, [3]any{1, "v", 0}, [3]any{2, "v", 0})
+	p := pgtest.StartProxy(t, []string{tbl})
+	c := p.Connect(t)
+	b := &pgx.Batch{}
+	b.Queue("SET fence.token = '11'")
+	b.Queue("UPDATE " + tbl + " SET val = 'b' WHERE id = 1")
+	if err := c.SendBatch(ctx, b).Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, e := row(t, tbl, 1); e != 11 {
+		t.Fatalf("epoch %d, want 11", e)
+	}
+	exec(t, c, prepared, "SET fence.token = '12'")
+	b = &pgx.Batch{}
+	b.Queue("UPDATE " + tbl + " SET val = 'c' WHERE id = 1")
+	b.Queue("UPDATE " + tbl + " SET val = 'c' WHERE id = 2")
+	b.Queue("SELECT current_setting('fence.token')")
+	br := c.SendBatch(ctx, b)
+	for i := range 2 {
+		if tag, err := br.Exec(); err != nil || tag.String() != "UPDATE 1" {
+			t.Fatalf("write %d of the batch: %s, %v", i+1, tag, err)
+		}
+	}
+	var got string
+	if err := br.QueryRow().Scan(&got); err != nil || got != "12" {
+		t.Fatalf("the batch's token: %q, %v", got, err)
+	}
+	if err := br.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for id := 1; id <= 2; id++ {
+		if v, e := row(t, tbl, id); v != "c" || e != 12 {
+			t.Fatalf("row %d is (%s, %d), want (c, 12)", id, v, e)
+		}
+	}
+}

@@ -1,0 +1,391 @@
+package proxy
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgproto3"
+)
+
+// Deferred settings. A transaction that sets the fencing token and then
+// writes costs two round trips to Postgres: the SET, then the write. When
+// the session is idle (nothing in flight, no transaction open), the proxy
+// answers a SET the Interceptor vouches for (Plan.Setting) itself, keeps
+// the setting, and sets it on the server with a statement of its own
+// (set_config) ahead of the client's next statement:
+//
+//   - Ahead of a unit that is one fenced write (Bind, an optional Describe,
+//     Execute and Sync, all in hand), with no Sync between them. Both run
+//     in one implicit transaction: if the setting fails, Postgres skips the
+//     write and the client gets the error (fail closed); if the write
+//     fails, the setting is rolled back with it, and is set again ahead of
+//     the next statement.
+//   - Ahead of anything else that may run a statement, with a Sync of its
+//     own; what the proxy sends for the client's messages after it waits
+//     in the proxy until Postgres has answered (session.held). If the
+//     setting failed there, the session ends with the error: nothing may
+//     run without the setting the client was told is set.
+//
+// A setting is kept until a unit that carried it ends in ReadyForQuery
+// with no error; until then every unit carries it again.
+
+// setStmt is the proxy's own statement that sets a deferred setting.
+const setStmt = "pgfence.set"
+
+var (
+	// setPrepare closes and prepares setStmt: Close first, so that
+	// preparing again after the client may have deallocated it does not
+	// fail on a statement that still exists.
+	setPrepare = func() []byte {
+		b, _ := (&pgproto3.Close{ObjectType: 'S', Name: setStmt}).Encode(nil)
+		b, _ = (&pgproto3.Parse{Name: setStmt, Query: "SELECT pg_catalog.set_config($1, $2, false)",
+			ParameterOIDs: []uint32{25, 25}}).Encode(b)
+		return b
+	}()
+	// setRunTail executes and closes setStmt's portal, after its Bind.
+	setRunTail = func() []byte {
+		b, _ := (&pgproto3.Execute{Portal: setStmt}).Encode(nil)
+		b, _ = (&pgproto3.Close{ObjectType: 'P', Name: setStmt}).Encode(b)
+		return b
+	}()
+)
+
+// Replies to setStmt: CloseComplete and ParseComplete when it prepares,
+// then BindComplete, DataRow, CommandComplete and CloseComplete for each
+// setting.
+const (
+	setPrepareReplies = 2
+	setRunReplies     = 4
+)
+
+// The replies the proxy gives to a SET it answers itself.
+var (
+	bindCompleteMessage = []byte{'2', 0, 0, 0, 4}
+	noDataMessage       = []byte{'n', 0, 0, 0, 4}
+	setCompleteMessage  = []byte{'C', 0, 0, 0, 8, 'S', 'E', 'T', 0}
+	readyIdleMessage    = []byte{'Z', 0, 0, 0, 5, 'I'}
+)
+
+// mayAnswer reports whether the proxy may answer a SET itself now: the
+// client sent it while the session was idle, and the event loop relays
+// the session (its client side may then write replies of its own).
+func (s *session) mayAnswer() bool {
+	return s.wasIdle && !s.srv.cfg.ForwardSettings && s.pipe.single && !s.held && s.pipe.head() == nil
+}
+
+// deferSetting keeps set, answered by the proxy, for the server.
+func (s *session) deferSetting(set *Setting) {
+	if s.setKept == s.deferredVer {
+		s.deferred = s.deferred[:0]
+	}
+	s.deferredVer++
+	s.idle.Store(true) // as the client sees it
+	for i := range s.deferred {
+		if s.deferred[i].Name == set.Name {
+			s.deferred[i].Value = set.Value
+			return
+		}
+	}
+	s.deferred = append(s.deferred, *set)
+}
+
+// answerQuery answers a simple-protocol SET.
+func (s *session) answerQuery(set *Setting) error {
+	s.deferSetting(set)
+	s.cw.Write(setCompleteMessage)
+	_, err := s.cw.Write(readyIdleMessage)
+	return err
+}
+
+// answerBind answers, if it may, the unit at the front of the client's
+// buffer (a Bind of n bytes first) when it runs a statement whose plan is
+// a Setting, binds it no values, and is whole in hand (see unit). It
+// reports whether it did.
+func (s *session) answerBind(n int) (bool, error) {
+	if len(s.stmts) == 0 || !s.mayAnswer() {
+		return false, nil
+	}
+	u, ok := s.unit(0)
+	if !ok {
+		return false, nil
+	}
+	st := s.stmts[string(u.stmt)]
+	if st == nil || st.setting == nil || st.gen != s.srv.cfg.Interceptor.Generation() || !u.noParams {
+		return false, nil
+	}
+	s.cr.Discard(u.size)
+	s.c.midBatch = false
+	s.deferSetting(st.setting)
+	s.cw.Write(bindCompleteMessage)
+	if u.describe {
+		s.cw.Write(noDataMessage)
+	}
+	s.cw.Write(setCompleteMessage)
+	_, err := s.cw.Write(readyIdleMessage)
+	return true, err
+}
+
+// unitMessages is what unit finds of one statement's unit.
+type unitMessages struct {
+	stmt     []byte // the statement the Bind binds
+	size     int    // bytes from the unit's Bind to its Sync, inclusive
+	describe bool   // a Describe of the portal comes between
+	noParams bool   // the Bind binds no values
+}
+
+// unit reports whether the client's buffer holds, whole, from offset off,
+// one statement's unit: a Bind, an optional Describe of its portal, an
+// Execute of that portal and a Sync, and nothing else.
+func (s *session) unit(off int) (u unitMessages, ok bool) {
+	b, _ := s.cr.Peek(s.cr.Buffered())
+	pos := off
+	next := func() (byte, []byte) {
+		if len(b) < pos+5 {
+			return 0, nil
+		}
+		l := int(binary.BigEndian.Uint32(b[pos+1:]))
+		if l < 4 || len(b) < pos+1+l {
+			return 0, nil
+		}
+		typ, body := b[pos], b[pos+5:pos+1+l]
+		pos += 1 + l
+		return typ, body
+	}
+	typ, body := next()
+	if typ != 'B' {
+		return u, false
+	}
+	portal, rest, err1 := cstring(body)
+	stmt, rest, err2 := cstring(rest)
+	if err1 != nil || err2 != nil {
+		return u, false
+	}
+	u.stmt, u.noParams = stmt, noParams(rest)
+	named := func(body []byte) bool { // portal's name, NUL-terminated, first
+		return len(body) > len(portal) && bytes.Equal(body[:len(portal)], portal) && body[len(portal)] == 0
+	}
+	typ, body = next()
+	if typ == 'D' && len(body) == len(portal)+2 && body[0] == 'P' && named(body[1:]) {
+		u.describe = true
+		typ, body = next()
+	}
+	if typ != 'E' || len(body) != len(portal)+5 || !named(body) {
+		return u, false
+	}
+	if typ, body = next(); typ != 'S' || len(body) != 0 {
+		return u, false
+	}
+	u.size = pos - off
+	return u, true
+}
+
+// noParams reports whether b, a Bind's body after its names, binds no
+// parameter values.
+func noParams(b []byte) bool {
+	if len(b) < 2 {
+		return false
+	}
+	k := 2 + 2*int(binary.BigEndian.Uint16(b))
+	return len(b) >= k+2 && binary.BigEndian.Uint16(b[k:]) == 0
+}
+
+// applyNow reports whether deferred settings are to be set on the server
+// ahead of the client's message typ, which starts a batch (start): they
+// go ahead of the first message of every batch but a lone Sync or a
+// Terminate, never into the middle of one (a Sync of the proxy's there
+// would end the skip after an error that Postgres owes the client's
+// batch), until Postgres keeps them. While they are held (see held) they
+// are ahead of everything already.
+func (s *session) applyNow(typ byte, start bool) bool {
+	return start && typ != 'S' && typ != 'X' && !s.held && s.deferredPending()
+}
+
+// applyDeferred sets the deferred settings on the server ahead of a batch
+// whose first message is typ (n bytes): joined to it when the batch is a
+// unit of one fenced write, else on their own. A Query or Parse is left
+// to applyPlanned, once it is planned.
+func (s *session) applyDeferred(typ byte, n int) error {
+	switch typ {
+	case 'Q', 'P':
+		s.applyPlan = true
+		return nil
+	case 'B':
+		if u, ok := s.unit(0); ok {
+			if st := s.stmts[string(u.stmt)]; st != nil && st.probe != nil {
+				return s.sendDeferred(false)
+			}
+		}
+	}
+	return s.sendDeferredHolding()
+}
+
+// applyPlanned is applyDeferred for a batch that starts with a Query or
+// with a Parse of name (read from the buffer), now that plan says what it
+// is: a bound Query is a unit of one fenced write, and so is a Parse of
+// one followed by a unit that binds it.
+func (s *session) applyPlanned(plan *Plan, parse bool, name []byte) error {
+	fenced := plan.probe() != nil && !plan.Forget
+	if parse {
+		u, ok := s.unit(0)
+		fenced = fenced && ok && bytes.Equal(u.stmt, name)
+	} else {
+		fenced = fenced && plan.ParamTypes != nil && !s.c.midBatch
+	}
+	if fenced {
+		return s.sendDeferred(false)
+	}
+	return s.sendDeferredHolding()
+}
+
+// deferredPending reports whether deferred settings are still to be set,
+// forgetting them once Postgres has kept them.
+func (s *session) deferredPending() bool {
+	if len(s.deferred) == 0 {
+		return false
+	}
+	if s.setKept == s.deferredVer {
+		s.deferred = s.deferred[:0]
+		return false
+	}
+	return true
+}
+
+// sendDeferredHolding sends the deferred settings with a Sync of their own
+// and holds back what the proxy sends after them until Postgres answers.
+func (s *session) sendDeferredHolding() error {
+	if err := s.sendDeferred(true); err != nil {
+		return err
+	}
+	s.held, s.heldWriter = true, s.sw
+	s.sw = &s.heldOut
+	return nil
+}
+
+// sendDeferred sends setStmt for each deferred setting, preparing it first
+// if the backend may not have it, and with sync a Sync whose
+// ReadyForQuery releases the held client.
+func (s *session) sendDeferred(sync bool) error {
+	w := s.pipe.get(waitSet)
+	w.seq, w.held, w.want = s.deferredVer, sync, setRunReplies*len(s.deferred)
+	if !s.setReady {
+		w.want += setPrepareReplies
+		if _, err := s.sw.Write(setPrepare); err != nil {
+			return err
+		}
+	}
+	for _, set := range s.deferred {
+		// Bind setStmt to its portal: both values in text, results in text.
+		s.out = append(append(s.out[:0], 'B', 0, 0, 0, 0), setStmt...)
+		s.out = append(append(s.out, 0), setStmt...)
+		s.out = append(s.out, 0, 0, 0, 0, 2)
+		for _, v := range [2]string{set.Name, set.Value} {
+			s.out = binary.BigEndian.AppendUint32(s.out, uint32(len(v)))
+			s.out = append(s.out, v...)
+		}
+		s.out = append(s.out, 0, 0)
+		binary.BigEndian.PutUint32(s.out[1:5], uint32(len(s.out)-1))
+		s.out = append(s.out, setRunTail...)
+		if _, err := s.sw.Write(s.out); err != nil {
+			return err
+		}
+	}
+	s.pushSwallow(w)
+	if !sync {
+		return nil
+	}
+	r := s.pipe.get(waitReady)
+	r.held = true
+	s.pipe.push(r)
+	_, err := s.sw.Write(syncMessage)
+	return err
+}
+
+// setReply handles a reply to sendDeferred's messages.
+func (s *session) setReply(w *wait, typ byte, n int) error {
+	switch typ {
+	case '1': // ParseComplete: the backend has setStmt now
+		s.setReady = true
+	case '2', 'D', 'C', '3':
+	case 'E':
+		s.setReady = false // prepare it again next time, whatever went wrong
+		if w.held {
+			return s.setFailed(n)
+		}
+		s.log.Warn("a deferred SET failed on the server; the client's statement behind it did not run", "client", s.c.RemoteAddr)
+		return s.serverError(w, n)
+	default:
+		return s.reply(w, typ, n)
+	}
+	if w.seen++; w.seen == w.want {
+		s.setRan = w.seq
+		s.pipe.pop()
+	}
+	return skip(s.sr, n)
+}
+
+// heldReady handles the ReadyForQuery of the proxy's own Sync after
+// deferred settings: they are set, and what was held back goes out.
+func (s *session) heldReady(n int, status byte) error {
+	s.pipe.pop()
+	s.readySet(status)
+	s.held, s.sw = false, s.heldWriter
+	_, err := s.sw.Write(s.heldOut.b)
+	s.heldOut.b = s.heldOut.b[:0]
+	if cap(s.heldOut.b) > maxKeptParams {
+		s.heldOut.b = nil // not kept by an idle session
+	}
+	if err != nil {
+		return err
+	}
+	return skip(s.sr, n)
+}
+
+// heldBuffer collects what the proxy sends the server while it is held
+// back (see sendDeferredHolding).
+type heldBuffer struct{ b []byte }
+
+func (h *heldBuffer) Write(p []byte) (int, error) {
+	h.b = append(h.b, p...)
+	return len(p), nil
+}
+
+func (h *heldBuffer) WriteByte(c byte) error {
+	h.b = append(h.b, c)
+	return nil
+}
+
+func (h *heldBuffer) Flush() error { return nil }
+
+// readySet notes, at a ReadyForQuery with status, whether the unit it ends
+// kept the deferred settings sent in it.
+func (s *session) readySet(status byte) {
+	if s.setRan != 0 && status == 'I' {
+		s.setKept = s.setRan
+	}
+	s.setRan = 0
+}
+
+// setFailed ends the session after deferred settings failed on their own
+// (what the client sent after them was held back, so nothing ran without
+// them).
+func (s *session) setFailed(n int) error {
+	b, err := body(s.sr, n, &s.sbuf)
+	if err != nil {
+		return err
+	}
+	var e pgproto3.ErrorResponse
+	if err := e.Decode(b); err != nil {
+		return fmt.Errorf("server sent a malformed ErrorResponse: %w", err)
+	}
+	names := make([]string, len(s.deferred))
+	for i, set := range s.deferred {
+		names[i] = set.Name
+	}
+	writeFatal(s.cw, e.Code, fmt.Sprintf("SET %s, which pgfence answered at once, failed when it ran on the server: %s", strings.Join(names, ", "), e.Message),
+		"reconnect and set it again; pgfence ended the session so that nothing would run without it")
+	s.fatal = true
+	s.log.Warn("a deferred SET failed on the server; ending the session", "client", s.c.RemoteAddr, "code", e.Code, "error", e.Message)
+	return fmt.Errorf("deferred SET failed on the server: %s (SQLSTATE %s)", e.Message, e.Code)
+}
