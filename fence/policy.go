@@ -188,17 +188,29 @@ func (p *Policy) Parse(c *proxy.Client, sql string) proxy.Plan {
 
 func (p *Policy) plan(c *proxy.Client, sql string, mode sqlrewrite.Mode) proxy.Plan {
 	st := p.state.Load()
+	sess := sessionOf(c)
+	if sess.passes(st, sql) {
+		p.m.passthrough.Inc()
+		return proxy.Plan{}
+	}
 	if name, value, ok := st.tokens.Match(sql); ok {
 		// It changes no prepared statement and touches no table; the
 		// proxy may answer it itself (see proxy.Plan.Setting).
 		p.m.passthrough.Inc()
 		return proxy.Plan{Setting: &proxy.Setting{Name: name, Value: strings.Clone(value)}}
 	}
-	sess := sessionOf(c)
 	// Plan.Forget has the proxy prepare its own statements again: on a
 	// false alarm that costs a Parse, a miss fails the next write that
 	// uses one (once: the proxy also forgets them on a 26000).
-	if !st.rw.MayTouch(sql) && !sess.mayExecute(sql) || readOnly(c, sql) {
+	if !st.rw.MayTouch(sql) && !sess.mayExecute(sql) {
+		p.m.passthrough.Inc()
+		forget := sess.invalidates(sql)
+		if !forget {
+			sess.passed(st, sql)
+		}
+		return proxy.Plan{Forget: forget}
+	}
+	if readOnly(c, sql) {
 		p.m.passthrough.Inc()
 		return proxy.Plan{Forget: sess.invalidates(sql)}
 	}

@@ -15,6 +15,29 @@ type session struct {
 	// changed is set by a text that may have changed a setting, until a
 	// text that ends a transaction.
 	changed bool
+	// last is the last text the policy passed untouched under lastState
+	// for reasons that hold while it is in force and the session has no
+	// SQL-level prepared writes (see passes): drivers send the same few
+	// texts again and again.
+	last      []byte
+	lastState *state
+}
+
+// passes reports whether sql is the text last passed untouched, under the
+// configuration st, for reasons that still hold: it names no guarded
+// table, sets no token, and neither invalidates prepared statements nor
+// ends a transaction (so it changes nothing in the session either).
+func (s *session) passes(st *state, sql string) bool {
+	return s.lastState == st && len(s.prepared) == 0 && string(s.last) == sql
+}
+
+// passed notes sql, which the policy passes untouched under st because no
+// guarded table may be in it and it invalidates nothing, for passes.
+func (s *session) passed(st *state, sql string) {
+	if len(s.prepared) > 0 || len(sql) > maxCachedText || sqlrewrite.EndsTransaction(sql) {
+		return
+	}
+	s.last, s.lastState = append(s.last[:0], sql...), st
 }
 
 func sessionOf(c *proxy.Client) *session {
