@@ -65,6 +65,10 @@ type runner struct {
 	direct, pgbouncer          target
 	pgbouncerSvc               *service
 	pgfencePlain, pgfenceGuard target
+	// pgfenceFwd guards pgbench_accounts but sends every SET to Postgres
+	// (--forward-token-sets): what a fenced write costs without the round
+	// trip pgfence saves by answering the token's SET.
+	pgfenceFwd target
 
 	mu          sync.Mutex
 	cleanups    []func()
@@ -362,11 +366,14 @@ func (r *runner) bench() error {
 	rep.machine.pgbench = firstLine(exec.Command(r.pgbenchBin, "--version"))
 	rep.machine.pgfence = pgfenceVersion(r.pgfenceBin)
 
-	logf("starting pgfence twice: no guards, and --guard pgbench_accounts")
+	logf("starting pgfence three times: no guards, --guard pgbench_accounts, and that with --forward-token-sets")
 	if r.pgfencePlain, _, err = r.startPgfence("pgfence", r.pgfenceBin); err != nil {
 		return err
 	}
 	if r.pgfenceGuard, _, err = r.startPgfence("pgfence guarded", r.pgfenceBin, "--guard", "pgbench_accounts"); err != nil {
+		return err
+	}
+	if r.pgfenceFwd, _, err = r.startPgfence("pgfence guarded, SET forwarded", r.pgfenceBin, "--guard", "pgbench_accounts", "--forward-token-sets"); err != nil {
 		return err
 	}
 	if err := r.checkFencing(r.pgfenceGuard); err != nil {
@@ -396,6 +403,7 @@ func (r *runner) bench() error {
 		{"direct, hand-fenced", r.direct, hand},
 		{"PgBouncer, hand-fenced", r.pgbouncer, hand},
 		{"pgfence, rewritten", r.pgfenceGuard, []string{"-f", r.scripts["fenced-pgfence"]}},
+		{"pgfence, SET forwarded", r.pgfenceFwd, []string{"-f", r.scripts["fenced-pgfence"]}},
 	}
 	if p, ok := r.scripts["fenced-rewrite-by-hand"]; ok {
 		writes = append(writes, measurement{"direct, pgfence's SQL", r.direct, []string{"-f", p}})

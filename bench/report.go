@@ -184,6 +184,8 @@ func (r *report) render() string {
 	t2.add("mode", "direct, hand-fenced tps", "PgBouncer, hand-fenced tps", "pgfence, rewritten tps",
 		"pgfence/PgBouncer", "pgfence/direct", "PgBouncer CPU µs/txn", "pgfence CPU µs/txn",
 		"Postgres CPU µs/txn: direct", "via PgBouncer", "via pgfence")
+	var t2f table
+	t2f.add("mode", "pgfence, SET forwarded: tps", "/PgBouncer", "/pgfence answering the SET", "pgfence CPU µs/txn", "Postgres CPU µs/txn")
 	var t2b table
 	t2b.add("mode", "direct, pgfence's SQL by hand: tps", "/direct hand-fenced", "pgfence/this",
 		"Postgres CPU µs/txn")
@@ -192,6 +194,9 @@ func (r *report) render() string {
 		d, pb, pf := s["direct, hand-fenced"], s["PgBouncer, hand-fenced"], s["pgfence, rewritten"]
 		t2.add(mode, f0(d.tps()), f0(pb.tps()), f0(pf.tps()), f2(ratio(pf, pb)), f2(ratio(pf, d)),
 			f1(pb.cpuUs()), f1(pf.cpuUs()), f1(d.pgCPUUs()), f1(pb.pgCPUUs()), f1(pf.pgCPUUs()))
+		if fw, ok := s["pgfence, SET forwarded"]; ok {
+			t2f.add(mode, f0(fw.tps()), f2(ratio(fw, pb)), f2(ratio(fw, pf)), f1(fw.cpuUs()), f1(fw.pgCPUUs()))
+		}
 		if rs, ok := s["direct, pgfence's SQL"]; ok {
 			t2b.add(mode, f0(rs.tps()), f2(ratio(rs, d)), f2(ratio(pf, rs)), f1(rs.pgCPUUs()))
 		}
@@ -199,6 +204,12 @@ func (r *report) render() string {
 			fmt.Sprintf("%.2f×", ratio(pf, pb)), yes(ratio(pf, pb) >= 0.9))
 	}
 	p("%s\n", t2.String())
+	if len(t2f.rows) > 1 {
+		p("pgfence answers the plain `SET fence.token` itself and sets the token ahead of the UPDATE, in its transaction, so a transaction "+
+			"waits for Postgres once where through PgBouncer it waits twice (see README, Setting the token). The same script through a "+
+			"pgfence with `--forward-token-sets`, which sends the SET as PgBouncer does: what the fenced UPDATE and its probe cost by "+
+			"themselves:\n\n%s\n", t2f.String())
+	}
 	if len(t2b.rows) > 1 {
 		p("What the rewritten SQL costs Postgres by itself: the UPDATE and probe that `pgfence rewrite` prints, sent straight to Postgres "+
 			"as two statements (pgfence sends the probe in the same Query or batch instead):\n\n%s\n", t2b.String())
@@ -309,7 +320,7 @@ type labeled struct {
 func sortedSeries(m map[string]series) []labeled {
 	var out []labeled
 	for _, l := range []string{"direct", "PgBouncer", "pgfence", "pgfence guarded",
-		"direct, hand-fenced", "PgBouncer, hand-fenced", "pgfence, rewritten", "direct, pgfence's SQL"} {
+		"direct, hand-fenced", "PgBouncer, hand-fenced", "pgfence, rewritten", "pgfence, SET forwarded", "direct, pgfence's SQL"} {
 		if s, ok := m[l]; ok {
 			out = append(out, labeled{l, s})
 		}
