@@ -970,13 +970,9 @@ func (s *session) settled(changed bool, status byte) {
 // and notes what the server will skip because of it.
 func (s *session) serverError(w *wait, n int) error {
 	s.setRan = 0 // the unit's transaction is rolled back
-	b, err := body(s.sr, n, &s.sbuf)
+	b, e, err := s.readError(n)
 	if err != nil {
 		return err
-	}
-	var e pgproto3.ErrorResponse
-	if err := e.Decode(b); err != nil {
-		return fmt.Errorf("server sent a malformed ErrorResponse: %w", err)
 	}
 	moved := false
 	if e.Position != 0 && w != nil { // before skipToSync recycles w
@@ -1038,6 +1034,20 @@ func (s *session) serverError(w *wait, n int) error {
 		return err
 	}
 	return writeMessage(s.cw, 'E', b)
+}
+
+// readError consumes the server's ErrorResponse of n bytes and returns
+// its body (in the session's buffer) and what it says.
+func (s *session) readError(n int) ([]byte, pgproto3.ErrorResponse, error) {
+	var e pgproto3.ErrorResponse
+	b, err := body(s.sr, n, &s.sbuf)
+	if err != nil {
+		return nil, e, err
+	}
+	if err := e.Decode(b); err != nil {
+		return nil, e, fmt.Errorf("server sent a malformed ErrorResponse: %w", err)
+	}
+	return b, e, nil
 }
 
 // boundParamContext returns where without its last line if that is the

@@ -371,13 +371,9 @@ func (s *session) readySet(status byte) {
 // (what the client sent after them was held back, so nothing ran without
 // them).
 func (s *session) setFailed(n int) error {
-	b, err := body(s.sr, n, &s.sbuf)
+	_, e, err := s.readError(n)
 	if err != nil {
 		return err
-	}
-	var e pgproto3.ErrorResponse
-	if err := e.Decode(b); err != nil {
-		return fmt.Errorf("server sent a malformed ErrorResponse: %w", err)
 	}
 	names := make([]string, len(s.deferred))
 	for i, set := range s.deferred {
