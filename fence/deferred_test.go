@@ -256,3 +256,25 @@ func TestDeferredTokenPipelined(t *testing.T) {
 		}
 	}
 }
+
+// What the proxy holds back while a deferred token is set on its own
+// includes a message too large to hold whole, which streams through.
+func TestDeferredTokenBeforeLargeMessage(t *testing.T) {
+	p := pgtest.StartProxy(t, nil)
+	c := p.Connect(t)
+	big := strings.Repeat("x", 200_000)
+	// The second prepared run binds a statement pgx has already prepared:
+	// its batch starts with the large Bind.
+	for i, mode := range []pgx.QueryExecMode{simple, prepared, prepared} {
+		token := fmt.Sprint(20 + i)
+		exec(t, c, simple, "SET fence.token = '"+token+"'")
+		var n int
+		var got string
+		if err := c.QueryRow(ctx, "SELECT length($1::text), current_setting('fence.token')", mode, big).Scan(&n, &got); err != nil {
+			t.Fatalf("%v: %v", mode, err)
+		}
+		if n != len(big) || got != token {
+			t.Fatalf("%v: length %d and token %q, want %d and %q", mode, n, got, len(big), token)
+		}
+	}
+}

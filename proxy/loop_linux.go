@@ -410,7 +410,13 @@ func (x *side) dispatch() error {
 			if k == 0 {
 				return nil
 			}
-			x.peer.out.Write(in.b[in.r : in.r+k])
+			if x.client {
+				// Through the session's writer: it may be holding back
+				// what goes to the server (see session.held).
+				s.sw.Write(in.b[in.r : in.r+k])
+			} else {
+				x.peer.out.Write(in.b[in.r : in.r+k])
+			}
 			in.r += k
 			in.pending -= k
 			continue
