@@ -53,6 +53,9 @@ func FuzzStatementSequences(f *testing.F) {
 	}
 	// The case that found pgfence binding its own empty statement.
 	f.Add([]byte{0, 15, 14, 15, 14, 1 + 16*3, 3, 4, 10, 14})
+	// A SET of the token prepared as a, bound alone (answered by pgfence),
+	// then a write bound alone (the token set in its transaction).
+	f.Add([]byte{0, 1 + 16*9, 10, 3, 4, 10, 0, 14, 10, 3, 7, 4, 10, 15, 14, 10})
 	// The case that found pgfence forgetting the unnamed statement it was
 	// parsing: a write reused for, a failed Parse, a missing statement
 	// (26000), and the write again.
@@ -85,9 +88,10 @@ func FuzzStatementSequences(f *testing.F) {
 }
 
 // The texts the sequences parse and query: fenced writes with and without
-// a parameter, a read, a failing write, and texts that end blocks,
-// deallocate statements or change search_path (each of which makes pgfence
-// forget the statements it prepared).
+// a parameter, a read, a failing write, texts that end blocks, deallocate
+// statements or change search_path (each of which makes pgfence forget the
+// statements it prepared), and a SET of the token that pgfence may answer
+// itself when bound alone.
 var (
 	seqParses = []string{
 		"UPDATE seq_t SET val = val || 'x' WHERE id = 1",
@@ -99,6 +103,7 @@ var (
 		"DEALLOCATE ALL",
 		"SET search_path = public",
 		"SELECT $1::text",
+		"SET fence.token = '7'",
 	}
 	seqQueries = []string{
 		"UPDATE seq_t SET val = val || 'q' WHERE id = 1",
