@@ -45,7 +45,8 @@ type wait struct {
 	changes bool
 	pooled  bool // made by pipeline.get: recycled once dropped
 	// held, on a waitSet and the waitReady of the Sync the proxy sent
-	// after it, says the client's next message waits for them.
+	// after it, says what the proxy sends after them is held back until
+	// they are answered (see session.held).
 	held bool
 }
 

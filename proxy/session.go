@@ -935,6 +935,9 @@ func (s *session) reply(w *wait, typ byte, n int) error {
 			}
 		}
 	case 'E':
+		if w != nil && w.held {
+			return s.setFailed(n) // committing the settings failed
+		}
 		return s.serverError(w, n)
 	case 'S':
 		return s.parameterStatus(n)

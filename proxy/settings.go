@@ -328,6 +328,11 @@ func (s *session) setReply(w *wait, typ byte, n int) error {
 // heldReady handles the ReadyForQuery of the proxy's own Sync after
 // deferred settings: they are set, and what was held back goes out.
 func (s *session) heldReady(n int, status byte) error {
+	if s.setRan == 0 || status != 'I' {
+		// Not kept (it cannot be otherwise at a unit of their own): what
+		// waits must not run without them.
+		return s.endDeferred(codeConnectionFailure, fmt.Sprintf("the server did not keep it (transaction status %q)", status))
+	}
 	s.pipe.pop()
 	s.readySet(status)
 	s.held, s.sw = false, s.heldWriter
@@ -375,13 +380,19 @@ func (s *session) setFailed(n int) error {
 	if err != nil {
 		return err
 	}
+	return s.endDeferred(e.Code, e.Message)
+}
+
+// endDeferred ends the session because its deferred settings failed on
+// the server, saying why (code and what) to the client and the log.
+func (s *session) endDeferred(code, what string) error {
 	names := make([]string, len(s.deferred))
 	for i, set := range s.deferred {
 		names[i] = set.Name
 	}
-	writeFatal(s.cw, e.Code, fmt.Sprintf("SET %s, which pgfence answered at once, failed when it ran on the server: %s", strings.Join(names, ", "), e.Message),
+	writeFatal(s.cw, code, fmt.Sprintf("SET %s, which pgfence answered at once, failed when it ran on the server: %s", strings.Join(names, ", "), what),
 		"reconnect and set it again; pgfence ended the session so that nothing would run without it")
 	s.fatal = true
-	s.log.Warn("a deferred SET failed on the server; ending the session", "client", s.c.RemoteAddr, "code", e.Code, "error", e.Message)
-	return fmt.Errorf("deferred SET failed on the server: %s (SQLSTATE %s)", e.Message, e.Code)
+	s.log.Warn("a deferred SET failed on the server; ending the session", "client", s.c.RemoteAddr, "code", code, "error", what)
+	return fmt.Errorf("deferred SET failed on the server: %s (SQLSTATE %s)", what, code)
 }
