@@ -63,3 +63,24 @@ func TestPassthroughMemo(t *testing.T) {
 		}
 	}
 }
+
+// A plain SET of the token is planned as a Setting for the proxy to
+// answer, without allocating when the session sets the same token again
+// (once per transaction, as it should with a pool).
+func TestTokenSetPlanAllocations(t *testing.T) {
+	p, c := policyWith(t, fence.Config{}, prometheus.NewRegistry())
+	const set = "SET fence.token = '1000'"
+	plan := p.Query(c, set)
+	if plan.Setting == nil || plan.Setting.Name != "fence.token" || plan.Setting.Value != "1000" || plan.SQL != "" {
+		t.Fatalf("plan of %q: %+v", set, plan)
+	}
+	if got := p.Query(c, "set FENCE.TOKEN to 1000;").Setting; got != plan.Setting {
+		t.Fatalf("the same setting written otherwise: %+v, want the session's last one", got)
+	}
+	if n := testing.AllocsPerRun(100, func() { p.Query(c, set) }); n != 0 {
+		t.Fatalf("planning the same SET again allocates %v times", n)
+	}
+	if got := p.Query(c, "SET fence.token = '1001'").Setting; got == plan.Setting || got.Value != "1001" {
+		t.Fatalf("a new token: %+v", got)
+	}
+}

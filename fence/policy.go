@@ -197,7 +197,7 @@ func (p *Policy) plan(c *proxy.Client, sql string, mode sqlrewrite.Mode) proxy.P
 		// It changes no prepared statement and touches no table; the
 		// proxy may answer it itself (see proxy.Plan.Setting).
 		p.m.passthrough.Inc()
-		return proxy.Plan{Setting: &proxy.Setting{Name: name, Value: strings.Clone(value)}}
+		return proxy.Plan{Setting: sess.setting(name, value)}
 	}
 	// Plan.Forget has the proxy prepare its own statements again: on a
 	// false alarm that costs a Parse, a miss fails the next write that

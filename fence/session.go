@@ -21,6 +21,9 @@ type session struct {
 	// texts again and again.
 	last      []byte
 	lastState *state
+	// lastSet is the last token setting planned (see setting); the proxy
+	// keeps it and never changes it.
+	lastSet *proxy.Setting
 }
 
 // passes reports whether sql is the text last passed untouched, under the
@@ -38,6 +41,17 @@ func (s *session) passed(st *state, sql string) {
 		return
 	}
 	s.last, s.lastState = append(s.last[:0], sql...), st
+}
+
+// setting returns the Setting of name and value (which may share the
+// proxy's buffer): the session's last one when it is the same, as a
+// client sets the same token transaction after transaction.
+func (s *session) setting(name, value string) *proxy.Setting {
+	if l := s.lastSet; l != nil && l.Name == name && l.Value == value {
+		return l
+	}
+	s.lastSet = &proxy.Setting{Name: name, Value: strings.Clone(value)}
+	return s.lastSet
 }
 
 func sessionOf(c *proxy.Client) *session {

@@ -8,7 +8,7 @@ import (
 // token: the token setting itself, or a lock domain's
 // <token setting>.<domain>.
 type TokenSettings struct {
-	names map[string]bool // lower case, as Postgres folds them
+	names []string // lower case, as Postgres folds them
 }
 
 // NewTokenSettings returns the recognizer for token and the lock domains'
@@ -16,7 +16,7 @@ type TokenSettings struct {
 // part that is a reserved keyword, say) is left out, so a SET of it is
 // never recognized and runs as sent.
 func NewTokenSettings(token string, domains []string) TokenSettings {
-	ts := TokenSettings{names: make(map[string]bool)}
+	var ts TokenSettings
 	token = asciiLower(token)
 	for _, name := range append([]string{token}, domains...) {
 		if name != token {
@@ -25,7 +25,7 @@ func NewTokenSettings(token string, domains []string) TokenSettings {
 		if n, v, ok := parseTokenSet("SET " + name + " = '1'"); !ok || n != name || v != "1" || !plainSet(name) {
 			continue
 		}
-		ts.names[name] = true
+		ts.names = append(ts.names, name)
 	}
 	return ts
 }
@@ -52,20 +52,43 @@ func plainSet(name string) bool {
 // itself and run it later. Anything less plain (comments, quoted names,
 // escapes, LOCAL, DEFAULT, a second statement) is not recognized and so
 // runs as sent: recognizing too little only costs speed. value shares
-// sql's memory.
+// sql's memory; nothing is allocated.
 func (ts TokenSettings) Match(sql string) (name, value string, ok bool) {
 	if len(ts.names) == 0 {
 		return "", "", false
 	}
-	name, value, ok = parseTokenSet(sql)
-	if !ok || !ts.names[name] {
+	raw, value, ok := parseTokenSet(sql)
+	if !ok {
 		return "", "", false
 	}
-	return name, value, true
+	for _, n := range ts.names {
+		if foldsTo(raw, n) {
+			return n, value, true
+		}
+	}
+	return "", "", false
+}
+
+// foldsTo reports whether s, folded as Postgres folds an unquoted name
+// (ASCII letters only), is lower.
+func foldsTo(s, lower string) bool {
+	if len(s) != len(lower) {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		if c != lower[i] {
+			return false
+		}
+	}
+	return true
 }
 
 // parseTokenSet reads sql as SET [SESSION] <name> { = | TO } <constant>,
-// where name is dotted words.
+// where name is dotted words, returned as written.
 func parseTokenSet(sql string) (name, value string, ok bool) {
 	i := space(sql, 0)
 	if !word(sql, i, "set") {
@@ -79,7 +102,7 @@ func parseTokenSet(sql string) (name, value string, ok bool) {
 	for i < len(sql) && (isIdentCont(sql[i]) || sql[i] == '.') {
 		i++
 	}
-	name = asciiLower(sql[start:i])
+	name = sql[start:i]
 	i = space(sql, i)
 	switch {
 	case i < len(sql) && sql[i] == '=':
