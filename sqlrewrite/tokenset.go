@@ -62,29 +62,11 @@ func (ts TokenSettings) Match(sql string) (name, value string, ok bool) {
 		return "", "", false
 	}
 	for _, n := range ts.names {
-		if foldsTo(raw, n) {
+		if isWord(raw, n) { // as Postgres folds an unquoted name: ASCII only
 			return n, value, true
 		}
 	}
 	return "", "", false
-}
-
-// foldsTo reports whether s, folded as Postgres folds an unquoted name
-// (ASCII letters only), is lower.
-func foldsTo(s, lower string) bool {
-	if len(s) != len(lower) {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if 'A' <= c && c <= 'Z' {
-			c += 'a' - 'A'
-		}
-		if c != lower[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // parseTokenSet reads sql as SET [SESSION] <name> { = | TO } <constant>,
