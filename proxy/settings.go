@@ -265,7 +265,7 @@ func (s *session) sendDeferredHolding() error {
 
 // sendDeferred sends setStmt for each deferred setting, preparing it first
 // if the backend may not have it, and with sync a Sync whose
-// ReadyForQuery releases the held client.
+// ReadyForQuery releases what is held back after them (see heldReady).
 func (s *session) sendDeferred(sync bool) error {
 	w := s.pipe.get(waitSet)
 	w.seq, w.held, w.want = s.deferredVer, sync, setRunReplies*len(s.deferred)
