@@ -21,9 +21,9 @@ var (
 	prepared = pgx.QueryExecModeCacheStatement
 )
 
-func exec(t *testing.T, c *pgx.Conn, mode pgx.QueryExecMode, sql string) string {
+func exec(t *testing.T, c *pgx.Conn, mode pgx.QueryExecMode, sql string, args ...any) string {
 	t.Helper()
-	tag, err := c.Exec(ctx, sql, mode)
+	tag, err := c.Exec(ctx, sql, append([]any{mode}, args...)...)
 	if err != nil {
 		t.Fatalf("%s: %v", sql, err)
 	}
@@ -49,36 +49,82 @@ func lastQuery(t *testing.T, pid uint32) string {
 	return q
 }
 
+// setWays are the ways drivers send a SET: name and a function that sends
+// sql on c that way, returning its command tag.
+var setWays = []struct {
+	name string
+	send func(t *testing.T, c *pgx.Conn, sql string) string
+}{
+	{"simple Query", func(t *testing.T, c *pgx.Conn, sql string) string { return exec(t, c, simple, sql) }},
+	// Bind, Describe, Execute and Sync of a statement prepared before (pgx's
+	// statement cache, pgbench -M prepared).
+	{"named statement", func(t *testing.T, c *pgx.Conn, sql string) string {
+		t.Helper()
+		if _, err := c.PgConn().Prepare(ctx, "tokset", sql, nil); err != nil {
+			t.Fatal(err)
+		}
+		// Postgres sees the Parse; reset what it says the backend ran last.
+		exec(t, c, simple, "SELECT 1")
+		return execPrepared(t, c, "tokset")
+	}},
+	// Parse of the unnamed statement, then Bind, Describe, Execute and Sync
+	// (libpq's PQexecParams, pgbench -M extended, JDBC).
+	{"unnamed statement", func(t *testing.T, c *pgx.Conn, sql string) string {
+		t.Helper()
+		res := c.PgConn().ExecParams(ctx, sql, nil, nil, nil, nil).Read()
+		if res.Err != nil {
+			t.Fatalf("%s: %v", sql, res.Err)
+		}
+		return res.CommandTag.String()
+	}},
+}
+
+// execPrepared binds and runs the prepared statement name with no values.
+func execPrepared(t *testing.T, c *pgx.Conn, name string) string {
+	t.Helper()
+	res := c.PgConn().ExecPrepared(ctx, name, nil, nil, nil).Read()
+	if res.Err != nil {
+		t.Fatalf("statement %q: %v", name, res.Err)
+	}
+	return res.CommandTag.String()
+}
+
+func answered(t *testing.T, p *pgtest.Proxy) float64 {
+	return p.Counter(t, "pgfence_token_sets_answered_total")
+}
+
 // A plain SET of the token is answered by pgfence without Postgres, and
-// set on the server ahead of the next statement: the write carries it, in
-// either protocol.
+// set on the server ahead of the next statement: the write carries it,
+// whichever way the SET and the write were sent.
 func TestTokenSetAnsweredByProxy(t *testing.T) {
 	tbl := table(t, [3]any{1, "v", 5})
 	p := pgtest.StartProxy(t, []string{tbl})
-	for i, mode := range []pgx.QueryExecMode{simple, prepared} {
-		c := p.Connect(t)
-		pid := c.PgConn().PID()
-		token := []string{"7", "8"}[i]
-		set := "SET fence.token = '" + token + "'"
-		if mode == prepared {
-			// The first run prepares the statement, which Postgres sees.
-			exec(t, c, mode, set)
-			exec(t, c, simple, "SELECT 1")
-		}
-		if tag := exec(t, c, mode, set); tag != "SET" {
-			t.Fatalf("%v: %s answered %q", mode, set, tag)
-		}
-		if last := lastQuery(t, pid); answersSets() == strings.Contains(last, "fence.token") {
-			t.Fatalf("%v: after %s Postgres's backend last ran %q (pgfence answers sets: %v)", mode, set, last, answersSets())
-		}
-		if tag := exec(t, c, mode, "UPDATE "+tbl+" SET val = 'w"+token+"' WHERE id = 1"); tag != "UPDATE 1" {
-			t.Fatalf("%v: the write after the SET: %s, want UPDATE 1", mode, tag)
-		}
-		if v, e := row(t, tbl, 1); v != "w"+token || fmt.Sprint(e) != token {
-			t.Fatalf("%v: row is (%s, %d), want (w%s, %s): the write must carry the token set", mode, v, e, token, token)
-		}
-		if got := show(t, c); got != token {
-			t.Fatalf("%v: the session's token is %q, want %q", mode, got, token)
+	for i, way := range setWays {
+		for j, mode := range []pgx.QueryExecMode{simple, pgx.QueryExecModeExec, prepared} {
+			c := p.Connect(t)
+			pid := c.PgConn().PID()
+			token := fmt.Sprint(7 + 3*i + j)
+			set := "SET fence.token = '" + token + "'"
+			before := answered(t, p)
+			if tag := way.send(t, c, set); tag != "SET" {
+				t.Fatalf("%s: %s answered %q", way.name, set, tag)
+			}
+			if last := lastQuery(t, pid); answersSets() == strings.Contains(last, "fence.token") {
+				t.Fatalf("%s: after %s Postgres's backend last ran %q (pgfence answers sets: %v)", way.name, set, last, answersSets())
+			}
+			if got, want := answered(t, p)-before, map[bool]float64{true: 1, false: 0}[answersSets()]; got != want {
+				t.Fatalf("%s: pgfence_token_sets_answered_total rose by %v, want %v", way.name, got, want)
+			}
+			// An argument keeps pgx from sending the write as a simple Query.
+			if tag := exec(t, c, mode, "UPDATE "+tbl+" SET val = 'w"+token+"' WHERE id = $1", 1); tag != "UPDATE 1" {
+				t.Fatalf("%s, write in %v: %s, want UPDATE 1", way.name, mode, tag)
+			}
+			if v, e := row(t, tbl, 1); v != "w"+token || fmt.Sprint(e) != token {
+				t.Fatalf("%s, write in %v: row is (%s, %d), want (w%s, %s): the write must carry the token set", way.name, mode, v, e, token, token)
+			}
+			if got := show(t, c); got != token {
+				t.Fatalf("%s: the session's token is %q, want %q", way.name, got, token)
+			}
 		}
 	}
 	// A stale token set the same way is fenced and counted.
@@ -89,6 +135,59 @@ func TestTokenSetAnsweredByProxy(t *testing.T) {
 	}
 	if got := rejects(t, p, tbl); got != 1 {
 		t.Fatalf("fencing_reject_total = %v, want 1", got)
+	}
+}
+
+// An unnamed SET statement pgfence answered stays the client's unnamed
+// statement: bound again where pgfence forwards it, it is prepared on the
+// server first and sets the token there, not runs the server's unnamed
+// statement from before.
+func TestAnsweredUnnamedSetBoundAgain(t *testing.T) {
+	p := pgtest.StartProxy(t, nil)
+	c := p.Connect(t)
+	pc := c.PgConn()
+	for name, sql := range map[string]string{"b": "BEGIN", "s": "SET fence.token = '32'", "z": "SELECT 1/0"} {
+		if _, err := pc.Prepare(ctx, name, sql, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The server's unnamed statement: what a Bind would run if pgfence
+	// forgot it had answered the one after.
+	if res := pc.ExecParams(ctx, "SELECT 1", nil, nil, nil, nil).Read(); res.Err != nil {
+		t.Fatal(res.Err)
+	}
+	setWays[2].send(t, c, "SET fence.token = '31'")
+	before := answered(t, p)
+	if tag := execPrepared(t, c, ""); tag != "SET" { // idle: answered again
+		t.Fatalf("the unnamed SET bound again: %q", tag)
+	}
+	if got, want := answered(t, p)-before, map[bool]float64{true: 1, false: 0}[answersSets()]; got != want {
+		t.Fatalf("pgfence_token_sets_answered_total rose by %v, want %v", got, want)
+	}
+	execPrepared(t, c, "b")
+	execPrepared(t, c, "s")
+	if tag := execPrepared(t, c, ""); tag != "SET" { // in a block: forwarded
+		t.Fatalf("the unnamed SET bound in a block: %q", tag)
+	}
+	if got := show(t, c); got != "31" {
+		t.Fatalf("after the unnamed SET ran again in the block the token is %q, want 31", got)
+	}
+	exec(t, c, simple, "COMMIT")
+
+	// In a failed block Postgres refuses the Bind as it would the client's.
+	setWays[2].send(t, c, "SET fence.token = '33'")
+	execPrepared(t, c, "b")
+	// Not a simple Query: that would drop the unnamed statement.
+	if res := pc.ExecPrepared(ctx, "z", nil, nil, nil).Read(); res.Err == nil {
+		t.Fatal("SELECT 1/0 succeeded")
+	}
+	res := pc.ExecPrepared(ctx, "", nil, nil, nil).Read()
+	if pe := pgErr(t, res.Err); pe.Code != "25P02" {
+		t.Fatalf("the unnamed SET in a failed block: %s %q, want 25P02", pe.Code, pe.Message)
+	}
+	exec(t, c, simple, "ROLLBACK")
+	if got := show(t, c); got != "33" {
+		t.Fatalf("after the failed block the token is %q, want 33", got)
 	}
 }
 
@@ -276,5 +375,28 @@ func TestDeferredTokenBeforeLargeMessage(t *testing.T) {
 		if n != len(big) || got != token {
 			t.Fatalf("%v: length %d and token %q, want %d and %q", mode, n, got, len(big), token)
 		}
+	}
+}
+
+// A SET prepared with a parameter type declared is not answered: bound
+// with no value, Postgres refuses it, and so must the client see it.
+func TestTokenSetDeclaringParamsIsForwarded(t *testing.T) {
+	p := pgtest.StartProxy(t, nil)
+	c := p.Connect(t)
+	pc := c.PgConn()
+	if _, err := pc.Prepare(ctx, "p", "SET fence.token = '40'", []uint32{23}); err != nil {
+		t.Fatal(err)
+	}
+	errs := []error{
+		pc.ExecPrepared(ctx, "p", nil, nil, nil).Read().Err,
+		pc.ExecParams(ctx, "SET fence.token = '41'", nil, []uint32{23}, nil, nil).Read().Err,
+	}
+	for i, err := range errs {
+		if pe := pgErr(t, err); pe.Code != "08P01" || !strings.Contains(pe.Message, "requires 1") {
+			t.Fatalf("SET %d declaring a parameter, bound without one: %s %q, want 08P01", i+1, pe.Code, pe.Message)
+		}
+	}
+	if got := show(t, c); got != "<unset>" {
+		t.Fatalf("the token is %q, want it unset", got)
 	}
 }

@@ -19,6 +19,7 @@ type Metrics struct {
 	cacheHits     prometheus.Counter
 	cacheMisses   prometheus.Counter
 	bound         prometheus.Counter
+	setsAnswered  prometheus.Counter
 	passthrough   prometheus.Counter
 	fenced        prometheus.Counter
 	refused       prometheus.Counter
@@ -59,9 +60,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		cacheMisses: prometheus.NewCounter(prometheus.CounterOpts{Name: "pgfence_rewrite_cache_misses_total", Help: "Statements parsed because the rewrite cache did not have them."}),
 		bound: prometheus.NewCounter(prometheus.CounterOpts{Name: "pgfence_bound_queries_total",
 			Help: "Fenced simple-protocol writes run as a statement prepared once per session and bound to their literals, rather than rewritten as sent."}),
+		setsAnswered: prometheus.NewCounter(prometheus.CounterOpts{Name: "pgfence_token_sets_answered_total",
+			Help: "SETs of the fencing token that pgfence answered itself, setting the token on the server ahead of the client's next statement (set_config), rather than forwarded (see --forward-token-sets)."}),
 	}
 	reg.MustRegister(m.rejects, m.withoutToken, m.guardedWrites, m.unfenced, m.queries, m.errors,
-		m.connsTotal, m.connsActive, m.guarded, m.discoveryOK, m.cacheHits, m.cacheMisses, m.bound)
+		m.connsTotal, m.connsActive, m.guarded, m.discoveryOK, m.cacheHits, m.cacheMisses, m.bound, m.setsAnswered)
 	m.passthrough = m.queries.WithLabelValues("passthrough")
 	m.fenced = m.queries.WithLabelValues("fenced")
 	m.refused = m.queries.WithLabelValues("refused")

@@ -176,6 +176,9 @@ func (p *Policy) SessionEnd(c *proxy.Client, err error) {
 	}
 }
 
+// SettingAnswered implements proxy.Interceptor.
+func (p *Policy) SettingAnswered(*proxy.Client, *proxy.Setting) { p.m.setsAnswered.Inc() }
+
 // Query implements proxy.Interceptor.
 func (p *Policy) Query(c *proxy.Client, sql string) proxy.Plan {
 	return p.plan(c, sql, sqlrewrite.Simple)

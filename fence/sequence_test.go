@@ -56,6 +56,10 @@ func FuzzStatementSequences(f *testing.F) {
 	// A SET of the token prepared as a, bound alone (answered by pgfence),
 	// then a write bound alone (the token set in its transaction).
 	f.Add([]byte{0, 1 + 16*9, 10, 3, 4, 10, 0, 14, 10, 3, 7, 4, 10, 15, 14, 10})
+	// A SET of the token parsed as the unnamed statement and bound alone
+	// (answered by pgfence), bound again alone (answered again), then bound
+	// in a block (prepared on the server first), and again before a write.
+	f.Add([]byte{16 * 9, 2, 7, 4, 10, 2, 4, 10, 1 + 16*5, 3, 4, 10, 2, 4, 10, 11 + 16*3, 16 * 9, 2, 4, 10, 15, 14, 10})
 	// The case that found pgfence forgetting the unnamed statement it was
 	// parsing: a write reused for, a failed Parse, a missing statement
 	// (26000), and the write again.

@@ -28,6 +28,10 @@ type Interceptor interface {
 	// Error sees every ErrorResponse from the server and may return a
 	// replacement; nil keeps the original bytes.
 	Error(c *Client, e *pgproto3.ErrorResponse) *pgproto3.ErrorResponse
+	// SettingAnswered is told of each SET the proxy answered itself for a
+	// Plan.Setting, deferring set to the server (see
+	// Config.ForwardSettings); set is the Plan's own.
+	SettingAnswered(c *Client, set *Setting)
 	// Generation changes whenever the Interceptor's configuration does;
 	// a prepared statement planned under an older one is planned again
 	// (and re-prepared if its plan changed) before its next Bind.

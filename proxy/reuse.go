@@ -43,6 +43,11 @@ type serverStmt struct {
 	state  atomic.Int32 // written by the server side once Postgres answers
 }
 
+// unprepared marks a statement the server does not have, to be prepared
+// again before its next Bind or Describe (prepared.again): its state is
+// never anything but stmtAbsent.
+var unprepared = new(serverStmt)
+
 // standInParse is the body of the Parse of the unnamed statement that
 // answers a client's Parse the proxy reuses a statement for. Postgres
 // parses its text without a catalog lookup, and refuses it, as it would
@@ -253,7 +258,7 @@ func (s *session) forgetReused() {
 		// Query or a Parse of it, which drop this record).
 		s.unnamed = nil
 		if st := s.stmts[""]; st != nil {
-			st.again = new(serverStmt) // absent: prepare it again
+			st.again = unprepared
 		}
 	}
 	for _, ss := range s.reused {

@@ -484,6 +484,12 @@ func (s *session) parse(n int) error {
 		s.stmts[string(name)] = st
 	}
 	plan := ic.Parse(s.c, st.text)
+	if len(name) == 0 && plan.Setting != nil && s.wasIdle {
+		if ok, err := s.answerParse(st, plan.Setting, gen); ok || err != nil {
+			s.applyPlan = false // the settings stay deferred, this one with them
+			return err
+		}
+	}
 	if s.applyPlan {
 		s.applyPlan = false
 		if err := s.applyPlanned(&plan, true, name); err != nil {

@@ -62,10 +62,11 @@ const (
 
 // The replies the proxy gives to a SET it answers itself.
 var (
-	bindCompleteMessage = []byte{'2', 0, 0, 0, 4}
-	noDataMessage       = []byte{'n', 0, 0, 0, 4}
-	setCompleteMessage  = []byte{'C', 0, 0, 0, 8, 'S', 'E', 'T', 0}
-	readyIdleMessage    = []byte{'Z', 0, 0, 0, 5, 'I'}
+	parseCompleteMessage = []byte{'1', 0, 0, 0, 4}
+	bindCompleteMessage  = []byte{'2', 0, 0, 0, 4}
+	noDataMessage        = []byte{'n', 0, 0, 0, 4}
+	setCompleteMessage   = []byte{'C', 0, 0, 0, 8, 'S', 'E', 'T', 0}
+	readyIdleMessage     = []byte{'Z', 0, 0, 0, 5, 'I'}
 )
 
 // mayAnswer reports whether the proxy may answer a SET itself now: the
@@ -77,6 +78,7 @@ func (s *session) mayAnswer() bool {
 
 // deferSetting keeps set, answered by the proxy, for the server.
 func (s *session) deferSetting(set *Setting) {
+	s.srv.cfg.Interceptor.SettingAnswered(s.c, set)
 	if s.setKept == s.deferredVer {
 		s.deferred = s.deferred[:0]
 	}
@@ -112,19 +114,55 @@ func (s *session) answerBind(n int) (bool, error) {
 		return false, nil
 	}
 	st := s.stmts[string(u.stmt)]
-	if st == nil || st.setting == nil || st.gen != s.srv.cfg.Interceptor.Generation() || !u.noParams {
+	if st == nil || st.setting == nil || st.gen != s.srv.cfg.Interceptor.Generation() || !u.noParams || !noParamTypes(st.params) {
 		return false, nil
 	}
+	return true, s.answerUnit(u, false, st.setting)
+}
+
+// answerParse answers, if it may, a Parse of the unnamed statement whose
+// plan is set (st is what the session now remembers of it) together with
+// the unit that follows it in the client's buffer, when that unit binds
+// the unnamed statement no values and is whole in hand: what drivers send
+// for a statement they do not prepare (libpq's PQexecParams, pgbench -M
+// extended, JDBC before its prepareThreshold). It reports whether it did.
+//
+// The server's unnamed statement stays what it was, so the session marks
+// the client's to be prepared again before a Bind or Describe of it
+// reaches the server (see replan); one answered again does not.
+func (s *session) answerParse(st *prepared, set *Setting, gen uint64) (bool, error) {
+	if !s.mayAnswer() || !noParamTypes(st.params) {
+		return false, nil
+	}
+	u, ok := s.unit(0)
+	if !ok || len(u.stmt) != 0 || !u.noParams {
+		return false, nil
+	}
+	st.sent, st.probe, st.setting, st.gen = "", nil, set, gen
+	st.again = unprepared
+	s.unnamed, s.unnamedSeq, s.unnamedGone, s.unnamedClosed = nil, 0, false, nil
+	delete(s.portals, "")
+	return true, s.answerUnit(u, true, set)
+}
+
+// answerUnit takes the unit u (after its Parse, if parse) from the
+// client's buffer and answers it as Postgres would a SET, deferring set.
+// The unit's portal ends with its implicit transaction, on the server as
+// for the client: the session is idle.
+func (s *session) answerUnit(u unitMessages, parse bool, set *Setting) error {
 	s.cr.Discard(u.size)
 	s.c.midBatch = false
-	s.deferSetting(st.setting)
+	s.deferSetting(set)
+	if parse {
+		s.cw.Write(parseCompleteMessage)
+	}
 	s.cw.Write(bindCompleteMessage)
 	if u.describe {
 		s.cw.Write(noDataMessage)
 	}
 	s.cw.Write(setCompleteMessage)
 	_, err := s.cw.Write(readyIdleMessage)
-	return true, err
+	return err
 }
 
 // unitMessages is what unit finds of one statement's unit.
@@ -179,6 +217,12 @@ func (s *session) unit(off int) (u unitMessages, ok bool) {
 	}
 	u.size = pos - off
 	return u, true
+}
+
+// noParamTypes reports whether b, a Parse's parameter-type section,
+// declares no parameters (a Bind of the statement must then bind none).
+func noParamTypes(b []byte) bool {
+	return len(b) == 2 && b[0] == 0 && b[1] == 0
 }
 
 // noParams reports whether b, a Bind's body after its names, binds no
