@@ -60,6 +60,9 @@ func FuzzStatementSequences(f *testing.F) {
 	// (answered by pgfence), bound again alone (answered again), then bound
 	// in a block (prepared on the server first), and again before a write.
 	f.Add([]byte{16 * 9, 2, 7, 4, 10, 2, 4, 10, 1 + 16*5, 3, 4, 10, 2, 4, 10, 11 + 16*3, 16 * 9, 2, 4, 10, 15, 14, 10})
+	// A SET of the token prepared as a, then DEALLOCATE ALL: a Bind of a
+	// must fail as Postgres fails it, not be answered.
+	f.Add([]byte{10, 1 + 16*9, 10, 11 + 16*6, 3, 4, 10})
 	// The case that found pgfence forgetting the unnamed statement it was
 	// parsing: a write reused for, a failed Parse, a missing statement
 	// (26000), and the write again.

@@ -167,7 +167,13 @@ type prepared struct {
 	// setting, for a statement that is one SET the proxy may answer
 	// itself, is what it sets (see settings.go).
 	setting *Setting
-	gen     uint64 // the Interceptor generation it was planned under
+	// parsed, for such a statement, is stmtReady while the client has it
+	// as its Parse made it: Postgres answered that Parse (or the proxy
+	// did, see answerParse) and no text since may have deallocated it.
+	// Otherwise (nil, pending or absent) its Binds go to Postgres, to
+	// fail there if it is gone.
+	parsed *serverStmt
+	gen    uint64 // the Interceptor generation it was planned under
 	// again is set while the statement must be prepared again before its
 	// next Bind or Describe: the proxy's own statement the client's
 	// unnamed one stood for was forgotten (see forgetReused), or replan
@@ -427,6 +433,7 @@ func (s *session) query(n int) error {
 	if plan.Forget || s.lostStatements() {
 		s.forgetProbes()
 		s.forgetReused()
+		s.forgetParsed()
 	}
 	// A simple Query destroys the unnamed statement and portal.
 	delete(s.stmts, "")
@@ -499,6 +506,7 @@ func (s *session) parse(n int) error {
 	if plan.Forget || s.lostStatements() {
 		s.forgetProbes()
 		s.forgetReused()
+		s.forgetParsed()
 		// which drops the record of an unnamed statement whose last Parse
 		// failed: not this one's.
 		s.stmts[string(name)] = st
@@ -507,6 +515,9 @@ func (s *session) parse(n int) error {
 		s.changing = true
 	}
 	st.sent, st.probe, st.setting, st.gen, st.again = plan.SQL, plan.probe(), plan.Setting, gen, nil
+	if plan.Setting == nil {
+		st.parsed = nil
+	}
 	w := parseWait
 	if len(name) == 0 {
 		// In a failed transaction block Postgres refuses the Parse (and
@@ -523,6 +534,9 @@ func (s *session) parse(n int) error {
 		w = s.unnamedParseWait(plan)
 	} else if plan.SQL != "" {
 		w = s.parseWaitFor(plan)
+	}
+	if plan.Setting != nil {
+		w = s.trackParsed(st, w)
 	}
 	if plan.SQL == "" {
 		s.pipe.push(w)

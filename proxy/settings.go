@@ -114,7 +114,8 @@ func (s *session) answerBind(n int) (bool, error) {
 		return false, nil
 	}
 	st := s.stmts[string(u.stmt)]
-	if st == nil || st.setting == nil || st.gen != s.srv.cfg.Interceptor.Generation() || !u.noParams || !noParamTypes(st.params) {
+	if st == nil || st.setting == nil || st.gen != s.srv.cfg.Interceptor.Generation() || !u.noParams || !noParamTypes(st.params) ||
+		st.parsed == nil || st.parsed.state.Load() != stmtReady {
 		return false, nil
 	}
 	return true, s.answerUnit(u, false, st.setting)
@@ -139,7 +140,7 @@ func (s *session) answerParse(st *prepared, set *Setting, gen uint64) (bool, err
 		return false, nil
 	}
 	st.sent, st.probe, st.setting, st.gen = "", nil, set, gen
-	st.again = unprepared
+	st.parsed, st.again = answeredParse, unprepared
 	s.unnamed, s.unnamedSeq, s.unnamedGone, s.unnamedClosed = nil, 0, false, nil
 	delete(s.portals, "")
 	return true, s.answerUnit(u, true, set)
@@ -163,6 +164,41 @@ func (s *session) answerUnit(u unitMessages, parse bool, set *Setting) error {
 	s.cw.Write(setCompleteMessage)
 	_, err := s.cw.Write(readyIdleMessage)
 	return err
+}
+
+// answeredParse is prepared.parsed of a statement whose Parse the proxy
+// answered itself: the client has it.
+var answeredParse = func() *serverStmt {
+	ss := new(serverStmt)
+	ss.state.Store(stmtReady)
+	return ss
+}()
+
+// trackParsed returns w, the wait for the Parse of st, a SET the proxy may
+// answer Binds of, made to note in st.parsed whether Postgres has it.
+func (s *session) trackParsed(st *prepared, w *wait) *wait {
+	// A record no wait holds any more (its Parse was answered or
+	// skipped) is reused, so that parsing the same SET again does not
+	// allocate.
+	if st.parsed == nil || st.parsed == answeredParse || st.parsed.state.Load() == stmtPending {
+		st.parsed = new(serverStmt)
+	}
+	st.parsed.state.Store(stmtPending)
+	if w == parseWait { // shared: take one of its own
+		w = s.pipe.get(waitParse)
+	}
+	w.reuse = st.parsed
+	return w
+}
+
+// forgetParsed stops the session answering Binds of the client's SET
+// statements until they are parsed again: a text that may deallocate
+// statements (DEALLOCATE, DISCARD) may have deallocated them, and a 26000
+// from the server says something was.
+func (s *session) forgetParsed() {
+	for _, st := range s.stmts {
+		st.parsed = nil
+	}
 }
 
 // unitMessages is what unit finds of one statement's unit.
