@@ -605,11 +605,12 @@ func (s *session) bindAs(n int) error {
 	if len(portal) == 0 && s.portalGone {
 		// The Bind replaces the portal a bound Query left only if it
 		// succeeds: close that first. After it the portal is the
-		// client's, or there is none.
+		// client's, or there is none, unless Postgres skips the Close
+		// (and so the Bind) after an earlier error in its batch: the flag
+		// stays until it confirms the Close (see closeGone).
 		if err := s.closeUnnamedPortal(); err != nil {
 			return err
 		}
-		s.portalGone = false
 	}
 	if err1 != nil || err2 != nil {
 		// Names longer than peekLimit: Postgres limits names to 63 bytes, so
@@ -676,11 +677,20 @@ func (s *session) closeUnnamedPortal() error {
 }
 
 // closeGone sends the Close message m for what gone says is gone, unless
-// Postgres confirmed the one sent last (closed), which clears gone.
+// Postgres confirmed the one sent last (closed), which clears gone, or has
+// yet to answer it: that one is ahead of whatever the client sends now,
+// and if Postgres skips it, it skips what follows in its batch too. (A
+// second Close would close the portal a client's Bind after the first
+// made.)
 func (s *session) closeGone(gone *bool, closed **serverStmt, m []byte) error {
-	if c := *closed; c != nil && c.state.Load() == stmtReady {
-		*gone, *closed = false, nil
-		return nil
+	if c := *closed; c != nil {
+		switch c.state.Load() {
+		case stmtReady:
+			*gone, *closed = false, nil
+			return nil
+		case stmtPending:
+			return nil
+		}
 	}
 	c := new(serverStmt)
 	c.state.Store(stmtPending)
