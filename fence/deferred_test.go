@@ -400,3 +400,18 @@ func TestTokenSetDeclaringParamsIsForwarded(t *testing.T) {
 		t.Fatalf("the token is %q, want it unset", got)
 	}
 }
+
+// A text that deallocates every statement, sent right behind an answered
+// SET (so pgfence prepares its own statement ahead of it, and Postgres
+// confirms that after pgfence planned the text), makes pgfence prepare it
+// again before the next deferred SET.
+func TestDeferredTokenAfterDeallocateAll(t *testing.T) {
+	p := pgtest.StartProxy(t, nil)
+	c := p.Connect(t)
+	exec(t, c, simple, "SET fence.token = '5'")
+	exec(t, c, simple, "DEALLOCATE ALL")
+	exec(t, c, simple, "SET fence.token = '6'")
+	if got := show(t, c); got != "6" {
+		t.Fatalf("the token is %q, want 6", got)
+	}
+}

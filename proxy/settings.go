@@ -347,6 +347,12 @@ func (s *session) sendDeferredHolding() error {
 // if the backend may not have it, and with sync a Sync whose
 // ReadyForQuery releases what is held back after them (see heldReady).
 func (s *session) sendDeferred(sync bool) error {
+	if s.lost.Load() {
+		// A text since setStmt was prepared may have deallocated it (see
+		// settled): the client's statement being planned has not made
+		// the session forget it yet.
+		s.setReady = false
+	}
 	w := s.pipe.get(waitSet)
 	w.seq, w.held, w.want = s.deferredVer, sync, setRunReplies*len(s.deferred)
 	if !s.setReady {
