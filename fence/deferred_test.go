@@ -5,8 +5,10 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/pgfence/pgfence/internal/pgtest"
 )
@@ -413,5 +415,44 @@ func TestDeferredTokenAfterDeallocateAll(t *testing.T) {
 	exec(t, c, simple, "SET fence.token = '6'")
 	if got := show(t, c); got != "6" {
 		t.Fatalf("the token is %q, want 6", got)
+	}
+}
+
+// The same for a probe: prepared in a pipeline ahead of DEALLOCATE ALL,
+// it is prepared again before the next fenced write binds it, rather than
+// fail that write with 26000.
+func TestProbeAfterPipelinedDeallocateAll(t *testing.T) {
+	tbl := table(t, [3]any{1, "v", 0})
+	p := pgtest.StartProxy(t, []string{tbl})
+	conn, fe := pgtest.RawSession(t, p.Addr)
+	conn.SetDeadline(time.Now().Add(20 * time.Second))
+	write := "UPDATE " + tbl + " SET val = val || 'x' WHERE id = 1"
+	for _, m := range []pgproto3.FrontendMessage{
+		&pgproto3.Query{String: "SET fence.token = '5'; SET lock_timeout = '5s'"},
+		&pgproto3.Parse{Name: "w", Query: write}, &pgproto3.Bind{PreparedStatement: "w"}, &pgproto3.Execute{}, &pgproto3.Sync{},
+		&pgproto3.Query{String: "DEALLOCATE ALL"},
+		&pgproto3.Parse{Name: "w2", Query: write}, &pgproto3.Sync{},
+	} {
+		fe.Send(m)
+	}
+	if err := fe.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for range 4 {
+		got = append(got, receiveUntilReady(t, fe)...)
+	}
+	fe.Send(&pgproto3.Bind{PreparedStatement: "w2"})
+	fe.Send(&pgproto3.Execute{})
+	fe.Send(&pgproto3.Sync{})
+	if err := fe.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	got = append(got, receiveUntilReady(t, fe)...)
+	if s := strings.Join(got, "\n"); strings.Contains(s, "Error") || strings.Count(s, "UPDATE 1") != 2 {
+		t.Fatalf("replies:\n%s\nwant two UPDATE 1 and no error", s)
+	}
+	if v, _ := row(t, tbl, 1); v != "vxx" {
+		t.Fatalf("row is %q, want vxx", v)
 	}
 }

@@ -435,10 +435,16 @@ func (s *session) query(n int) error {
 		s.forgetReused()
 		s.forgetParsed()
 	}
-	// A simple Query destroys the unnamed statement and portal.
+	// A simple Query destroys the unnamed statement and portal; but in a
+	// failed block Postgres refuses its statements before they replace
+	// the portal, so one a bound Query left stays (see portalGone; a
+	// Close of a portal that is not there is no error).
 	delete(s.stmts, "")
 	delete(s.portals, "")
-	s.unnamed, s.unnamedSeq, s.portalGone = nil, 0, false
+	s.unnamed, s.unnamedSeq = nil, 0
+	if !s.blockMayHaveFailed() {
+		s.portalGone = false
+	}
 	if plan.Forget {
 		s.changing = true
 	}
@@ -804,7 +810,10 @@ func (s *session) injectProbe(p *Probe) error {
 	}
 	w := s.pipe.get(waitProbe)
 	w.probe, w.want, w.ready = p, probeRunReplies, ready
-	if !ready.Load() {
+	// Prepared again also while a text that may have deallocated it is
+	// yet to make the session forget it (see settled): Postgres may have
+	// confirmed the prepare after the text was planned.
+	if !ready.Load() || s.lost.Load() {
 		w.want += probePrepareReplies
 		if _, err := s.sw.Write(p.prepare); err != nil {
 			return err
