@@ -108,6 +108,9 @@ type session struct {
 	// which Postgres skips after an earlier error in its batch: the flag
 	// stays until it confirms one.
 	unnamedClosed, portalClosed *serverStmt
+	// closeRecs are the records closeGone notes those Closes in, one for
+	// each, reused while no reply is owed to the last.
+	closeRecs [2]serverStmt
 	// unnamedSeq numbers the last Parse of the unnamed statement while the
 	// server's unnamed statement may be the proxy's (its stand-in, see
 	// standInParse): from a Parse the proxy reuses for, or any after one,
@@ -673,22 +676,23 @@ var (
 // closeUnnamed closes the server's unnamed statement, which the client's
 // view of the session says a Query destroyed (see session.unnamedGone).
 func (s *session) closeUnnamed() error {
-	return s.closeGone(&s.unnamedGone, &s.unnamedClosed, closeUnnamedMessage)
+	return s.closeGone(&s.unnamedGone, &s.unnamedClosed, &s.closeRecs[0], closeUnnamedMessage)
 }
 
 // closeUnnamedPortal does the same for the unnamed portal (see
 // session.portalGone).
 func (s *session) closeUnnamedPortal() error {
-	return s.closeGone(&s.portalGone, &s.portalClosed, closeUnnamedPortalMessage)
+	return s.closeGone(&s.portalGone, &s.portalClosed, &s.closeRecs[1], closeUnnamedPortalMessage)
 }
 
-// closeGone sends the Close message m for what gone says is gone, unless
+// closeGone sends the Close message m for what gone says is gone, noting
+// it in rec (or a new record while a reply to the last is owed), unless
 // Postgres confirmed the one sent last (closed), which clears gone, or has
 // yet to answer it: that one is ahead of whatever the client sends now,
 // and if Postgres skips it, it skips what follows in its batch too. (A
 // second Close would close the portal a client's Bind after the first
 // made.)
-func (s *session) closeGone(gone *bool, closed **serverStmt, m []byte) error {
+func (s *session) closeGone(gone *bool, closed **serverStmt, rec *serverStmt, m []byte) error {
 	if c := *closed; c != nil {
 		switch c.state.Load() {
 		case stmtReady:
@@ -698,7 +702,10 @@ func (s *session) closeGone(gone *bool, closed **serverStmt, m []byte) error {
 			return nil
 		}
 	}
-	c := new(serverStmt)
+	c := rec
+	if c.state.Load() == stmtPending { // a wait still holds it
+		c = new(serverStmt)
+	}
 	c.state.Store(stmtPending)
 	*closed = c
 	return s.closeQuietly(m, c)
