@@ -47,12 +47,14 @@ const (
 	checkFenced       = "fenced_write"   // B (token 43) updates row 1: 1 row; then A (token 42): 0 rows
 	checkPipeline     = "pipeline"       // pipelined: UPDATE row 6 (1 row), stale UPDATE row 7 (0), INSERT 102
 	checkCleanClose   = "clean_close"    // closing every connection (Terminate) raises no error in the driver
+	checkTokenSet     = "token_set"      // plain SETs of the token (pgfence answers them): INSERT 103 with 11, stale UPDATE with 9: 0 rows, then 11 again
 )
 
 // allChecks is the list for a driver that supports every common check.
 var allChecks = []string{
 	checkTxCommit, checkTxRollback, checkParams, checkPrepared, checkError,
 	checkCopyIn, checkCopyOut, checkListenNotify, checkCancel, checkFenced,
+	checkTokenSet,
 }
 
 // fixture is one driver's tables and the proxy in front of them.
@@ -62,6 +64,10 @@ type fixture struct {
 	Plain   string // unguarded: id int, val text (COPY FROM target)
 	Channel string // LISTEN/NOTIFY channel
 	Proxy   *pgtest.Proxy
+	// SetsAnswered is how many of token_set's three SETs the driver sends
+	// in a form pgfence answers itself (all but postgres.js, which
+	// prepares a text on first use).
+	SetsAnswered int
 }
 
 // newFixture creates compat_NAME (guarded, rows 1..10 with val 'init' at
@@ -70,10 +76,11 @@ type fixture struct {
 func newFixture(t *testing.T, name string) *fixture {
 	t.Helper()
 	f := &fixture{
-		Name:    name,
-		Table:   "compat_" + name,
-		Plain:   "compat_" + name + "_plain",
-		Channel: "compat_" + name + "_events",
+		Name:         name,
+		Table:        "compat_" + name,
+		Plain:        "compat_" + name + "_plain",
+		Channel:      "compat_" + name + "_events",
+		SetsAnswered: 3,
 	}
 	db := pgtest.Direct(t)
 	pgtest.Exec(t, db, fmt.Sprintf(`DROP TABLE IF EXISTS %s, %s`, f.Table, f.Plain))
@@ -188,6 +195,22 @@ func (f *fixture) verify(t *testing.T, check string) {
 		}
 	case checkFenced:
 		expectRow(1, "B", 43)
+	case checkTokenSet:
+		if _, n, epoch, _ := row(103); n != 1 || epoch != 11 {
+			t.Errorf("%s: row 103 of %s has n=%d fence_epoch=%d, want n=1 fence_epoch=11", check, f.Table, n, epoch)
+		}
+		expectRow(103, "tokenset", 11)
+		// The event loop answers a plain SET itself; the goroutine relay
+		// forwards every one. (Other checks may send SETs too.)
+		answered := f.Proxy.Counter(t, "pgfence_token_sets_answered_total")
+		t.Logf("%s: pgfence answered %v SETs of the token", f.Name, answered)
+		if os.Getenv("PGFENCE_TEST_RELAY") == "goroutines" {
+			if answered != 0 {
+				t.Errorf("%s: the goroutine relay answered %v SETs, want none", check, answered)
+			}
+		} else if answered < float64(f.SetsAnswered) {
+			t.Errorf("%s: pgfence answered %v SETs of the token, want at least %d: the driver's SET reached Postgres", check, answered, f.SetsAnswered)
+		}
 	case checkPipeline:
 		expectRow(6, "pipeline", 10)
 		expectRow(7, "B", 43)

@@ -42,6 +42,7 @@ func TestPostgresJS(t *testing.T) {
 	t.Parallel()
 	node := nodeModules(t, "postgres")
 	f := newFixture(t, "postgresjs")
+	f.SetsAnswered = 1
 	f.runScript(t, append(allChecks, checkPipeline), node, "node/postgresjs_compat.js")
 }
 
@@ -102,7 +103,7 @@ func (f *fixture) verifyJDBC(t *testing.T) {
 // psql's checks; it has no bound parameters before psql 16 (\bind).
 var psqlChecks = []string{
 	checkTxCommit, checkTxRollback, checkPrepared, checkError,
-	checkCopyIn, checkCopyOut, checkListenNotify, checkCancel, checkFenced,
+	checkCopyIn, checkCopyOut, checkListenNotify, checkCancel, checkFenced, checkTokenSet,
 }
 
 func TestPsql(t *testing.T) {

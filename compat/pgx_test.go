@@ -45,6 +45,7 @@ func TestPgx(t *testing.T) {
 				{checkCancel, p.cancel},
 				{checkFenced, p.fenced},
 				{checkPipeline, p.pipeline},
+				{checkTokenSet, p.tokenSet},
 			} {
 				t.Run(c.name, func(t *testing.T) {
 					ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -280,5 +281,29 @@ func (p *pgxDriver) pipeline(t *testing.T, ctx context.Context) {
 	}
 	if err := br.Close(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// tokenSet sets the token with plain SETs, as an application does. pgx
+// sends a statement without arguments as a simple Query in every mode.
+func (p *pgxDriver) tokenSet(t *testing.T, ctx context.Context) {
+	c := p.connect(t, ctx, "")
+	steps := []struct {
+		sql  string
+		rows int64
+	}{
+		{"SET fence.token = '11'", 0},
+		{fmt.Sprintf("INSERT INTO %s (id, val) VALUES (103, 'tokenset')", p.f.Table), 1},
+		{"SET fence.token = '9'", 0},
+		{fmt.Sprintf("UPDATE %s SET val = 'stale' WHERE id = 103", p.f.Table), 0},
+		{"SET fence.token = '11'", 0},
+	}
+	for _, s := range steps {
+		if n := p.exec(t, ctx, c, s.sql); n != s.rows {
+			t.Fatalf("%s: %d rows, want %d", s.sql, n, s.rows)
+		}
+	}
+	if n := p.exec(t, ctx, c, fmt.Sprintf("UPDATE %s SET n = n + 1 WHERE id = $1", p.f.Table), 103); n != 1 {
+		t.Fatalf("UPDATE with token 11 again: %d rows, want 1", n)
 	}
 }

@@ -234,6 +234,24 @@ public class PgJDBCCompat {
             }
         });
 
+        check("token_set", () -> {
+            // Plain SETs, as an application sets its lease's token: pgJDBC
+            // sends each as a Parse of the unnamed statement (a text seen
+            // fewer than prepareThreshold times), which pgfence answers
+            // itself when the session is idle.
+            try (Connection c = connect(null); Statement st = c.createStatement()) {
+                st.execute("SET fence.token = '11'");
+                int n = st.executeUpdate("INSERT INTO " + T + " (id, val) VALUES (103, 'tokenset')");
+                expect(n == 1, "INSERT with token 11: " + n + " rows");
+                st.execute("SET fence.token = '9'");
+                n = st.executeUpdate("UPDATE " + T + " SET val = 'stale' WHERE id = 103");
+                expect(n == 0, "UPDATE with the stale token 9: " + n + " rows, want 0");
+                st.execute("SET fence.token = '11'");
+                n = update(c, "UPDATE " + T + " SET n = n + 1 WHERE id = ?", 103);
+                expect(n == 1, "UPDATE with token 11 again: " + n + " rows");
+            }
+        });
+
         System.exit(failed.isEmpty() ? 0 : 1);
     }
 }

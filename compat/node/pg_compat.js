@@ -133,6 +133,21 @@ async function main() {
     expect(r.rows[0].val === 'B', "row 1 lost B's value")
   })
 
+  await check('token_set', async () => {
+    // Plain SETs, as an application sets its lease's token; pgfence
+    // answers them itself when the session is idle.
+    const c = await connect()
+    await c.query("SET fence.token = '11'")
+    const i = await c.query(`INSERT INTO ${T} (id, val) VALUES (103, 'tokenset')`)
+    expect(i.rowCount === 1, `INSERT with token 11: ${i.rowCount} rows`)
+    await c.query("SET fence.token = '9'")
+    const s = await c.query(`UPDATE ${T} SET val = 'stale' WHERE id = 103`)
+    expect(s.rowCount === 0, `UPDATE with the stale token 9: ${s.rowCount} rows, want 0`)
+    await c.query("SET fence.token = '11'")
+    const u = await c.query(`UPDATE ${T} SET n = n + 1 WHERE id = $1`, [103])
+    expect(u.rowCount === 1, `UPDATE with token 11 again: ${u.rowCount} rows`)
+  })
+
   await check('clean_close', async () => {
     // Client#end() sends Terminate; nothing may come back but the close.
     const ends = await Promise.allSettled(clients.map((c) => c.end()))

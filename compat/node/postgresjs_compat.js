@@ -134,6 +134,22 @@ async function main() {
     expect(r.val === 'B', "row 1 lost B's value")
   })
 
+  await check('token_set', async () => {
+    // Plain SETs, as an application sets its lease's token. postgres.js
+    // prepares each text as a named statement on first use, so pgfence
+    // answers only a SET it has seen before (the third) itself.
+    const sql = await connect()
+    await sql`SET fence.token = '11'`
+    const i = await sql`INSERT INTO ${table(sql)} (id, val) VALUES (103, 'tokenset')`
+    expect(i.count === 1, `INSERT with token 11: ${i.count} rows`)
+    await sql`SET fence.token = '9'`
+    const s = await sql`UPDATE ${table(sql)} SET val = 'stale' WHERE id = 103`
+    expect(s.count === 0, `UPDATE with the stale token 9: ${s.count} rows, want 0`)
+    await sql`SET fence.token = '11'`
+    const u = await sql`UPDATE ${table(sql)} SET n = n + 1 WHERE id = ${103}`
+    expect(u.count === 1, `UPDATE with token 11 again: ${u.count} rows`)
+  })
+
   await check('pipeline', async () => {
     // Queries issued together on one connection are pipelined: all sent
     // before the first result is read.

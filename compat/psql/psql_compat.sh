@@ -141,7 +141,22 @@ fenced_write() {
 	expect_in "$a" "UPDATE 0" && expect_in "$a" "B"
 }
 
-for c in tx_commit tx_rollback prepared_reuse error_recovery copy_in copy_out listen_notify cancel fenced_write; do
+# Plain SETs, each answered by pgfence itself (the session is idle).
+token_set() {
+	local out
+	out=$(q -v ON_ERROR_STOP=1 <<-SQL
+		SET fence.token = '11';
+		INSERT INTO $T (id, val) VALUES (103, 'tokenset');
+		SET fence.token = '9';
+		UPDATE $T SET val = 'stale' WHERE id = 103;
+		SET fence.token = '11';
+		UPDATE $T SET n = n + 1 WHERE id = 103;
+	SQL
+	) || { echo "$out"; return 1; }
+	[ "$(grep -c '^UPDATE 1$' <<<"$out")" = 1 ] && expect_in "$out" "INSERT 0 1" && expect_in "$out" "UPDATE 0"
+}
+
+for c in tx_commit tx_rollback prepared_reuse error_recovery copy_in copy_out listen_notify cancel fenced_write token_set; do
 	check "$c"
 done
 exit "$failed"

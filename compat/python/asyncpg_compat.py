@@ -122,4 +122,20 @@ async def _():
     expect(await a.fetchval(f"SELECT val FROM {TABLE} WHERE id = 1") == "B", "row 1 lost B's value")
 
 
+@check("token_set")
+async def _():
+    # Plain SETs, as an application sets its lease's token; pgfence
+    # answers them itself when the session is idle.
+    conn = await connect()
+    await conn.execute("SET fence.token = '11'")
+    status = await conn.execute(f"INSERT INTO {TABLE} (id, val) VALUES (103, 'tokenset')")
+    expect(rows_affected(status) == 1, f"INSERT with token 11: {status}")
+    await conn.execute("SET fence.token = '9'")
+    status = await conn.execute(f"UPDATE {TABLE} SET val = 'stale' WHERE id = 103")
+    expect(rows_affected(status) == 0, f"UPDATE with the stale token 9: {status}, want UPDATE 0")
+    await conn.execute("SET fence.token = '11'")
+    status = await conn.execute(f"UPDATE {TABLE} SET n = n + 1 WHERE id = $1", 103)
+    expect(rows_affected(status) == 1, f"UPDATE with token 11 again: {status}")
+
+
 finish()

@@ -135,4 +135,20 @@ def _():
     expect(a.fetchone() == ("B",), "row 1 lost B's value")
 
 
+@check("token_set")
+def _():
+    # Plain SETs, as an application sets its lease's token; pgfence
+    # answers them itself when the session is idle.
+    cur = connect().cursor()
+    cur.execute("SET fence.token = '11'")
+    cur.execute(f"INSERT INTO {TABLE} (id, val) VALUES (103, 'tokenset')")
+    expect(cur.rowcount == 1, f"INSERT with token 11: {cur.rowcount} rows")
+    cur.execute("SET fence.token = '9'")
+    cur.execute(f"UPDATE {TABLE} SET val = 'stale' WHERE id = 103")
+    expect(cur.rowcount == 0, f"UPDATE with the stale token 9: {cur.rowcount} rows, want 0")
+    cur.execute("SET fence.token = '11'")
+    cur.execute(f"UPDATE {TABLE} SET n = n + 1 WHERE id = 103")
+    expect(cur.rowcount == 1, f"UPDATE with token 11 again: {cur.rowcount} rows")
+
+
 finish()

@@ -147,4 +147,21 @@ def _():
     expect(sel.fetchone() == ("pipeline",), "SELECT in the pipeline")
 
 
+@check("token_set")
+def _():
+    # Plain SETs, as an application sets its lease's token; psycopg sends
+    # each as a Parse of the unnamed statement, which pgfence answers
+    # itself when the session is idle.
+    conn = connect()
+    expect(conn.execute(f"SET fence.token = '11'").statusmessage == "SET", "SET")
+    cur = conn.execute(f"INSERT INTO {TABLE} (id, val) VALUES (103, 'tokenset')")
+    expect(cur.rowcount == 1, f"INSERT with token 11: {cur.rowcount} rows")
+    conn.execute("SET fence.token = '9'")
+    cur = conn.execute(f"UPDATE {TABLE} SET val = 'stale' WHERE id = 103")
+    expect(cur.rowcount == 0, f"UPDATE with the stale token 9: {cur.rowcount} rows, want 0")
+    conn.execute("SET fence.token = '11'")
+    cur = conn.execute(f"UPDATE {TABLE} SET n = n + 1 WHERE id = 103")
+    expect(cur.rowcount == 1, f"UPDATE with token 11 again: {cur.rowcount} rows")
+
+
 finish()
