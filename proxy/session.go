@@ -137,6 +137,10 @@ type session struct {
 	setRan               uint64
 	// setReady is set once the backend has the proxy's setStmt.
 	setReady bool
+	// setStmts is set once the client has prepared a statement that is a
+	// SET the proxy may answer, so that a session that never did spends
+	// nothing looking for one at every Bind (see answerBind).
+	setStmts bool
 	// applyPlan is set while a Query or Parse that starts a batch is
 	// planned, to set deferred settings ahead of it (see applyPlanned).
 	applyPlan bool
@@ -546,6 +550,7 @@ func (s *session) parse(n int) error {
 	}
 	if plan.Setting != nil {
 		w = s.trackParsed(st, w)
+		s.setStmts = true
 	}
 	if plan.SQL == "" {
 		s.pipe.push(w)

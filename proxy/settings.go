@@ -106,7 +106,7 @@ func (s *session) answerQuery(set *Setting) error {
 // a Setting, binds it no values, and is whole in hand (see unit). It
 // reports whether it did.
 func (s *session) answerBind(n int) (bool, error) {
-	if len(s.stmts) == 0 || !s.mayAnswer() {
+	if !s.setStmts || !s.mayAnswer() {
 		return false, nil
 	}
 	u, ok := s.unit(0)
@@ -141,6 +141,7 @@ func (s *session) answerParse(st *prepared, set *Setting, gen uint64) (bool, err
 	}
 	st.sent, st.probe, st.setting, st.gen = "", nil, set, gen
 	st.parsed, st.again = answeredParse, unprepared
+	s.setStmts = true
 	s.unnamed, s.unnamedSeq, s.unnamedGone, s.unnamedClosed = nil, 0, false, nil
 	delete(s.portals, "")
 	return true, s.answerUnit(u, true, set)
