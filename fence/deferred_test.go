@@ -62,12 +62,14 @@ var setWays = []struct {
 	// statement cache, pgbench -M prepared).
 	{"named statement", func(t *testing.T, c *pgx.Conn, sql string) string {
 		t.Helper()
-		if _, err := c.PgConn().Prepare(ctx, "tokset", sql, nil); err != nil {
+		tokset++
+		name := fmt.Sprint("tokset", tokset)
+		if _, err := c.PgConn().Prepare(ctx, name, sql, nil); err != nil {
 			t.Fatal(err)
 		}
 		// Postgres sees the Parse; reset what it says the backend ran last.
 		exec(t, c, simple, "SELECT 1")
-		return execPrepared(t, c, "tokset")
+		return execPrepared(t, c, name)
 	}},
 	// Parse of the unnamed statement, then Bind, Describe, Execute and Sync
 	// (libpq's PQexecParams, pgbench -M extended, JDBC).
@@ -80,6 +82,9 @@ var setWays = []struct {
 		return res.CommandTag.String()
 	}},
 }
+
+// tokset numbers the statements setWays prepares.
+var tokset int
 
 // execPrepared binds and runs the prepared statement name with no values.
 func execPrepared(t *testing.T, c *pgx.Conn, name string) string {
@@ -289,32 +294,153 @@ func TestDeferredTokenRolledBackWithWrite(t *testing.T) {
 	}
 }
 
-// A SET inside a transaction block is Postgres's to answer: it is undone
-// with the block, and refused in a failed one.
-func TestTokenSetInBlockIsForwarded(t *testing.T) {
-	p := pgtest.StartProxy(t, nil)
-	c := p.Connect(t)
-	exec(t, c, simple, "SET fence.token = '5'")
-	for _, mode := range []pgx.QueryExecMode{simple, prepared} {
+// A SET inside a transaction block that has not failed is answered by
+// pgfence too, and so is a SET LOCAL there, whichever way they are sent;
+// both mean what Postgres says they mean: a SET is undone with the block
+// or with a savepoint rolled back, a SET LOCAL lasts until the block ends.
+// In a failed block Postgres refuses them, and outside a block a SET LOCAL
+// is Postgres's to warn about.
+func TestTokenSetInBlock(t *testing.T) {
+	tbl := table(t, [3]any{1, "v", 0})
+	p := pgtest.StartProxy(t, []string{tbl})
+	for _, way := range setWays {
+		c := p.Connect(t)
+		pid := c.PgConn().PID()
+		is := func(want string) {
+			t.Helper()
+			if got := show(t, c); got != want {
+				t.Fatalf("%s: the token is %q, want %q", way.name, got, want)
+			}
+		}
+		set := func(sql string, answer bool) {
+			t.Helper()
+			before := answered(t, p)
+			if tag := way.send(t, c, sql); tag != "SET" {
+				t.Fatalf("%s: %s answered %q", way.name, sql, tag)
+			}
+			answer = answer && answersSets()
+			if got, want := answered(t, p)-before, map[bool]float64{true: 1, false: 0}[answer]; got != want {
+				t.Fatalf("%s: %s: pgfence_token_sets_answered_total rose by %v, want %v", way.name, sql, got, want)
+			}
+			if last := lastQuery(t, pid); answer == strings.HasPrefix(last, "SET ") {
+				t.Fatalf("%s: after %s Postgres's backend last ran %q (answered by pgfence: %v)", way.name, sql, last, answer)
+			}
+		}
+		exec(t, c, simple, "SET fence.token = '5'")
+
 		exec(t, c, simple, "BEGIN")
-		exec(t, c, mode, "SET fence.token = '9'")
-		if got := show(t, c); got != "9" {
-			t.Fatalf("%v: in the block the token is %q", mode, got)
+		set("SET fence.token = '9'", true)
+		is("9")
+		exec(t, c, simple, "ROLLBACK")
+		is("5")
+
+		exec(t, c, simple, "BEGIN")
+		set("SET LOCAL fence.token = '8'", true)
+		is("8")
+		exec(t, c, simple, "COMMIT")
+		is("5")
+
+		exec(t, c, simple, "BEGIN")
+		exec(t, c, simple, "SAVEPOINT s")
+		set("SET fence.token = '7'", true)
+		exec(t, c, simple, "ROLLBACK TO SAVEPOINT s")
+		is("5")
+		set("SET fence.token = '6'", true)
+		exec(t, c, simple, "COMMIT")
+		is("6")
+
+		// Answered one after the other, each means what it says.
+		exec(t, c, simple, "BEGIN")
+		set("SET fence.token = '20'", true)
+		set("SET LOCAL fence.token = '21'", true)
+		is("21")
+		exec(t, c, simple, "COMMIT")
+		is("20")
+		exec(t, c, simple, "BEGIN")
+		set("SET LOCAL fence.token = '22'", true)
+		set("SET fence.token = '23'", true)
+		set("SET LOCAL fence.token = '24'", true)
+		exec(t, c, simple, "COMMIT")
+		is("23")
+
+		// A fenced write right after it carries it; one that fails leaves
+		// the block to roll back, with nothing more to set.
+		exec(t, c, simple, "BEGIN")
+		set("SET LOCAL fence.token = '30'", true)
+		if tag := exec(t, c, prepared, "UPDATE "+tbl+" SET val = $1 WHERE id = 1", way.name); tag != "UPDATE 1" {
+			t.Fatalf("%s: the write in the block: %s", way.name, tag)
+		}
+		exec(t, c, simple, "COMMIT")
+		if v, e := row(t, tbl, 1); v != way.name || e != 30 {
+			t.Fatalf("%s: row is (%s, %d), want (%s, 30)", way.name, v, e, way.name)
+		}
+		is("23")
+		exec(t, c, simple, "BEGIN")
+		set("SET LOCAL fence.token = '31'", true)
+		if _, err := c.Exec(ctx, "UPDATE "+tbl+" SET val = (1 / 0)::text WHERE id = 1", prepared); pgErr(t, err).Code != "22012" {
+			t.Fatalf("%s: the failing write in the block: %v", way.name, err)
 		}
 		exec(t, c, simple, "ROLLBACK")
-		if got := show(t, c); got != "5" {
-			t.Fatalf("%v: after ROLLBACK the token is %q, want 5", mode, got)
-		}
+		is("23")
+
+		// Outside a block Postgres warns of a SET LOCAL and does nothing.
+		set("SET LOCAL fence.token = '40'", false)
+		is("23")
+
 		exec(t, c, simple, "BEGIN")
 		c.Exec(ctx, "SELECT 1/0", simple)
-		_, err := c.Exec(ctx, "SET fence.token = '10'", mode)
+		before := answered(t, p)
+		_, err := c.Exec(ctx, "SET fence.token = '10'", simple)
 		if pe := pgErr(t, err); pe.Code != "25P02" {
-			t.Fatalf("%v: SET in a failed block: %s %q, want 25P02", mode, pe.Code, pe.Message)
+			t.Fatalf("%s: SET in a failed block: %s %q, want 25P02", way.name, pe.Code, pe.Message)
+		}
+		if answered(t, p) != before {
+			t.Fatalf("%s: pgfence answered a SET in a failed block", way.name)
 		}
 		exec(t, c, simple, "ROLLBACK")
-		if got := show(t, c); got != "5" {
-			t.Fatalf("%v: after the failed block the token is %q, want 5", mode, got)
-		}
+		is("23")
+		c.Close(ctx)
+	}
+}
+
+// If a token answered in a block fails to be set on the server ahead of a
+// write, the write is skipped with the error, and the block, failed, rolls
+// back as the client asks; ahead of anything else the session ends, as
+// outside a block (TestDeferredTokenFailsClosed).
+func TestDeferredTokenFailsInBlock(t *testing.T) {
+	if !answersSets() {
+		t.Skip("the goroutine relay answers no SET: nothing is deferred")
+	}
+	tbl := table(t, [3]any{1, "v", 0})
+	p := pgtest.StartProxy(t, []string{tbl})
+	c := p.Connect(t)
+	exec(t, c, simple, `CREATE FUNCTION pg_temp.forget() RETURNS void LANGUAGE sql AS 'DEALLOCATE "pgfence.set"'`)
+	exec(t, c, simple, "SET fence.token = '5'")
+	exec(t, c, simple, "SELECT 1") // pgfence prepares set_config here
+
+	exec(t, c, simple, "BEGIN")
+	exec(t, c, simple, "SELECT pg_temp.forget()")
+	exec(t, c, simple, "SET fence.token = '6'")
+	_, err := c.Exec(ctx, "UPDATE "+tbl+" SET val = 'six' WHERE id = 1", prepared)
+	if pe := pgErr(t, err); pe.Code != "26000" || !strings.Contains(pe.Message, "pgfence.set") {
+		t.Fatalf("the write behind a failed deferred SET: %s %q, want 26000 naming pgfence.set", pe.Code, pe.Message)
+	}
+	exec(t, c, simple, "ROLLBACK")
+	if got := show(t, c); got != "5" {
+		t.Fatalf("after the block the token is %q, want 5", got)
+	}
+	if v, e := row(t, tbl, 1); v != "v" || e != 0 {
+		t.Fatalf("row is (%s, %d), want (v, 0)", v, e)
+	}
+
+	exec(t, c, simple, "SET fence.token = '5'")
+	exec(t, c, simple, "SELECT 1") // pgfence prepares set_config again
+	exec(t, c, simple, "BEGIN")
+	exec(t, c, simple, "SELECT pg_temp.forget()")
+	exec(t, c, simple, "SET LOCAL fence.token = '7'")
+	_, err = c.Exec(ctx, "SELECT 1", simple)
+	if pe := pgErr(t, err); pe.Severity != "FATAL" || pe.Code != "26000" {
+		t.Fatalf("a statement behind a failed deferred SET: %s %s %q, want FATAL 26000", pe.Severity, pe.Code, pe.Message)
 	}
 }
 

@@ -196,11 +196,11 @@ func (p *Policy) plan(c *proxy.Client, sql string, mode sqlrewrite.Mode) proxy.P
 		p.m.passthrough.Inc()
 		return proxy.Plan{}
 	}
-	if name, value, ok := st.tokens.Match(sql); ok {
+	if set, ok := st.tokens.Match(sql); ok {
 		// It changes no prepared statement and touches no table; the
 		// proxy may answer it itself (see proxy.Plan.Setting).
 		p.m.passthrough.Inc()
-		return proxy.Plan{Setting: sess.setting(name, value)}
+		return proxy.Plan{Setting: sess.setting(set)}
 	}
 	// Plan.Forget has the proxy prepare its own statements again: on a
 	// false alarm that costs a Parse, a miss fails the next write that

@@ -21,9 +21,9 @@ type session struct {
 	// texts again and again.
 	last      []byte
 	lastState *state
-	// lastSet is the last token setting planned (see setting); the proxy
-	// keeps it and never changes it.
-	lastSet *proxy.Setting
+	// lastSet are the last token settings planned (see setting), SET and
+	// SET LOCAL; the proxy keeps them and never changes them.
+	lastSet [2]*proxy.Setting
 }
 
 // passes reports whether sql is the text last passed untouched, under the
@@ -43,15 +43,19 @@ func (s *session) passed(st *state, sql string) {
 	s.last, s.lastState = append(s.last[:0], sql...), st
 }
 
-// setting returns the Setting of name and value (which may share the
-// proxy's buffer): the session's last one when it is the same, as a
-// client sets the same token transaction after transaction.
-func (s *session) setting(name, value string) *proxy.Setting {
-	if l := s.lastSet; l != nil && l.Name == name && l.Value == value {
+// setting returns the Setting set makes (its value may share the proxy's
+// buffer): the session's last one when it is the same, as a client sets
+// the same token transaction after transaction.
+func (s *session) setting(set sqlrewrite.TokenSet) *proxy.Setting {
+	last := &s.lastSet[0]
+	if set.Local {
+		last = &s.lastSet[1]
+	}
+	if l := *last; l != nil && l.Name == set.Name && l.Value == set.Value {
 		return l
 	}
-	s.lastSet = &proxy.Setting{Name: name, Value: strings.Clone(value)}
-	return s.lastSet
+	*last = &proxy.Setting{Name: set.Name, Value: strings.Clone(set.Value), Local: set.Local}
+	return *last
 }
 
 func sessionOf(c *proxy.Client) *session {

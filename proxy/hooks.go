@@ -91,6 +91,9 @@ type Plan struct {
 // Setting is a session setting and its value, as set_config takes them.
 type Setting struct {
 	Name, Value string
+	// Local is set for SET LOCAL: the value lasts until the transaction
+	// ends, so the proxy answers it only inside a transaction block.
+	Local bool
 }
 
 // Origin maps where Postgres says an error is in a Plan's SQL to the same

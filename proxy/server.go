@@ -56,11 +56,12 @@ type Config struct {
 	GoroutineRelay bool
 	// ForwardSettings sends every SET to Postgres as the client sent it.
 	// By default a plain SET the Interceptor vouches for (Plan.Setting),
-	// sent while the session is idle, is answered by the proxy at once and
-	// run on the server ahead of the client's next statement, in the same
-	// transaction when that is one write, so a transaction that sets its
-	// fencing token and writes costs one round trip to Postgres, not two
-	// (see settings.go). Event-loop sessions only.
+	// sent while the session is idle or in a transaction block that has
+	// not failed, with nothing in flight, is answered by the proxy at once
+	// and run on the server ahead of the client's next statement, in the
+	// same transaction when that is one write, so setting the fencing
+	// token costs no round trip to Postgres of its own (see settings.go).
+	// Event-loop sessions only.
 	ForwardSettings bool
 }
 

@@ -124,6 +124,11 @@ type session struct {
 	// wasIdle says the message being handled came while the session was
 	// idle.
 	wasIdle bool
+	// wasBlock says it came while the session was in a transaction block
+	// that has not failed, with nothing in flight; quietBlock is set at
+	// such a ReadyForQuery while the event loop relays the session, and
+	// cleared at the client's next message.
+	wasBlock, quietBlock bool
 
 	// Deferred settings (see settings.go), used only while the event loop
 	// relays the session, so both sides touch them on one goroutine.
@@ -135,6 +140,9 @@ type session struct {
 	deferred             []Setting
 	deferredVer, setKept uint64
 	setRan               uint64
+	// deferBlock says deferred were answered inside a transaction block
+	// (see Deferred settings).
+	deferBlock bool
 	// setReady is set once the backend has the proxy's setStmt.
 	setReady bool
 	// setStmts is set once the client has prepared a statement that is a
@@ -362,7 +370,8 @@ func (s *session) clientMessage(typ byte, n int) error {
 	if s.wasIdle = s.idle.Load(); s.wasIdle { // a load is cheaper than a store on every message
 		s.idle.Store(false)
 	}
-	if typ == 'B' && s.wasIdle {
+	s.wasBlock, s.quietBlock = s.quietBlock, false
+	if typ == 'B' && (s.wasIdle || s.wasBlock) {
 		if ok, err := s.answerBind(n); ok || err != nil {
 			return err
 		}
@@ -422,10 +431,11 @@ func (s *session) query(n int) error {
 	plan := s.srv.cfg.Interceptor.Query(s.c, unsafe.String(unsafe.SliceData(text), len(text)))
 	apply := s.applyPlan
 	s.applyPlan = false
-	if plan.Setting != nil && s.mayAnswer() {
+	if plan.Setting != nil && s.mayAnswer(plan.Setting) {
 		// As for a bound Query, the server keeps the unnamed statement the
-		// client's view of the session says the Query destroyed. (An idle
-		// session has no unnamed portal: its transaction ended.)
+		// client's view of the session says the Query destroyed, and in a
+		// block the unnamed portal too. (An idle session has none: its
+		// transaction ended.)
 		delete(s.stmts, "")
 		delete(s.portals, "")
 		s.unnamed, s.unnamedSeq = nil, 0
@@ -504,7 +514,7 @@ func (s *session) parse(n int) error {
 		s.stmts[string(name)] = st
 	}
 	plan := ic.Parse(s.c, st.text)
-	if len(name) == 0 && plan.Setting != nil && s.wasIdle {
+	if len(name) == 0 && plan.Setting != nil && (s.wasIdle || s.wasBlock) {
 		if ok, err := s.answerParse(st, plan.Setting, gen); ok || err != nil {
 			s.applyPlan = false // the settings stay deferred, this one with them
 			return err
@@ -975,6 +985,9 @@ func (s *session) reply(w *wait, typ byte, n int) error {
 			s.settled(changed, status)
 		}
 		if status != 0 && s.pipe.head() == nil {
+			if status == 'T' && s.pipe.single {
+				s.quietBlock = true
+			}
 			if status == 'I' {
 				s.idle.Store(true)
 				if s.srv.draining.Load() {

@@ -11,25 +11,30 @@ import (
 
 // Deferred settings. A transaction that sets the fencing token and then
 // writes costs two round trips to Postgres: the SET, then the write. When
-// the session is idle (nothing in flight, no transaction open), the proxy
-// answers a SET the Interceptor vouches for (Plan.Setting) itself, keeps
-// the setting, and sets it on the server with a statement of its own
-// (set_config) ahead of the client's next statement:
+// nothing is in flight and the session is idle or in a transaction block
+// that has not failed, the proxy answers a SET the Interceptor vouches for
+// (Plan.Setting) itself, keeps the setting, and sets it on the server with
+// a statement of its own (set_config) ahead of the client's next
+// statement, where Postgres would have run the SET:
 //
 //   - Ahead of a unit that is one fenced write (Bind, an optional Describe,
 //     Execute and Sync, all in hand), with no Sync between them. Both run
-//     in one implicit transaction: if the setting fails, Postgres skips the
-//     write and the client gets the error (fail closed); if the write
-//     fails, the setting is rolled back with it, and is set again ahead of
-//     the next statement.
+//     in one transaction: if the setting fails, Postgres skips the write
+//     and the client gets the error (fail closed).
 //   - Ahead of anything else that may run a statement, with a Sync of its
 //     own; what the proxy sends for the client's messages after it waits
 //     in the proxy until Postgres has answered (session.held). If the
 //     setting failed there, the session ends with the error: nothing may
 //     run without the setting the client was told is set.
 //
-// A setting is kept until a unit that carried it ends in ReadyForQuery
-// with no error; until then every unit carries it again.
+// A setting answered while idle that joined a write in its implicit
+// transaction is rolled back with the write if that fails, where the
+// client's SET would have stood: it is kept until a unit that carried it
+// ends in ReadyForQuery with no error, and until then every unit carries
+// it again. One answered in a block (SET LOCAL too) is done once it ran:
+// from there Postgres undoes it when the client's SET would be undone. If
+// it failed ahead of a write, the block failed with the write, and the
+// client can only roll back past the SET; it is dropped.
 
 // setStmt is the proxy's own statement that sets a deferred setting.
 const setStmt = "pgfence.set"
@@ -40,8 +45,8 @@ var (
 	// fail on a statement that still exists.
 	setPrepare = func() []byte {
 		b, _ := (&pgproto3.Close{ObjectType: 'S', Name: setStmt}).Encode(nil)
-		b, _ = (&pgproto3.Parse{Name: setStmt, Query: "SELECT pg_catalog.set_config($1, $2, false)",
-			ParameterOIDs: []uint32{25, 25}}).Encode(b)
+		b, _ = (&pgproto3.Parse{Name: setStmt, Query: "SELECT pg_catalog.set_config($1, $2, $3)",
+			ParameterOIDs: []uint32{25, 25, 16}}).Encode(b)
 		return b
 	}()
 	// setRunTail executes and closes setStmt's portal, after its Bind.
@@ -67,13 +72,24 @@ var (
 	noDataMessage        = []byte{'n', 0, 0, 0, 4}
 	setCompleteMessage   = []byte{'C', 0, 0, 0, 8, 'S', 'E', 'T', 0}
 	readyIdleMessage     = []byte{'Z', 0, 0, 0, 5, 'I'}
+	readyBlockMessage    = []byte{'Z', 0, 0, 0, 5, 'T'}
 )
 
-// mayAnswer reports whether the proxy may answer a SET itself now: the
-// client sent it while the session was idle, and the event loop relays
-// the session (its client side may then write replies of its own).
-func (s *session) mayAnswer() bool {
-	return s.wasIdle && !s.srv.cfg.ForwardSettings && s.pipe.single && !s.held && s.pipe.head() == nil
+// mayAnswer reports whether the proxy may answer set itself now: the
+// client sent it with nothing in flight while the session was idle (not a
+// SET LOCAL, which does nothing there but warn) or in a block that has
+// not failed, and the event loop relays the session (its client side may
+// then write replies of its own). Settings answered while idle and in a
+// block are kept differently, so one still pending from the other stops
+// it (it cannot be: the statement that opens or ends a block carries
+// them).
+func (s *session) mayAnswer(set *Setting) bool {
+	block := s.wasBlock
+	if !block && (!s.wasIdle || set.Local) {
+		return false
+	}
+	return !s.srv.cfg.ForwardSettings && s.pipe.single && !s.held && s.pipe.head() == nil &&
+		(s.deferBlock == block || !s.deferredPending())
 }
 
 // deferSetting keeps set, answered by the proxy, for the server.
@@ -83,22 +99,46 @@ func (s *session) deferSetting(set *Setting) {
 		s.deferred = s.deferred[:0]
 	}
 	s.deferredVer++
-	s.idle.Store(true) // as the client sees it
-	for i := range s.deferred {
-		if s.deferred[i].Name == set.Name {
-			s.deferred[i].Value = set.Value
-			return
+	s.deferBlock = s.wasBlock
+	// As the client sees it, the session is as it was.
+	if s.wasBlock {
+		s.quietBlock = true
+	} else {
+		s.idle.Store(true)
+	}
+	// A SET supersedes what is deferred of the same setting; a SET LOCAL
+	// only SET LOCALs after the last SET of it, which stays to be the
+	// value after the transaction.
+	for i := len(s.deferred) - 1; i >= 0; i-- {
+		if d := &s.deferred[i]; d.Name == set.Name {
+			if set.Local && !d.Local {
+				break
+			}
+			s.deferred = append(s.deferred[:i], s.deferred[i+1:]...)
 		}
 	}
 	s.deferred = append(s.deferred, *set)
+}
+
+// answered writes the ReadyForQuery that ends the proxy's answer to a SET:
+// the transaction status it was sent in.
+func (s *session) answered() error {
+	if s.wasBlock {
+		// The client's unnamed portal is now the SET's, or gone; the
+		// server's is still what it was.
+		s.portalGone, s.portalClosed = true, nil
+		_, err := s.cw.Write(readyBlockMessage)
+		return err
+	}
+	_, err := s.cw.Write(readyIdleMessage)
+	return err
 }
 
 // answerQuery answers a simple-protocol SET.
 func (s *session) answerQuery(set *Setting) error {
 	s.deferSetting(set)
 	s.cw.Write(setCompleteMessage)
-	_, err := s.cw.Write(readyIdleMessage)
-	return err
+	return s.answered()
 }
 
 // answerBind answers, if it may, the unit at the front of the client's
@@ -106,16 +146,16 @@ func (s *session) answerQuery(set *Setting) error {
 // a Setting, binds it no values, and is whole in hand (see unit). It
 // reports whether it did.
 func (s *session) answerBind(n int) (bool, error) {
-	if !s.setStmts || !s.mayAnswer() {
+	if !s.setStmts {
 		return false, nil
 	}
 	u, ok := s.unit(0)
-	if !ok {
+	if !ok || !s.mayBind(u) {
 		return false, nil
 	}
 	st := s.stmts[string(u.stmt)]
 	if st == nil || st.setting == nil || st.gen != s.srv.cfg.Interceptor.Generation() || !u.noParams || !noParamTypes(st.params) ||
-		st.parsed == nil || st.parsed.state.Load() != stmtReady {
+		st.parsed == nil || st.parsed.state.Load() != stmtReady || !s.mayAnswer(st.setting) {
 		return false, nil
 	}
 	return true, s.answerUnit(u, false, st.setting)
@@ -132,11 +172,11 @@ func (s *session) answerBind(n int) (bool, error) {
 // the client's to be prepared again before a Bind or Describe of it
 // reaches the server (see replan); one answered again does not.
 func (s *session) answerParse(st *prepared, set *Setting, gen uint64) (bool, error) {
-	if !s.mayAnswer() || !noParamTypes(st.params) {
+	if !s.mayAnswer(set) || !noParamTypes(st.params) {
 		return false, nil
 	}
 	u, ok := s.unit(0)
-	if !ok || len(u.stmt) != 0 || !u.noParams {
+	if !ok || len(u.stmt) != 0 || !u.noParams || !s.mayBind(u) {
 		return false, nil
 	}
 	st.sent, st.probe, st.setting, st.gen = "", nil, set, gen
@@ -147,10 +187,16 @@ func (s *session) answerParse(st *prepared, set *Setting, gen uint64) (bool, err
 	return true, s.answerUnit(u, true, set)
 }
 
+// mayBind reports whether the proxy may answer the unit u: in a block, its
+// portal outlives it, and only the unnamed one is followed (see
+// session.portalGone). Idle, the portal ends with the unit's implicit
+// transaction, on the server as for the client.
+func (s *session) mayBind(u unitMessages) bool {
+	return !s.wasBlock || !u.namedPortal
+}
+
 // answerUnit takes the unit u (after its Parse, if parse) from the
 // client's buffer and answers it as Postgres would a SET, deferring set.
-// The unit's portal ends with its implicit transaction, on the server as
-// for the client: the session is idle.
 func (s *session) answerUnit(u unitMessages, parse bool, set *Setting) error {
 	s.cr.Discard(u.size)
 	s.c.midBatch = false
@@ -163,8 +209,7 @@ func (s *session) answerUnit(u unitMessages, parse bool, set *Setting) error {
 		s.cw.Write(noDataMessage)
 	}
 	s.cw.Write(setCompleteMessage)
-	_, err := s.cw.Write(readyIdleMessage)
-	return err
+	return s.answered()
 }
 
 // answeredParse is prepared.parsed of a statement whose Parse the proxy
@@ -204,10 +249,11 @@ func (s *session) forgetParsed() {
 
 // unitMessages is what unit finds of one statement's unit.
 type unitMessages struct {
-	stmt     []byte // the statement the Bind binds
-	size     int    // bytes from the unit's Bind to its Sync, inclusive
-	describe bool   // a Describe of the portal comes between
-	noParams bool   // the Bind binds no values
+	stmt        []byte // the statement the Bind binds
+	size        int    // bytes from the unit's Bind to its Sync, inclusive
+	describe    bool   // a Describe of the portal comes between
+	noParams    bool   // the Bind binds no values
+	namedPortal bool   // the Bind names its portal
 }
 
 // unit reports whether the client's buffer holds, whole, from offset off,
@@ -237,7 +283,7 @@ func (s *session) unit(off int) (u unitMessages, ok bool) {
 	if err1 != nil || err2 != nil {
 		return u, false
 	}
-	u.stmt, u.noParams = stmt, noParams(rest)
+	u.stmt, u.noParams, u.namedPortal = stmt, noParams(rest), len(portal) > 0
 	named := func(body []byte) bool { // portal's name, NUL-terminated, first
 		return len(body) > len(portal) && bytes.Equal(body[:len(portal)], portal) && body[len(portal)] == 0
 	}
@@ -366,8 +412,8 @@ func (s *session) sendDeferred(sync bool) error {
 		// Bind setStmt to its portal: both values in text, results in text.
 		s.out = append(append(s.out[:0], 'B', 0, 0, 0, 0), setStmt...)
 		s.out = append(append(s.out, 0), setStmt...)
-		s.out = append(s.out, 0, 0, 0, 0, 2)
-		for _, v := range [2]string{set.Name, set.Value} {
+		s.out = append(s.out, 0, 0, 0, 0, 3)
+		for _, v := range [3]string{set.Name, set.Value, boolText(set.Local)} {
 			s.out = binary.BigEndian.AppendUint32(s.out, uint32(len(v)))
 			s.out = append(s.out, v...)
 		}
@@ -389,6 +435,14 @@ func (s *session) sendDeferred(sync bool) error {
 	return err
 }
 
+// boolText is b as Postgres reads a bool in text format.
+func boolText(b bool) string {
+	if b {
+		return "true"
+	}
+	return "false"
+}
+
 // setReply handles a reply to sendDeferred's messages.
 func (s *session) setReply(w *wait, typ byte, n int) error {
 	switch typ {
@@ -400,13 +454,21 @@ func (s *session) setReply(w *wait, typ byte, n int) error {
 		if w.held {
 			return s.setFailed(n)
 		}
+		if s.deferBlock {
+			s.setKept = w.seq // dropped (see Deferred settings)
+		}
 		s.log.Warn("a deferred SET failed on the server; the client's statement behind it did not run", "client", s.c.RemoteAddr)
 		return s.serverError(w, n)
 	default:
 		return s.reply(w, typ, n)
 	}
 	if w.seen++; w.seen == w.want {
+		// Nothing is answered while w is in flight, so deferBlock is
+		// still what it was when the settings were sent.
 		s.setRan = w.seq
+		if s.deferBlock {
+			s.setKept = w.seq
+		}
 		s.pipe.pop()
 	}
 	return skip(s.sr, n)
@@ -415,7 +477,11 @@ func (s *session) setReply(w *wait, typ byte, n int) error {
 // heldReady handles the ReadyForQuery of the proxy's own Sync after
 // deferred settings: they are set, and what was held back goes out.
 func (s *session) heldReady(n int, status byte) error {
-	if s.setRan == 0 || status != 'I' {
+	want := byte('I')
+	if s.deferBlock {
+		want = 'T'
+	}
+	if s.setRan == 0 || status != want {
 		// Not kept (it cannot be otherwise at a unit of their own): what
 		// waits must not run without them.
 		return s.endDeferred(codeConnectionFailure, fmt.Sprintf("the server did not keep it (transaction status %q)", status))

@@ -22,7 +22,7 @@ func NewTokenSettings(token string, domains []string) TokenSettings {
 		if name != token {
 			name = token + "." + asciiLower(name)
 		}
-		if n, v, ok := parseTokenSet("SET " + name + " = '1'"); !ok || n != name || v != "1" || !plainSet(name) {
+		if set, ok := parseTokenSet("SET " + name + " = '1'"); !ok || set.Name != name || set.Value != "1" || !plainSet(name) {
 			continue
 		}
 		ts.names = append(ts.names, name)
@@ -41,50 +41,64 @@ func plainSet(name string) bool {
 	return set != nil && set.Name == name && set.Kind == pg_query.VariableSetKind_VAR_SET_VALUE && !set.IsLocal
 }
 
+// TokenSet is a statement that sets a token setting, as Match reads it.
+type TokenSet struct {
+	Name  string // the setting, lower case
+	Value string // the text value Postgres would store
+	// Local is set for SET LOCAL, which lasts until the transaction
+	// ends (and outside a block does nothing but warn).
+	Local bool
+}
+
 // Match reports whether sql is exactly one statement that sets one of the
-// token settings to a constant, and if so which setting (lower case) and
-// the text value Postgres would store:
+// token settings to a constant, and if so which setting, the text value
+// Postgres would store, and whether the SET is LOCAL:
 //
-//	SET [SESSION] <name> { = | TO } { '<text>' | <integer> } [;]
+//	SET [SESSION | LOCAL] <name> { = | TO } { '<text>' | <integer> } [;]
 //
 // Such a statement can only fail on the server for reasons outside the
 // statement (an aborted transaction, a cancel), so a proxy may answer it
 // itself and run it later. Anything less plain (comments, quoted names,
-// escapes, LOCAL, DEFAULT, a second statement) is not recognized and so
-// runs as sent: recognizing too little only costs speed. value shares
-// sql's memory; nothing is allocated.
-func (ts TokenSettings) Match(sql string) (name, value string, ok bool) {
+// escapes, DEFAULT, a second statement) is not recognized and so runs as
+// sent: recognizing too little only costs speed. Value shares sql's
+// memory; nothing is allocated.
+func (ts TokenSettings) Match(sql string) (TokenSet, bool) {
 	if len(ts.names) == 0 {
-		return "", "", false
+		return TokenSet{}, false
 	}
-	raw, value, ok := parseTokenSet(sql)
+	set, ok := parseTokenSet(sql)
 	if !ok {
-		return "", "", false
+		return TokenSet{}, false
 	}
 	for _, n := range ts.names {
-		if isWord(raw, n) { // as Postgres folds an unquoted name: ASCII only
-			return n, value, true
+		if isWord(set.Name, n) { // as Postgres folds an unquoted name: ASCII only
+			set.Name = n
+			return set, true
 		}
 	}
-	return "", "", false
+	return TokenSet{}, false
 }
 
-// parseTokenSet reads sql as SET [SESSION] <name> { = | TO } <constant>,
-// where name is dotted words, returned as written.
-func parseTokenSet(sql string) (name, value string, ok bool) {
+// parseTokenSet reads sql as SET [SESSION | LOCAL] <name> { = | TO }
+// <constant>, where name is dotted words, returned as written.
+func parseTokenSet(sql string) (set TokenSet, ok bool) {
 	i := space(sql, 0)
 	if !word(sql, i, "set") {
-		return "", "", false
+		return set, false
 	}
 	i = space(sql, i+len("set"))
-	if word(sql, i, "session") {
+	switch {
+	case word(sql, i, "session"):
 		i = space(sql, i+len("session"))
+	case word(sql, i, "local"):
+		set.Local = true
+		i = space(sql, i+len("local"))
 	}
 	start := i
 	for i < len(sql) && (isIdentCont(sql[i]) || sql[i] == '.') {
 		i++
 	}
-	name = sql[start:i]
+	set.Name = sql[start:i]
 	i = space(sql, i)
 	switch {
 	case i < len(sql) && sql[i] == '=':
@@ -92,21 +106,18 @@ func parseTokenSet(sql string) (name, value string, ok bool) {
 	case word(sql, i, "to"):
 		i += len("to")
 	default:
-		return "", "", false
+		return set, false
 	}
 	i = space(sql, i)
-	value, i, ok = constant(sql, i)
+	set.Value, i, ok = constant(sql, i)
 	if !ok {
-		return "", "", false
+		return set, false
 	}
 	i = space(sql, i)
 	if i < len(sql) && sql[i] == ';' {
 		i = space(sql, i+1)
 	}
-	if i != len(sql) {
-		return "", "", false
-	}
-	return name, value, true
+	return set, i == len(sql)
 }
 
 // constant reads the value at sql[i:]: a plain single-quoted string of
