@@ -42,7 +42,7 @@ func TestPostgresJS(t *testing.T) {
 	t.Parallel()
 	node := nodeModules(t, "postgres")
 	f := newFixture(t, "postgresjs")
-	f.SetsAnswered = 1
+	f.SetsAnswered, f.LocalSetsAnswered = 1, 1
 	f.runScript(t, append(allChecks, checkPipeline), node, "node/postgresjs_compat.js")
 }
 
@@ -71,6 +71,7 @@ func TestPgJDBC(t *testing.T) {
 		t.Fatalf("javac: %v\n%s", err, out)
 	}
 	f := newFixture(t, "pgjdbc")
+	f.LocalSetsAnswered = 0 // see fixture.LocalSetsAnswered
 	f.runScript(t, append(allChecks, checkServerPrepared, checkBatch),
 		java, "-cp", strings.Join([]string{classes, jar}, string(os.PathListSeparator)), "PgJDBCCompat")
 	f.verifyJDBC(t)
@@ -103,7 +104,7 @@ func (f *fixture) verifyJDBC(t *testing.T) {
 // psql's checks; it has no bound parameters before psql 16 (\bind).
 var psqlChecks = []string{
 	checkTxCommit, checkTxRollback, checkPrepared, checkError,
-	checkCopyIn, checkCopyOut, checkListenNotify, checkCancel, checkFenced, checkTokenSet,
+	checkCopyIn, checkCopyOut, checkListenNotify, checkCancel, checkFenced, checkTokenSet, checkTokenLocal,
 }
 
 func TestPsql(t *testing.T) {

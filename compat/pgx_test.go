@@ -46,10 +46,12 @@ func TestPgx(t *testing.T) {
 				{checkFenced, p.fenced},
 				{checkPipeline, p.pipeline},
 				{checkTokenSet, p.tokenSet},
+				{checkTokenLocal, p.tokenSetLocal},
 			} {
 				t.Run(c.name, func(t *testing.T) {
 					ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 					defer cancel()
+					f.answeredBase = f.answered(t)
 					c.run(t, ctx)
 					if !t.Failed() {
 						f.verify(t, c.name)
@@ -305,5 +307,39 @@ func (p *pgxDriver) tokenSet(t *testing.T, ctx context.Context) {
 	}
 	if n := p.exec(t, ctx, c, fmt.Sprintf("UPDATE %s SET n = n + 1 WHERE id = $1", p.f.Table), 103); n != 1 {
 		t.Fatalf("UPDATE with token 11 again: %d rows, want 1", n)
+	}
+}
+
+// tokenSetLocal sets the token with SET LOCAL in each transaction, as an
+// application that shares connections should.
+func (p *pgxDriver) tokenSetLocal(t *testing.T, ctx context.Context) {
+	c := p.connect(t, ctx, "")
+	steps := []struct {
+		token, sql string
+		args       []any
+		rows       int64
+	}{
+		{"12", fmt.Sprintf("INSERT INTO %s (id, val) VALUES (104, 'tokenlocal')", p.f.Table), nil, 1},
+		{"9", fmt.Sprintf("UPDATE %s SET val = 'stale' WHERE id = 104", p.f.Table), nil, 0},
+		{"12", fmt.Sprintf("UPDATE %s SET n = n + 1 WHERE id = $1", p.f.Table), []any{104}, 1},
+	}
+	for _, s := range steps {
+		tx, err := c.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, "SET LOCAL fence.token = '"+s.token+"'"); err != nil {
+			t.Fatalf("SET LOCAL fence.token = '%s': %v", s.token, err)
+		}
+		tag, err := tx.Exec(ctx, s.sql, s.args...)
+		if err != nil {
+			t.Fatalf("%s: %v", s.sql, err)
+		}
+		if tag.RowsAffected() != s.rows {
+			t.Fatalf("%s with token %s: %d rows, want %d", s.sql, s.token, tag.RowsAffected(), s.rows)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

@@ -10,9 +10,12 @@ const env = {
   channel: process.env.COMPAT_CHANNEL,
 }
 
+// COMPAT_ONLY, if set, names the checks to run (comma-separated).
+const only = (process.env.COMPAT_ONLY || '').split(',').filter(Boolean)
 const failed = []
 
 async function check(name, fn) {
+  if (only.length && !only.includes(name)) return
   try {
     await fn()
     console.log(`ok ${name}`)

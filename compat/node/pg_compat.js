@@ -148,6 +148,23 @@ async function main() {
     expect(u.rowCount === 1, `UPDATE with token 11 again: ${u.rowCount} rows`)
   })
 
+  await check('token_set_local', async () => {
+    // SET LOCAL in each transaction; pgfence answers it itself in the
+    // open block.
+    const c = await connect()
+    for (const [token, text, args, rows] of [
+      ['12', `INSERT INTO ${T} (id, val) VALUES (104, 'tokenlocal')`, [], 1],
+      ['9', `UPDATE ${T} SET val = 'stale' WHERE id = 104`, [], 0],
+      ['12', `UPDATE ${T} SET n = n + 1 WHERE id = $1`, [104], 1],
+    ]) {
+      await c.query('BEGIN')
+      await c.query(`SET LOCAL fence.token = '${token}'`)
+      const r = await c.query(text, args)
+      expect(r.rowCount === rows, `${text} with token ${token}: ${r.rowCount} rows, want ${rows}`)
+      await c.query('COMMIT')
+    }
+  })
+
   await check('clean_close', async () => {
     // Client#end() sends Terminate; nothing may come back but the close.
     const ends = await Promise.allSettled(clients.map((c) => c.end()))

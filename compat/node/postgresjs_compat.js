@@ -150,6 +150,27 @@ async function main() {
     expect(u.count === 1, `UPDATE with token 11 again: ${u.count} rows`)
   })
 
+  await check('token_set_local', async () => {
+    // SET LOCAL in each transaction. As above, pgfence answers only the
+    // text postgres.js has prepared before (the third).
+    const sql = await connect()
+    await sql.begin(async (tx) => {
+      await tx`SET LOCAL fence.token = '12'`
+      const r = await tx`INSERT INTO ${table(tx)} (id, val) VALUES (104, 'tokenlocal')`
+      expect(r.count === 1, `INSERT with token 12: ${r.count} rows`)
+    })
+    await sql.begin(async (tx) => {
+      await tx`SET LOCAL fence.token = '9'`
+      const r = await tx`UPDATE ${table(tx)} SET val = 'stale' WHERE id = 104`
+      expect(r.count === 0, `UPDATE with the stale token 9: ${r.count} rows, want 0`)
+    })
+    await sql.begin(async (tx) => {
+      await tx`SET LOCAL fence.token = '12'`
+      const r = await tx`UPDATE ${table(tx)} SET n = n + 1 WHERE id = ${104}`
+      expect(r.count === 1, `UPDATE with token 12 again: ${r.count} rows`)
+    })
+  })
+
   await check('pipeline', async () => {
     // Queries issued together on one connection are pipelined: all sent
     // before the first result is read.

@@ -138,4 +138,20 @@ async def _():
     expect(rows_affected(status) == 1, f"UPDATE with token 11 again: {status}")
 
 
+@check("token_set_local")
+async def _():
+    # SET LOCAL in each transaction; pgfence answers it itself in the
+    # open block.
+    conn = await connect()
+    for token, sql, args, rows in (
+        ("12", f"INSERT INTO {TABLE} (id, val) VALUES (104, 'tokenlocal')", (), 1),
+        ("9", f"UPDATE {TABLE} SET val = 'stale' WHERE id = 104", (), 0),
+        ("12", f"UPDATE {TABLE} SET n = n + 1 WHERE id = $1", (104,), 1),
+    ):
+        async with conn.transaction():
+            await conn.execute(f"SET LOCAL fence.token = '{token}'")
+            status = await conn.execute(sql, *args)
+            expect(rows_affected(status) == rows, f"{sql} with token {token}: {status}, want {rows} rows")
+
+
 finish()

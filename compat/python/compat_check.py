@@ -14,6 +14,8 @@ TABLE = os.environ["COMPAT_TABLE"]            # guarded: id, val, n, fence_epoch
 PLAIN = os.environ["COMPAT_PLAIN_TABLE"]      # unguarded: id, val
 CHANNEL = os.environ["COMPAT_CHANNEL"]
 
+# COMPAT_ONLY, if set, names the checks to run (comma-separated).
+_only = set(filter(None, os.environ.get("COMPAT_ONLY", "").split(",")))
 _failed = []
 
 
@@ -25,6 +27,8 @@ def expect(cond, what):
 def check(name):
     """Decorator: run the function now as check NAME (awaited if async)."""
     def run(fn):
+        if _only and name not in _only:
+            return fn
         try:
             if inspect.iscoroutinefunction(fn):
                 import asyncio

@@ -151,4 +151,21 @@ def _():
     expect(cur.rowcount == 1, f"UPDATE with token 11 again: {cur.rowcount} rows")
 
 
+@check("token_set_local")
+def _():
+    # SET LOCAL in each transaction (psycopg2 opens one before the first
+    # statement); pgfence answers it itself in the open block.
+    conn = connect(autocommit=False)
+    cur = conn.cursor()
+    for token, sql, rows in (
+        ("12", f"INSERT INTO {TABLE} (id, val) VALUES (104, 'tokenlocal')", 1),
+        ("9", f"UPDATE {TABLE} SET val = 'stale' WHERE id = 104", 0),
+        ("12", f"UPDATE {TABLE} SET n = n + 1 WHERE id = 104", 1),
+    ):
+        cur.execute(f"SET LOCAL fence.token = '{token}'")
+        cur.execute(sql)
+        expect(cur.rowcount == rows, f"{sql} with token {token}: {cur.rowcount} rows, want {rows}")
+        conn.commit()
+
+
 finish()

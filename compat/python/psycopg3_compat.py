@@ -164,4 +164,20 @@ def _():
     expect(cur.rowcount == 1, f"UPDATE with token 11 again: {cur.rowcount} rows")
 
 
+@check("token_set_local")
+def _():
+    # SET LOCAL in each transaction; pgfence answers it itself in the
+    # open block.
+    conn = connect()
+    for token, sql, rows in (
+        ("12", f"INSERT INTO {TABLE} (id, val) VALUES (104, 'tokenlocal')", 1),
+        ("9", f"UPDATE {TABLE} SET val = 'stale' WHERE id = 104", 0),
+        ("12", f"UPDATE {TABLE} SET n = n + 1 WHERE id = 104", 1),
+    ):
+        with conn.transaction():
+            conn.execute(f"SET LOCAL fence.token = '{token}'")
+            cur = conn.execute(sql)
+            expect(cur.rowcount == rows, f"{sql} with token {token}: {cur.rowcount} rows, want {rows}")
+
+
 finish()
