@@ -426,7 +426,16 @@ func (r *runner) bench() error {
 		return err
 	}
 
-	// 2b. Lock-domain cost (still token 1000, before the storm raises rows to 2000).
+	// 2b. Fenced writes in a transaction block, the token set with SET LOCAL.
+	rep.writesTx, err = r.interleave("fenced writes, block", []measurement{
+		{"PgBouncer, hand-fenced", r.pgbouncer, []string{"-f", r.scripts["fenced-tx-hand"]}},
+		{"pgfence, rewritten", r.pgfenceGuard, []string{"-f", r.scripts["fenced-tx-pgfence"]}},
+	})
+	if err != nil {
+		return err
+	}
+
+	// 2c. Lock-domain cost (still token 1000, before the storm raises rows to 2000).
 	if rep.domain, err = r.benchDomain(r.pgfenceGuard); err != nil {
 		return err
 	}

@@ -28,6 +28,7 @@ type report struct {
 
 	selectOnly, writes, storm map[string]map[string]series
 	writesStr                 map[string]map[string]series // fenced writes with a string value, -M simple
+	writesTx                  map[string]map[string]series // fenced writes in a transaction block (SET LOCAL)
 	selectEqual               map[string]map[string]series // select-only at selectRate, PgBouncer and pgfence
 	selectRate                map[string]int               // pgbench -R, by mode
 	domain                    map[string]map[string]series // lock-domain cost, -M prepared
@@ -228,6 +229,23 @@ func (r *report) render() string {
 			"send it; only a simple-protocol Query carries it in the text:\n\n%s\n", t2s.String())
 	}
 
+	if r.writesTx != nil {
+		var t2t table
+		t2t.add("mode", "PgBouncer, hand-fenced tps", "pgfence, rewritten tps", "pgfence/PgBouncer",
+			"PgBouncer CPU µs/txn", "pgfence CPU µs/txn", "Postgres CPU µs/txn: via PgBouncer", "via pgfence")
+		for _, mode := range modes {
+			s := r.writesTx[mode]
+			pb, pf := s["PgBouncer, hand-fenced"], s["pgfence, rewritten"]
+			t2t.add(mode, f0(pb.tps()), f0(pf.tps()), f2(ratio(pf, pb)), f1(pb.cpuUs()), f1(pf.cpuUs()),
+				f1(pb.pgCPUUs()), f1(pf.pgCPUUs()))
+			targets.add("fenced writes in a block -M "+mode+": pgfence >= 0.9 × hand-fenced via PgBouncer",
+				fmt.Sprintf("%.2f×", ratio(pf, pb)), yes(ratio(pf, pb) >= 0.9))
+		}
+		p("The same in a transaction block, the token set for the transaction (`BEGIN; SET LOCAL fence.token = '1000'; UPDATE ...; "+
+			"COMMIT`): pgfence answers the `SET LOCAL` itself in the open block, so a transaction waits for Postgres three times "+
+			"where through PgBouncer it waits four times:\n\n%s\n", t2t.String())
+	}
+
 	// 3. Storm.
 	p("### 3. Stale-writer storm (even clients token 2000, odd clients stale 1000; every row at epoch 2000)\n\n")
 	var t3 table
@@ -297,7 +315,7 @@ func (r *report) render() string {
 	for _, sec := range []struct {
 		name string
 		m    map[string]map[string]series
-	}{{"select-only", r.selectOnly}, {"equal load", r.selectEqual}, {"fenced writes", r.writes}, {"string writes", r.writesStr}, {"stale storm", r.storm}} {
+	}{{"select-only", r.selectOnly}, {"equal load", r.selectEqual}, {"fenced writes", r.writes}, {"string writes", r.writesStr}, {"block writes", r.writesTx}, {"stale storm", r.storm}} {
 		for _, mode := range modes {
 			for _, s := range sortedSeries(sec.m[mode]) {
 				var parts []string

@@ -38,6 +38,20 @@ const fencedStrByHand = `SET fence.token = '1000';
 UPDATE pgbench_accounts SET abalance = abalance + :delta, filler = 'note :delta', fence_epoch = 1000 WHERE aid = :aid AND fence_epoch <= 1000;
 `
 
+// Fenced writes in a transaction block, with the token set for the
+// transaction only, as an application that shares connections sets it.
+const fencedTxByPgfence = `BEGIN;
+SET LOCAL fence.token = '1000';
+UPDATE pgbench_accounts SET abalance = abalance + :delta WHERE aid = :aid;
+COMMIT;
+`
+
+const fencedTxByHand = `BEGIN;
+SET LOCAL fence.token = '1000';
+UPDATE pgbench_accounts SET abalance = abalance + :delta, fence_epoch = 1000 WHERE aid = :aid AND fence_epoch <= 1000;
+COMMIT;
+`
+
 // Stale-writer storm: every row is at epoch 2000 first; even clients hold
 // the current token 2000, odd ones the stale 1000, whose every UPDATE is
 // fenced.
@@ -64,6 +78,7 @@ func writeScripts(dir string) (map[string]string, error) {
 	for name, body := range map[string]string{
 		"fenced-pgfence": fencedByPgfence, "fenced-hand": fencedByHand,
 		"fenced-str-pgfence": fencedStrByPgfence, "fenced-str-hand": fencedStrByHand,
+		"fenced-tx-pgfence": fencedTxByPgfence, "fenced-tx-hand": fencedTxByHand,
 		"storm-pgfence": stormByPgfence, "storm-hand": stormByHand,
 	} {
 		p := filepath.Join(dir, name+".sql")
