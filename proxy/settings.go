@@ -409,7 +409,7 @@ func (s *session) sendDeferred(sync bool) error {
 		}
 	}
 	for _, set := range s.deferred {
-		// Bind setStmt to its portal: both values in text, results in text.
+		// Bind setStmt to its portal: the values in text, results in text.
 		s.out = append(append(s.out[:0], 'B', 0, 0, 0, 0), setStmt...)
 		s.out = append(append(s.out, 0), setStmt...)
 		s.out = append(s.out, 0, 0, 0, 0, 3)
