@@ -200,9 +200,10 @@ func TestAnsweredUnnamedSetBoundAgain(t *testing.T) {
 
 // If setting a deferred token fails on the server, nothing runs without
 // it: a write it was sent ahead of is skipped and the client gets the
-// error; anything else waits for it, and the session ends with the error.
-// A function that deallocates pgfence's own set_config statement, out of
-// pgfence's sight, makes it fail.
+// error; anything else waits for it while it is tried once more (a second
+// failure ends the session: see TestDeferredTokenFailsInBlock). A function
+// that deallocates pgfence's own set_config statement, out of pgfence's
+// sight, makes it fail.
 func TestDeferredTokenFailsClosed(t *testing.T) {
 	tbl := table(t, [3]any{1, "v", 0})
 	p := pgtest.StartProxy(t, []string{tbl})
@@ -239,25 +240,52 @@ func TestDeferredTokenFailsClosed(t *testing.T) {
 
 	exec(t, c, simple, "SELECT pg_temp.forget()")
 	exec(t, c, simple, "SET fence.token = '8'")
-	_, err = c.Exec(ctx, "SELECT 1", simple)
-	if answersSets() {
-		pe := pgErr(t, err)
-		if pe.Severity != "FATAL" || pe.Code != "26000" || !strings.Contains(pe.Message, "SET fence.token, which pgfence answered at once, failed") {
-			t.Fatalf("a statement behind a failed deferred SET: %s %s %q, want FATAL 26000 saying the SET failed", pe.Severity, pe.Code, pe.Message)
+	// Tried again (and prepared again) ahead of the statement.
+	if got := show(t, c); got != "8" {
+		t.Fatalf("behind a deferred SET that failed once, the token is %q, want 8", got)
+	}
+	if logs := p.Logs.String(); answersSets() != strings.Contains(logs, "trying it again") {
+		t.Fatalf("pgfence answers sets: %v; its log:\n%s", answersSets(), logs)
+	}
+	if tag := exec(t, c, prepared, "UPDATE "+tbl+" SET val = 'eight' WHERE id = 1"); tag != "UPDATE 1" {
+		t.Fatalf("a write after the retry: %s", tag)
+	}
+	if v, e := row(t, tbl, 1); v != "eight" || e != 8 {
+		t.Fatalf("row is (%s, %d), want (eight, 8)", v, e)
+	}
+	// The same with a pipeline of several statements waiting behind it.
+	exec(t, c, simple, "SELECT pg_temp.forget()")
+	exec(t, c, simple, "SET fence.token = '9'")
+	b := &pgx.Batch{}
+	b.Queue("SELECT current_setting('fence.token')")
+	b.Queue("UPDATE "+tbl+" SET val = 'nine' WHERE id = $1", 1)
+	b.Queue("SELECT current_setting('fence.token')")
+	br := c.SendBatch(ctx, b)
+	for i, want := range []string{"9", "UPDATE 1", "9"} {
+		var got string
+		if i == 1 {
+			tag, err := br.Exec()
+			if err != nil {
+				t.Fatal(err)
+			}
+			got = tag.String()
+		} else if err := br.QueryRow().Scan(&got); err != nil {
+			t.Fatal(err)
 		}
-		if _, err := c.Exec(ctx, "SELECT 1", simple); err == nil {
-			t.Fatal("the session goes on after its token could not be set")
+		if got != want {
+			t.Fatalf("statement %d of the batch behind a retried SET: %q, want %q", i, got, want)
 		}
-	} else if err != nil {
+	}
+	if err := br.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if v, e := row(t, tbl, 1); v != "seven" || e != 7 {
-		t.Fatalf("row is (%s, %d), want (seven, 7)", v, e)
+	if v, e := row(t, tbl, 1); v != "nine" || e != 9 {
+		t.Fatalf("row is (%s, %d), want (nine, 9)", v, e)
 	}
 	// Other sessions go on.
 	d := p.Connect(t)
-	exec(t, d, simple, "SET fence.token = '9'")
-	if tag := exec(t, d, prepared, "UPDATE "+tbl+" SET val = 'nine' WHERE id = 1"); tag != "UPDATE 1" {
+	exec(t, d, simple, "SET fence.token = '10'")
+	if tag := exec(t, d, prepared, "UPDATE "+tbl+" SET val = 'ten' WHERE id = 1"); tag != "UPDATE 1" {
 		t.Fatalf("another session's write: %s", tag)
 	}
 }

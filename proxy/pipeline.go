@@ -140,6 +140,20 @@ func (p *pipeline) push(w *wait) {
 	p.unlock()
 }
 
+// pushFront pushes w ahead of every wait.
+func (p *pipeline) pushFront(w *wait) {
+	p.lock()
+	if p.h > 0 {
+		p.h--
+		p.q[p.h] = w
+	} else {
+		p.q = append(p.q, nil)
+		copy(p.q[1:], p.q)
+		p.q[0] = w
+	}
+	p.unlock()
+}
+
 // head is the oldest wait, nil if none. It is called for every server
 // message, so it unlocks without a defer.
 func (p *pipeline) head() *wait {

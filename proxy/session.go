@@ -145,6 +145,9 @@ type session struct {
 	deferBlock bool
 	// setReady is set once the backend has the proxy's setStmt.
 	setReady bool
+	// setRetry follows a retry of deferred settings that failed on their
+	// own (see heldFailed): retryNone, retryOwed or retrySent.
+	setRetry uint8
 	// setStmts is set once the client has prepared a statement that is a
 	// SET the proxy may answer, so that a session that never did spends
 	// nothing looking for one at every Bind (see answerBind).

@@ -24,8 +24,9 @@ import (
 //   - Ahead of anything else that may run a statement, with a Sync of its
 //     own; what the proxy sends for the client's messages after it waits
 //     in the proxy until Postgres has answered (session.held). If the
-//     setting failed there, the session ends with the error: nothing may
-//     run without the setting the client was told is set.
+//     setting failed there, it is tried once more while idle; in a block,
+//     or failed twice, the session ends with the error: nothing may run
+//     without the setting the client was told is set.
 //
 // A setting answered while idle that joined a write in its implicit
 // transaction is rolled back with the write if that fails, where the
@@ -401,10 +402,29 @@ func (s *session) sendDeferred(sync bool) error {
 		s.setReady = false
 	}
 	w := s.pipe.get(waitSet)
-	w.seq, w.held, w.want = s.deferredVer, sync, setRunReplies*len(s.deferred)
+	w.seq, w.held = s.deferredVer, sync
+	if err := s.writeDeferred(s.sw, w); err != nil {
+		return err
+	}
+	s.pushSwallow(w)
+	if !sync {
+		return nil
+	}
+	r := s.pipe.get(waitReady)
+	r.held = true
+	s.pipe.push(r)
+	_, err := s.sw.Write(syncMessage)
+	return err
+}
+
+// writeDeferred writes to out setStmt's Bind, Execute and Close for each
+// deferred setting, after its Close and Parse unless the backend has it,
+// and sets the replies w, their wait, wants.
+func (s *session) writeDeferred(out msgWriter, w *wait) error {
+	w.want = setRunReplies * len(s.deferred)
 	if !s.setReady {
 		w.want += setPrepareReplies
-		if _, err := s.sw.Write(setPrepare); err != nil {
+		if _, err := out.Write(setPrepare); err != nil {
 			return err
 		}
 	}
@@ -420,19 +440,11 @@ func (s *session) sendDeferred(sync bool) error {
 		s.out = append(s.out, 0, 0)
 		binary.BigEndian.PutUint32(s.out[1:5], uint32(len(s.out)-1))
 		s.out = append(s.out, setRunTail...)
-		if _, err := s.sw.Write(s.out); err != nil {
+		if _, err := out.Write(s.out); err != nil {
 			return err
 		}
 	}
-	s.pushSwallow(w)
-	if !sync {
-		return nil
-	}
-	r := s.pipe.get(waitReady)
-	r.held = true
-	s.pipe.push(r)
-	_, err := s.sw.Write(syncMessage)
-	return err
+	return nil
 }
 
 // boolText is b as Postgres reads a bool in text format.
@@ -452,7 +464,7 @@ func (s *session) setReply(w *wait, typ byte, n int) error {
 	case 'E':
 		s.setReady = false // prepare it again next time, whatever went wrong
 		if w.held {
-			return s.setFailed(n)
+			return s.heldFailed(w, n)
 		}
 		if s.deferBlock {
 			s.setKept = w.seq // dropped (see Deferred settings)
@@ -481,6 +493,9 @@ func (s *session) heldReady(n int, status byte) error {
 	if s.deferBlock {
 		want = 'T'
 	}
+	if s.setRetry == retryOwed && s.setRan == 0 && status == want {
+		return s.retryHeld(n)
+	}
 	if s.setRan == 0 || status != want {
 		// Not kept (it cannot be otherwise at a unit of their own): what
 		// waits must not run without them.
@@ -488,6 +503,7 @@ func (s *session) heldReady(n int, status byte) error {
 	}
 	s.pipe.pop()
 	s.readySet(status)
+	s.setRetry = retryNone
 	s.held, s.sw = false, s.heldWriter
 	_, err := s.sw.Write(s.heldOut.b)
 	s.heldOut.b = s.heldOut.b[:0]
@@ -523,6 +539,56 @@ func (s *session) readySet(status byte) {
 		s.setKept = s.setRan
 	}
 	s.setRan = 0
+}
+
+// The states of a retry of deferred settings that failed on their own
+// (session.setRetry).
+const (
+	retryNone = iota
+	retryOwed // the first try failed: try again at its ReadyForQuery
+	retrySent // tried again: a second failure ends the session
+)
+
+// heldFailed handles an error from deferred settings sent on their own (w
+// their wait), which what the client sent after them waits for. Idle, a
+// failure of their own (a cancel that hit them, their statement
+// deallocated out of the proxy's sight) leaves the session as it was, so
+// they are tried again once, ahead of what waits (see retryHeld). In a
+// block it failed the block, which the client does not know of, and a
+// second failure is not worth a third try: either ends the session.
+func (s *session) heldFailed(w *wait, n int) error {
+	if s.deferBlock || s.setRetry != retryNone {
+		return s.setFailed(n)
+	}
+	_, e, err := s.readError(n)
+	if err != nil {
+		return err
+	}
+	if e.Severity != "ERROR" {
+		return s.endDeferred(e.Code, e.Message)
+	}
+	s.log.Warn("a deferred SET failed on the server; trying it again before what waits for it", "client", s.c.RemoteAddr, "code", e.Code, "error", e.Message)
+	s.setRetry = retryOwed
+	s.pipe.pop() // w: Postgres skips the rest up to the proxy's Sync
+	return nil
+}
+
+// retryHeld sends the deferred settings again with a Sync of their own,
+// ahead of what is held back, at the ReadyForQuery (n bytes) that ended
+// their failed first try. That ReadyForQuery's wait stays at the head of
+// the pipeline for the new Sync.
+func (s *session) retryHeld(n int) error {
+	s.setRetry = retrySent
+	w := s.pipe.get(waitSet)
+	w.seq, w.held = s.deferredVer, true
+	if err := s.writeDeferred(s.heldWriter, w); err != nil {
+		return err
+	}
+	if _, err := s.heldWriter.Write(syncMessage); err != nil {
+		return err
+	}
+	s.pipe.pushFront(w)
+	return skip(s.sr, n)
 }
 
 // setFailed ends the session after deferred settings failed on their own
