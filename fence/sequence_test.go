@@ -53,14 +53,7 @@ func FuzzStatementSequences(f *testing.F) {
 	f.Cleanup(func() { pgtest.Exec(f, pgtest.Direct(f), "DROP TABLE IF EXISTS seq_t") })
 	p := pgtest.StartProxy(f, []string{"seq_t"})
 	postgres := checkpointerPID(f)
-	r := rand.New(rand.NewPCG(1, 2))
-	for range 150 {
-		seed := make([]byte, 8+r.IntN(40))
-		for i := range seed {
-			seed[i] = byte(r.Uint32())
-		}
-		f.Add(seed)
-	}
+	addRandomSeeds(f, rand.NewPCG(1, 2), 150, 8, 40)
 	// The case that found pgfence binding its own empty statement.
 	f.Add([]byte{0, 15, 14, 15, 14, 1 + 16*3, 3, 4, 10, 14})
 	// A SET of the token prepared as a, bound alone (answered by pgfence),
@@ -175,6 +168,19 @@ var (
 		{"ROLLBACK; BEGIN"},
 	}
 )
+
+// addRandomSeeds adds n programs of random bytes from src, each least to
+// least+spread-1 bytes long.
+func addRandomSeeds(f *testing.F, src rand.Source, n, least, spread int) {
+	r := rand.New(src)
+	for range n {
+		seed := make([]byte, least+r.IntN(spread))
+		for i := range seed {
+			seed[i] = byte(r.Uint32())
+		}
+		f.Add(seed)
+	}
+}
 
 // sequence turns bytes into protocol messages: each byte's low four bits
 // pick a message, its high four bits a variant. Extended-protocol messages

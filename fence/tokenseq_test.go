@@ -24,14 +24,7 @@ import (
 // in every test run; go test -fuzz looks further.
 func FuzzTokenSetSequences(f *testing.F) {
 	p := pgtest.StartProxy(f, nil)
-	r := rand.New(rand.NewPCG(3, 4))
-	for range 60 {
-		seed := make([]byte, 6+r.IntN(30))
-		for i := range seed {
-			seed[i] = byte(r.Uint32())
-		}
-		f.Add(seed)
-	}
+	addRandomSeeds(f, rand.NewPCG(3, 4), 60, 6, 30)
 	// BEGIN; SET 1; SET LOCAL 2; SHOW; COMMIT; SHOW.
 	f.Add([]byte{0, 16*1 + 6, 16*2 + 7, 10, 1, 10})
 	// BEGIN; SET LOCAL 3; SET 4; SET LOCAL 5; COMMIT; SHOW.
