@@ -464,7 +464,7 @@ func (s *session) setReply(w *wait, typ byte, n int) error {
 	case 'E':
 		s.setReady = false // prepare it again next time, whatever went wrong
 		if w.held {
-			return s.heldFailed(w, n)
+			return s.heldFailed(n)
 		}
 		if s.deferBlock {
 			s.setKept = w.seq // dropped (see Deferred settings)
@@ -549,14 +549,14 @@ const (
 	retrySent // tried again: a second failure ends the session
 )
 
-// heldFailed handles an error from deferred settings sent on their own (w
-// their wait), which what the client sent after them waits for. Idle, a
+// heldFailed handles an error (n bytes) from deferred settings sent on
+// their own, which what the client sent after them waits for. Idle, a
 // failure of their own (a cancel that hit them, their statement
 // deallocated out of the proxy's sight) leaves the session as it was, so
 // they are tried again once, ahead of what waits (see retryHeld). In a
 // block it failed the block, which the client does not know of, and a
 // second failure is not worth a third try: either ends the session.
-func (s *session) heldFailed(w *wait, n int) error {
+func (s *session) heldFailed(n int) error {
 	if s.deferBlock || s.setRetry != retryNone {
 		return s.setFailed(n)
 	}
@@ -569,7 +569,7 @@ func (s *session) heldFailed(w *wait, n int) error {
 	}
 	s.log.Warn("a deferred SET failed on the server; trying it again before what waits for it", "client", s.c.RemoteAddr, "code", e.Code, "error", e.Message)
 	s.setRetry = retryOwed
-	s.pipe.pop() // w: Postgres skips the rest up to the proxy's Sync
+	s.pipe.pop() // their wait: Postgres skips the rest up to the proxy's Sync
 	return nil
 }
 
