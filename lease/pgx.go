@@ -38,12 +38,21 @@ func (f Fencer) setting() string {
 	return f.Setting
 }
 
-// SetToken sets the token for the rest of tx only, like SET LOCAL: it is
+// SetToken sets the token for the rest of tx only, with SET LOCAL: it is
 // gone when tx ends, so a pooled connection never carries it into another
 // transaction. (When tx is a savepoint, the setting lasts until the
-// enclosing transaction ends, unless the savepoint is rolled back.)
+// enclosing transaction ends, unless the savepoint is rolled back.) With
+// DefaultSetting it sends SET LOCAL fence.token = <token>, which pgfence
+// answers itself, so setting it costs no wait for Postgres; another
+// setting goes through set_config, which takes any name as it is.
 func (f Fencer) SetToken(ctx context.Context, tx pgx.Tx, token int64) error {
-	if _, err := tx.Exec(ctx, "SELECT set_config($1, $2, true)", f.setting(), strconv.FormatInt(token, 10)); err != nil {
+	var err error
+	if name := f.setting(); name == DefaultSetting {
+		_, err = tx.Exec(ctx, "SET LOCAL "+DefaultSetting+" = "+strconv.FormatInt(token, 10))
+	} else {
+		_, err = tx.Exec(ctx, "SELECT set_config($1, $2, true)", name, strconv.FormatInt(token, 10))
+	}
+	if err != nil {
 		return fmt.Errorf("lease: setting %s: %w", f.setting(), err)
 	}
 	return nil

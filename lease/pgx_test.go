@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"testing"
 	"time"
 
@@ -127,6 +128,12 @@ func TestFencedThroughPgfence(t *testing.T) {
 			}
 			if n := p.Counter(t, "fencing_reject_total", "table="+table); n != 1 {
 				t.Errorf("fencing_reject_total = %v, want 1", n)
+			}
+			// Both set the token with a SET LOCAL pgfence answered itself
+			// (the event loop does; the goroutine relay forwards it).
+			answered := p.Counter(t, "pgfence_token_sets_answered_total")
+			if want := map[bool]float64{true: 0, false: 2}[os.Getenv("PGFENCE_TEST_RELAY") == "goroutines"]; answered != want {
+				t.Errorf("pgfence_token_sets_answered_total = %v, want %v", answered, want)
 			}
 
 			// Once A knows its lease is gone, WithLease refuses to begin.
