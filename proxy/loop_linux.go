@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"net"
@@ -15,8 +16,8 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// The event loop relays every plain-TCP and Unix-socket session of the
-// process on one goroutine, the way PgBouncer does on its one thread: one
+// The event loop relays every session of the process (TCP or Unix socket,
+// plain or TLS) on one goroutine, the way PgBouncer does on its one thread: one
 // epoll set, non-blocking reads and writes straight on the file descriptors.
 // Two goroutines per session on Go's netpoller cost about twice PgBouncer's
 // CPU per message: every read first fails with EAGAIN, and each message
@@ -82,6 +83,12 @@ type side struct {
 	// more is set while fd may hold bytes not yet read: since its last
 	// edge, no read has come back short.
 	more bool
+	// On a TLS side, the session's tls.Conn and its transport (see
+	// tls_linux.go), and an error to report once what came before it is
+	// relayed.
+	tc      *tls.Conn
+	tt      *tlsTransport
+	readErr error
 }
 
 type loopSession struct {
@@ -128,7 +135,7 @@ func (l *loop) post(f func()) {
 // relay runs s on the loop until it ends, then gives s connections of its
 // own again (with whatever the loop had not written yet buffered in s.cw
 // and s.sw) for the end of the session. ok is false, with nothing done,
-// when the connections cannot be relayed by the loop (TLS).
+// when the connections cannot be relayed by the loop (not sockets).
 func (l *loop) relay(s *session) (end loopEnd, ok bool) {
 	s.mu.Lock()
 	cfd, sfd := dupFD(s.client), dupFD(s.server)
@@ -141,6 +148,8 @@ func (l *loop) relay(s *session) (end loopEnd, ok bool) {
 	ls.c = side{fd: cfd, ls: ls, client: true, peer: &ls.sv}
 	ls.sv = side{fd: sfd, ls: ls, peer: &ls.c}
 	ls.c.out.pool, ls.sv.out.pool = &l.pool, &l.pool
+	ls.c.onLoop(s.client, cfd, &l.pool)
+	ls.sv.onLoop(s.server, sfd, &l.pool)
 	// What the client sent right behind its startup packet was read ahead.
 	var early []byte
 	if n := s.cr.Buffered(); n > 0 {
@@ -151,8 +160,8 @@ func (l *loop) relay(s *session) (end loopEnd, ok bool) {
 	s.stop = func() { l.post(func() { l.end(ls, false, net.ErrClosed) }) }
 	// Closing the originals takes them out of Go's netpoller, which would
 	// otherwise wake for every byte the loop moves.
-	s.client.Close()
-	s.server.Close()
+	socketOf(s.client).Close()
+	socketOf(s.server).Close()
 	s.mu.Unlock()
 
 	s.pipe.single = true // post and done order it with the loop's use
@@ -162,7 +171,8 @@ func (l *loop) relay(s *session) (end loopEnd, ok bool) {
 
 	s.mu.Lock()
 	s.stop = nil
-	s.client, s.server = fileConn(cfd, "client"), fileConn(sfd, "server")
+	s.client = ls.c.offLoop(s.client, cfd, "client")
+	s.server = ls.sv.offLoop(s.server, sfd, "server")
 	s.mu.Unlock()
 	s.cw = handBack(s.client, ls.c.out.pendingBytes())
 	s.sw = handBack(s.server, ls.sv.out.pendingBytes())
@@ -171,11 +181,11 @@ func (l *loop) relay(s *session) (end loopEnd, ok bool) {
 	return end, true
 }
 
-// dupFD returns a descriptor of c's own for the loop, or -1 if c is not a
-// plain socket.
+// dupFD returns a descriptor of c's own for the loop, or -1 if c is neither
+// a socket nor pgfence's TLS on one.
 func dupFD(c net.Conn) int {
 	var sc syscall.Conn
-	switch c := c.(type) {
+	switch c := socketOf(c).(type) {
 	case *net.TCPConn:
 		sc = c
 	case *net.UnixConn:
@@ -240,6 +250,14 @@ func (l *loop) add(ls *loopSession, early []byte) {
 		ls.c.in.w += len(early)
 		l.relayed(&ls.c)
 	}
+	// A tls.Conn may hold records it read ahead during startup, which no
+	// edge will announce.
+	for _, x := range []*side{&ls.c, &ls.sv} {
+		if x.tt != nil {
+			x.arrived()
+			l.readable(x)
+		}
+	}
 }
 
 // end stops relaying ls and hands it back to its goroutine.
@@ -290,11 +308,11 @@ func (l *loop) run() {
 				continue // its session ended earlier in this batch
 			}
 			x := l.sides[fd]
-			if ev&unix.EPOLLOUT != 0 && x.out.off < len(x.out.b) {
+			if ev&unix.EPOLLOUT != 0 && !x.flushed() {
 				l.writable(x)
 			}
 			if ev&(unix.EPOLLIN|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
-				x.more = true
+				x.arrived()
 				l.readable(x)
 			}
 		}
@@ -317,26 +335,60 @@ func (l *loop) drainPosts() {
 // peer is backed up (so a slow reader slows its writer instead of growing
 // a buffer); writable resumes it then.
 func (l *loop) readable(x *side) {
-	for x.more && !x.ls.ended && x.peer.out.off == len(x.peer.out.b) {
-		buf := x.in.space(&l.pool, x.need())
+	for x.more && !x.ls.ended && x.peer.flushed() {
+		n, err := x.fill(x.in.space(&l.pool, x.need()))
+		if err != nil {
+			l.end(x.ls, x.client, err)
+			return
+		}
+		if n == 0 {
+			// Drained. TLS may have answered something of its own (a
+			// key update), which must not wait for the next message.
+			if err := l.write(x); err != nil {
+				l.end(x.ls, x.client, err)
+			}
+			return
+		}
+		x.in.w += n
+		l.relayed(x)
+	}
+}
+
+// arrived notes an edge: x's socket has bytes to read.
+func (x *side) arrived() {
+	x.more = true
+	if x.tt != nil {
+		x.tt.more = true
+	}
+}
+
+// fill reads into buf what x has sent, and returns 0 once x is drained
+// (x.more is then false), or io.EOF once x closed.
+func (x *side) fill(buf []byte) (int, error) {
+	if x.tc != nil {
+		return x.fillTLS(buf)
+	}
+	for {
 		n, err := rawRead(x.fd, buf)
 		switch {
 		case err == unix.EINTR:
 			continue
 		case err == unix.EAGAIN:
 			x.more = false
-			return
+			return 0, nil
 		case err != nil:
-			l.end(x.ls, x.client, err)
-			return
+			return 0, err
 		case n == 0:
-			l.end(x.ls, x.client, io.EOF)
-			return
+			return 0, io.EOF
 		}
 		x.more = n == len(buf)
-		x.in.w += n
-		l.relayed(x)
+		return n, nil
 	}
+}
+
+// flushed reports whether all that is for x has been written to it.
+func (x *side) flushed() bool {
+	return x.out.off == len(x.out.b) && (x.tt == nil || x.tt.out.off == len(x.tt.out.b))
 }
 
 // relayed hands every message x's buffer holds to the session, then writes
@@ -442,10 +494,22 @@ func (x *side) dispatch() error {
 	}
 }
 
-// write sends what is buffered for x, as much as x takes now.
+// write sends what is buffered for x, as much as x takes now. On a TLS side
+// it first encrypts it all.
 func (l *loop) write(x *side) error {
-	for x.out.off < len(x.out.b) {
-		n, err := rawWrite(x.fd, x.out.b[x.out.off:])
+	o := &x.out
+	if x.tc != nil {
+		if o.off < len(o.b) {
+			if _, err := x.tc.Write(o.b[o.off:]); err != nil {
+				return err
+			}
+			o.off = len(o.b)
+			o.release()
+		}
+		o = &x.tt.out
+	}
+	for o.off < len(o.b) {
+		n, err := rawWrite(x.fd, o.b[o.off:])
 		switch {
 		case err == unix.EINTR:
 			continue
@@ -454,9 +518,9 @@ func (l *loop) write(x *side) error {
 		case err != nil:
 			return err
 		}
-		x.out.off += n
+		o.off += n
 	}
-	x.out.release()
+	o.release()
 	return nil
 }
 

@@ -298,7 +298,7 @@ func TestMalformedMessages(t *testing.T) {
 // SSLRequest and GSSENCRequest are answered "no" until TLS is configured:
 // sslmode=prefer falls back to plain text, sslmode=require is refused.
 func TestEncryptionRequests(t *testing.T) {
-	p := pgtest.StartProxy(t, nil)
+	p := pgtest.StartProxy(t, nil, func(pc *proxy.Config, _ *fence.Config) { pc.TLS = nil })
 	pgtest.Exec(t, pgtest.Connect(t, p.URL("sslmode=prefer")), "SELECT 1")
 	// GSSENCRequest by hand (pgx does not send one): "N", then startup.
 	conn, err := net.Dial("tcp", p.Addr)

@@ -322,7 +322,7 @@ func (s *Server) dialUpstream() (net.Conn, error) {
 	}
 	switch answer[0] {
 	case 'S':
-		tc := tls.Client(conn, s.cfg.UpstreamTLS)
+		tc := tls.Client(tlsBase(conn), s.cfg.UpstreamTLS)
 		if err := tc.HandshakeContext(ctx); err != nil {
 			conn.Close()
 			return nil, fmt.Errorf("TLS handshake with Postgres: %w", err)
@@ -377,7 +377,7 @@ func (s *Server) readStartup(cc *clientConn) ([]byte, *pgproto3.StartupMessage, 
 			if err := w.Flush(); err != nil {
 				return nil, nil, err
 			}
-			tc := tls.Server(cc.Conn, s.cfg.TLS)
+			tc := tls.Server(tlsBase(cc.Conn), s.cfg.TLS)
 			if err := tc.Handshake(); err != nil {
 				return nil, nil, fmt.Errorf("TLS handshake: %w", err)
 			}

@@ -1,8 +1,11 @@
 package proxy_test
 
 import (
+	"bytes"
 	"crypto/tls"
 	"crypto/x509"
+	"os"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -146,13 +149,94 @@ func TestAuthMethodsOverTLS(t *testing.T) {
 // An upstream URL that requires TLS meets a Postgres without it: a clear
 // error, not a plain-text session.
 func TestUpstreamRefusesTLS(t *testing.T) {
+	// A Postgres of its own: the package's has ssl on under PGFENCE_TEST_TLS.
+	pg, err := pgserver.Start(ctx, pgserver.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pg.Stop() })
 	p := pgtest.StartProxy(t, nil, func(pc *proxy.Config, _ *fence.Config) {
+		pc.Upstream = pg.Addr()
 		pc.UpstreamTLS = &tls.Config{InsecureSkipVerify: true}
 		pc.UpstreamTLSRequired = true
 	})
-	_, err := pgx.Connect(ctx, p.URL())
+	_, err = pgx.Connect(ctx, p.URL())
 	pe := wantCode(t, err, "08001")
 	if !strings.Contains(pe.Message, "does not accept TLS") {
 		t.Fatalf("message %q", pe.Message)
+	}
+}
+
+// TLS sessions, on either leg, are relayed by the event loop as plain ones
+// are: one parked goroutine a session, not three. What crosses them arrives
+// whole: a result and a query text far larger than the loop's buffers and
+// TLS's records, a COPY each way; and pgfence answers the token's SET.
+func TestTLSOnEventLoop(t *testing.T) {
+	goroutines := os.Getenv("PGFENCE_TEST_RELAY") == "goroutines"
+	s := newTLSSetup(t, "", true)
+	url := s.url("postgres", "", "sslmode=require")
+	c := pgtest.Connect(t, url)
+	if _, ok := c.PgConn().Conn().(*tls.Conn); !ok || !sslOnServer(t, c) {
+		t.Fatal("a leg is not on TLS")
+	}
+
+	base := runtime.NumGoroutine()
+	const n = 30
+	for range n {
+		pgtest.Exec(t, pgtest.Connect(t, url), "SELECT 1")
+	}
+	per := float64(runtime.NumGoroutine()-base) / n
+	if !goroutines && per > 1.5 {
+		t.Fatalf("%.1f goroutines per TLS session: they are not on the event loop", per)
+	}
+
+	var rows, total int
+	if err := c.QueryRow(ctx, "SELECT count(*), sum(length(r)) FROM (SELECT repeat('x', 1000) || g AS r FROM generate_series(1, 3000) g) s").Scan(&rows, &total); err != nil {
+		t.Fatal(err)
+	}
+	big, err := c.Query(ctx, "SELECT repeat('x', 1000) || g FROM generate_series(1, 3000) g")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := 0
+	for big.Next() {
+		var r string
+		if err := big.Scan(&r); err != nil {
+			t.Fatal(err)
+		}
+		got += len(r)
+	}
+	if big.Err() != nil || got != total || rows != 3000 {
+		t.Fatalf("read %d bytes (%v), want %d", got, big.Err(), total)
+	}
+	text := strings.Repeat("y", 3<<20)
+	var length int
+	if err := c.QueryRow(ctx, "SELECT length('"+text+"')", pgx.QueryExecModeSimpleProtocol).Scan(&length); err != nil || length != len(text) {
+		t.Fatalf("a 3 MiB query text: %d, %v", length, err)
+	}
+
+	pgtest.Exec(t, c, "CREATE TEMP TABLE tls_copy (id int, v text)")
+	in := strings.Repeat("1\t"+strings.Repeat("z", 500)+"\n", 4000)
+	tag, err := c.PgConn().CopyFrom(ctx, strings.NewReader(in), "COPY tls_copy FROM STDIN")
+	if err != nil || tag.RowsAffected() != 4000 {
+		t.Fatalf("COPY FROM: %v, %v", tag, err)
+	}
+	var out bytes.Buffer
+	if _, err := c.PgConn().CopyTo(ctx, &out, "COPY tls_copy TO STDOUT"); err != nil || out.String() != in {
+		t.Fatalf("COPY TO: %d bytes back of %d, %v", out.Len(), len(in), err)
+	}
+
+	before := s.p.Counter(t, "pgfence_token_sets_answered_total")
+	pgtest.Exec(t, c, "SET fence.token = '42'")
+	var token string
+	if err := c.QueryRow(ctx, "SELECT current_setting('fence.token')").Scan(&token); err != nil || token != "42" {
+		t.Fatalf("token %q, %v", token, err)
+	}
+	want := 1.0
+	if goroutines {
+		want = 0 // the goroutine relay forwards it
+	}
+	if got := s.p.Counter(t, "pgfence_token_sets_answered_total") - before; got != want {
+		t.Fatalf("%v SETs answered, want %v", got, want)
 	}
 }
