@@ -4,6 +4,8 @@ package pgtest
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"log/slog"
 	"net"
@@ -26,20 +28,63 @@ import (
 
 var pg *pgserver.Server
 
+// PGFENCE_TEST_TLS=1 runs the tests with TLS on both legs: every proxy
+// terminates client TLS and reaches Postgres over verified TLS, and URL
+// asks for sslmode=require (make test runs the protocol tests so too).
+// Raw sessions (RawSession) stay plain text, which pgfence accepts as well.
+var testTLS struct {
+	on       bool
+	server   *tls.Config // the proxies' certificate
+	upstream *tls.Config // trusting Postgres's
+}
+
+// TLS reports whether the tests run with TLS on both legs
+// (PGFENCE_TEST_TLS=1).
+func TLS() bool { return testTLS.on }
+
 // Main starts one throwaway Postgres for the package, runs its tests and
 // cleans up. Call it from TestMain.
 func Main(m *testing.M) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	var err error
-	pg, err = pgserver.Start(ctx, pgserver.Options{})
-	cancel()
+	code, err := run(m)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "pgtest: cannot start Postgres:", err)
+		fmt.Fprintln(os.Stderr, "pgtest:", err)
 		os.Exit(1)
 	}
-	code := m.Run()
-	pg.Stop()
 	os.Exit(code)
+}
+
+func run(m *testing.M) (int, error) {
+	var opts pgserver.Options
+	if os.Getenv("PGFENCE_TEST_TLS") == "1" {
+		dir, err := os.MkdirTemp("", "pgtest-ca-")
+		if err != nil {
+			return 0, err
+		}
+		defer os.RemoveAll(dir)
+		ca, err := newCA(dir)
+		if err != nil {
+			return 0, err
+		}
+		if opts.TLSCert, opts.TLSKey, err = ca.issue("postgres"); err != nil {
+			return 0, err
+		}
+		if testTLS.server, err = ca.serverTLS("pgfence"); err != nil {
+			return 0, err
+		}
+		pool := x509.NewCertPool()
+		pool.AddCert(ca.Cert)
+		testTLS.upstream = &tls.Config{RootCAs: pool, ServerName: "127.0.0.1"}
+		testTLS.on = true
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	var err error
+	pg, err = pgserver.Start(ctx, opts)
+	cancel()
+	if err != nil {
+		return 0, fmt.Errorf("cannot start Postgres: %w", err)
+	}
+	defer pg.Stop()
+	return m.Run(), nil
 }
 
 // Server is the package's Postgres.
@@ -76,8 +121,14 @@ func StartProxy(t testing.TB, guards []string, edit ...func(*proxy.Config, *fenc
 	// PGFENCE_TEST_RELAY=goroutines runs the tests on the goroutine relay
 	// instead of the event loop (make test runs both).
 	pcfg := proxy.Config{Upstream: pg.Addr(), Logger: log, GoroutineRelay: os.Getenv("PGFENCE_TEST_RELAY") == "goroutines"}
+	if testTLS.on {
+		pcfg.TLS = testTLS.server
+	}
 	for _, e := range edit {
 		e(&pcfg, &fcfg)
+	}
+	if testTLS.on && pcfg.Upstream == pg.Addr() && pcfg.UpstreamTLS == nil {
+		pcfg.UpstreamTLS, pcfg.UpstreamTLSRequired = testTLS.upstream, true
 	}
 	reg := prometheus.NewRegistry()
 	policy, err := fence.New(fcfg, fence.NewMetrics(reg), log)
@@ -111,6 +162,9 @@ func (p *Proxy) URL(extra ...string) string {
 	u, _ := url.Parse(pg.URL("postgres"))
 	u.Host = p.Addr
 	q := u.Query()
+	if testTLS.on {
+		q.Set("sslmode", "require")
+	}
 	for _, kv := range extra {
 		k, v, _ := strings.Cut(kv, "=")
 		q.Set(k, v)
