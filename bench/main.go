@@ -6,6 +6,7 @@
 // loopback ports, then:
 //
 //  1. select-only pgbench (-S) in each protocol mode, through every target;
+//     then PgBouncer and pgfence at one rate, and both over TLS;
 //  2. fenced writes: pgfence rewriting the UPDATE vs the same fence written
 //     by hand, straight to Postgres and through PgBouncer; then, in -M
 //     simple only, the same with a string value that changes;
@@ -69,6 +70,10 @@ type runner struct {
 	// (--forward-token-sets): what a fenced write costs without the round
 	// trip pgfence saves by answering the token's SET.
 	pgfenceFwd target
+	// tlsCert and tlsKey are a self-signed certificate both proxies offer
+	// clients (PgBouncer's client_tls_sslmode = allow, pgfence's
+	// --tls-cert): the select-only section over TLS.
+	tlsCert, tlsKey string
 
 	mu          sync.Mutex
 	cleanups    []func()
@@ -198,6 +203,9 @@ func (r *runner) setup() error {
 	}
 	if err := r.sql("ALTER TABLE pgbench_accounts ADD COLUMN fence_epoch bigint NOT NULL DEFAULT 0",
 		"VACUUM ANALYZE"); err != nil {
+		return err
+	}
+	if r.tlsCert, r.tlsKey, err = writeCert(r.tmp); err != nil {
 		return err
 	}
 	logf("starting PgBouncer")
@@ -367,7 +375,7 @@ func (r *runner) bench() error {
 	rep.machine.pgfence = pgfenceVersion(r.pgfenceBin)
 
 	logf("starting pgfence three times: no guards, --guard pgbench_accounts, and that with --forward-token-sets")
-	if r.pgfencePlain, _, err = r.startPgfence("pgfence", r.pgfenceBin); err != nil {
+	if r.pgfencePlain, _, err = r.startPgfence("pgfence", r.pgfenceBin, "--tls-cert", r.tlsCert, "--tls-key", r.tlsKey); err != nil {
 		return err
 	}
 	if r.pgfenceGuard, _, err = r.startPgfence("pgfence guarded", r.pgfenceBin, "--guard", "pgbench_accounts"); err != nil {
@@ -394,6 +402,15 @@ func (r *runner) bench() error {
 
 	// 1b. Select-only at equal load.
 	if rep.selectEqual, rep.selectRate, err = r.equalLoad(rep.selectOnly); err != nil {
+		return err
+	}
+
+	// 1c. Select-only over TLS: each proxy terminates the client's TLS.
+	rep.selectTLS, err = r.interleave("select-only, TLS", []measurement{
+		{"PgBouncer, TLS", overTLS(r.pgbouncer), sel},
+		{"pgfence, TLS", overTLS(r.pgfencePlain), sel},
+	})
+	if err != nil {
 		return err
 	}
 

@@ -45,7 +45,7 @@ func (r *runner) pgbenchClients(t target, mode string, clients int, workload []s
 	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(r.seconds+60)*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, r.pgbenchBin, args...)
-	cmd.Env = append([]string{"PGAPPNAME=pgfence-bench", "LC_ALL=C"}, env...)
+	cmd.Env = append(append([]string{"PGAPPNAME=pgfence-bench", "LC_ALL=C"}, t.env...), env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setsid: true}
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out

@@ -5,8 +5,15 @@ package main
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"fmt"
 	"io"
+	"math/big"
 	"net"
 	"net/http"
 	"os"
@@ -34,6 +41,15 @@ type target struct {
 	// starts on new Postgres backends and ends them, as runs through
 	// pgfence and straight to Postgres do (see closeServers).
 	fresh func() error
+	env   []string // added to pgbench's environment
+}
+
+// overTLS is t with pgbench's connections on TLS (sslmode=require, so a
+// proxy that refused TLS would fail the run).
+func overTLS(t target) target {
+	t.name += ", TLS"
+	t.env = append(t.env, "PGSSLMODE=require")
+	return t
 }
 
 // service is a long-running child process.
@@ -212,7 +228,10 @@ admin_users = postgres
 log_connections = 0
 log_disconnections = 0
 pidfile = %[3]s/pgbouncer.pid
-`, r.pg.Port, port, dir)
+client_tls_sslmode = allow
+client_tls_cert_file = %[4]s
+client_tls_key_file = %[5]s
+`, r.pg.Port, port, dir, r.tlsCert, r.tlsKey)
 	files := map[string]string{"pgbouncer.ini": ini, "userlist.txt": `"postgres" ""` + "\n"}
 	for name, text := range files {
 		p := filepath.Join(dir, name)
@@ -465,4 +484,50 @@ func rssKiB(pid int) (float64, error) {
 		}
 	}
 	return 0, fmt.Errorf("no VmRSS in /proc/%d/status", pid)
+}
+
+// writeCert writes a self-signed P-256 certificate for 127.0.0.1 and its
+// key into dir/tls, readable by PgBouncer (the postgres OS user when run
+// as root), and returns their paths.
+func writeCert(dir string) (certPath, keyPath string, err error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return "", "", err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1),
+		Subject:      pkix.Name{CommonName: "pgfence-bench"},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(24 * time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		IPAddresses:  []net.IP{net.ParseIP("127.0.0.1")},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return "", "", err
+	}
+	kder, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return "", "", err
+	}
+	tdir := filepath.Join(dir, "tls")
+	if err := os.Mkdir(tdir, 0o755); err != nil {
+		return "", "", err
+	}
+	certPath, keyPath = filepath.Join(tdir, "cert.pem"), filepath.Join(tdir, "key.pem")
+	if err := os.WriteFile(certPath, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
+		return "", "", err
+	}
+	if err := os.WriteFile(keyPath, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o600); err != nil {
+		return "", "", err
+	}
+	cred, err := postgresCred()
+	if err != nil {
+		return "", "", err
+	}
+	if cred != nil {
+		os.Chown(keyPath, int(cred.Uid), int(cred.Gid))
+	}
+	return certPath, keyPath, nil
 }

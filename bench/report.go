@@ -31,6 +31,7 @@ type report struct {
 	writesTx                  map[string]map[string]series // fenced writes in a transaction block (SET LOCAL)
 	selectEqual               map[string]map[string]series // select-only at selectRate, PgBouncer and pgfence
 	selectRate                map[string]int               // pgbench -R, by mode
+	selectTLS                 map[string]map[string]series // select-only with client TLS, PgBouncer and pgfence
 	domain                    map[string]map[string]series // lock-domain cost, -M prepared
 	memPgfence, memPgBouncer  memResult
 	goBench                   []*goBench
@@ -179,6 +180,20 @@ func (r *report) render() string {
 			"transaction is compared for the same work:\n\n%s\n", t1e.String())
 	}
 
+	if r.selectTLS != nil {
+		var t1t table
+		t1t.add("mode", "PgBouncer tps", "pgfence tps", "pgfence/PgBouncer", "PgBouncer CPU µs/txn", "pgfence CPU µs/txn",
+			"Postgres CPU µs/txn: via PgBouncer", "via pgfence")
+		for _, mode := range modes {
+			s := r.selectTLS[mode]
+			pb, pf := s["PgBouncer, TLS"], s["pgfence, TLS"]
+			t1t.add(mode, f0(pb.tps()), f0(pf.tps()), f2(ratio(pf, pb)), f1(pb.cpuUs()), f1(pf.cpuUs()),
+				f1(pb.pgCPUUs()), f1(pf.pgCPUUs()))
+		}
+		p("The same over TLS (pgbench with sslmode=require; each proxy terminates TLS with a self-signed P-256 "+
+			"certificate and its default settings, and reaches Postgres in plain text). Not one of the issue's targets:\n\n%s\n", t1t.String())
+	}
+
 	// 2. Fenced writes.
 	p("### 2. Fenced writes (SET fence.token + UPDATE pgbench_accounts per transaction)\n\n")
 	var t2 table
@@ -315,7 +330,7 @@ func (r *report) render() string {
 	for _, sec := range []struct {
 		name string
 		m    map[string]map[string]series
-	}{{"select-only", r.selectOnly}, {"equal load", r.selectEqual}, {"fenced writes", r.writes}, {"string writes", r.writesStr}, {"block writes", r.writesTx}, {"stale storm", r.storm}} {
+	}{{"select-only", r.selectOnly}, {"equal load", r.selectEqual}, {"select, TLS", r.selectTLS}, {"fenced writes", r.writes}, {"string writes", r.writesStr}, {"block writes", r.writesTx}, {"stale storm", r.storm}} {
 		for _, mode := range modes {
 			for _, s := range sortedSeries(sec.m[mode]) {
 				var parts []string
@@ -337,7 +352,7 @@ type labeled struct {
 
 func sortedSeries(m map[string]series) []labeled {
 	var out []labeled
-	for _, l := range []string{"direct", "PgBouncer", "pgfence", "pgfence guarded",
+	for _, l := range []string{"direct", "PgBouncer", "pgfence", "pgfence guarded", "PgBouncer, TLS", "pgfence, TLS",
 		"direct, hand-fenced", "PgBouncer, hand-fenced", "pgfence, rewritten", "pgfence, SET forwarded", "direct, pgfence's SQL"} {
 		if s, ok := m[l]; ok {
 			out = append(out, labeled{l, s})
