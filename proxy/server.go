@@ -51,8 +51,7 @@ type Config struct {
 	UpstreamTLSRequired bool
 	// GoroutineRelay relays every session with two goroutines of its own
 	// instead of the event loop (see loop_linux.go). Slower; the event loop
-	// is Linux-only and never relays TLS sessions, which always use
-	// goroutines.
+	// is Linux-only.
 	GoroutineRelay bool
 	// ForwardSettings sends every SET to Postgres as the client sent it.
 	// By default a plain SET the Interceptor vouches for (Plan.Setting),

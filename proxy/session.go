@@ -255,8 +255,8 @@ func (s *session) closeServer() {
 }
 
 // relay runs both directions until either side ends, and reports why the
-// session ended (nil for a normal end). Plain TCP and Unix-socket sessions
-// are relayed by the event loop; TLS sessions by two goroutines.
+// session ended (nil for a normal end). On Linux the event loop relays it,
+// else (or with Config.GoroutineRelay) two goroutines do.
 func (s *session) relay() error {
 	s.pipe.push(readyWait) // the ReadyForQuery that ends authentication
 	if l := eventLoop(); l != nil && !s.srv.cfg.GoroutineRelay {

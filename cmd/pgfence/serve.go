@@ -67,7 +67,7 @@ func (o *serveOptions) addFlags(cmd *cobra.Command) {
 	f.IntVar(&o.maxMessageSize, "max-message-size", 256<<20, "largest client message in bytes; a larger one ends that client's session")
 	f.DurationVar(&o.startupTimeout, "startup-timeout", 30*time.Second, "how long a new client may take to send its startup packet")
 	f.IntVar(&o.maxClientConns, "max-client-conns", 1000, "client sessions open at once; more are refused with SQLSTATE 53300 (0: no limit)")
-	f.BoolVar(&o.goroutineRelay, "goroutine-relay", false, "relay every session with goroutines of its own instead of the event loop (slower; the event loop is Linux-only, and TLS sessions always use goroutines)")
+	f.BoolVar(&o.goroutineRelay, "goroutine-relay", false, "relay every session with goroutines of its own instead of the event loop (slower; the event loop is Linux-only)")
 	f.BoolVar(&o.forwardTokenSets, "forward-token-sets", false, "send every SET of the fencing token to Postgres as the client sent it; by default pgfence answers a plain one at once and sets the token ahead of the next statement, in the same transaction when that is a fenced write (saves a round trip per transaction)")
 	f.BoolVar(&o.initDomains, "init-domains", true, "create the lock-domain table (pgfence.domains) and its rows when missing; false for teams that forbid runtime DDL (run 'pgfence init' instead)")
 	f.StringVar(&o.tlsCert, "tls-cert", "", "PEM certificate (chain) for client TLS; with --tls-key, pgfence accepts sslmode=require/verify-full clients and terminates their TLS")
