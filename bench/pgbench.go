@@ -45,7 +45,10 @@ func (r *runner) pgbenchClients(t target, mode string, clients int, workload []s
 	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(r.seconds+60)*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, r.pgbenchBin, args...)
-	cmd.Env = append(append([]string{"PGAPPNAME=pgfence-bench", "LC_ALL=C"}, t.env...), env...)
+	// Plain text unless t says otherwise: libpq's default, sslmode=prefer,
+	// would take the TLS that PgBouncer and pgfence offer for the TLS
+	// section. (The last of a duplicated variable wins.)
+	cmd.Env = append(append([]string{"PGAPPNAME=pgfence-bench", "LC_ALL=C", "PGSSLMODE=disable"}, t.env...), env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setsid: true}
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
