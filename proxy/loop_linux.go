@@ -341,11 +341,13 @@ func (l *loop) readable(x *side) {
 			l.end(x.ls, x.client, err)
 			return
 		}
-		if n == 0 {
-			// Drained. TLS may have answered something of its own (a
-			// key update), which must not wait for the next message.
-			if err := l.write(x); err != nil {
-				l.end(x.ls, x.client, err)
+		if n == 0 { // drained
+			// TLS may have answered a record of its own (a key update),
+			// which must not wait for the next message.
+			if x.tt != nil && !x.flushed() {
+				if err := l.write(x); err != nil {
+					l.end(x.ls, x.client, err)
+				}
 			}
 			return
 		}
