@@ -366,25 +366,31 @@ func (x *side) arrived() {
 
 // fill reads into buf what x has sent, and returns 0 once x is drained
 // (x.more is then false), or io.EOF once x closed.
-func (x *side) fill(buf []byte) (int, error) {
+func (x *side) fill(buf []byte) (n int, err error) {
 	if x.tc != nil {
 		return x.fillTLS(buf)
 	}
+	n, x.more, err = readSocket(x.fd, buf)
+	return n, err
+}
+
+// readSocket reads what fd holds into p. It returns 0 and nil once fd is
+// drained, io.EOF once its peer closed; more is false once a read came back
+// short of p (see side.more).
+func readSocket(fd int, p []byte) (n int, more bool, err error) {
 	for {
-		n, err := rawRead(x.fd, buf)
+		n, err := rawRead(fd, p)
 		switch {
 		case err == unix.EINTR:
 			continue
 		case err == unix.EAGAIN:
-			x.more = false
-			return 0, nil
+			return 0, false, nil
 		case err != nil:
-			return 0, err
+			return 0, false, err
 		case n == 0:
-			return 0, io.EOF
+			return 0, false, io.EOF
 		}
-		x.more = n == len(buf)
-		return n, nil
+		return n, n == len(p), nil
 	}
 }
 

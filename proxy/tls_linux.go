@@ -2,10 +2,7 @@ package proxy
 
 import (
 	"crypto/tls"
-	"io"
 	"net"
-
-	"golang.org/x/sys/unix"
 )
 
 // TLS sessions are relayed by the event loop too. crypto/tls wants a
@@ -49,23 +46,15 @@ func (t *tlsTransport) Read(p []byte) (int, error) {
 	if t.fd < 0 {
 		return t.Conn.Read(p)
 	}
-	for t.more && len(p) > 0 {
-		n, err := rawRead(t.fd, p)
-		switch {
-		case err == unix.EINTR:
-			continue
-		case err == unix.EAGAIN:
-			t.more = false
-		case err != nil:
-			return 0, err
-		case n == 0:
-			return 0, io.EOF
-		default:
-			t.more = n == len(p)
-			return n, nil
-		}
+	if !t.more || len(p) == 0 {
+		return 0, errWouldBlock
 	}
-	return 0, errWouldBlock
+	n, more, err := readSocket(t.fd, p)
+	t.more = more
+	if err == nil && n == 0 {
+		err = errWouldBlock
+	}
+	return n, err
 }
 
 func (t *tlsTransport) Write(p []byte) (int, error) {
