@@ -29,7 +29,11 @@ func holdConns(t target, n int, during func() error) (memResult, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	url := fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable&connect_timeout=60", t.port)
+	sslmode := "disable"
+	if t.tls {
+		sslmode = "require"
+	}
+	url := fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=%s&connect_timeout=60", t.port, sslmode)
 	conns := make([]*pgconn.PgConn, n)
 	errs := make([]error, n)
 	sem := make(chan struct{}, 32) // Postgres forks a backend per session: don't stampede

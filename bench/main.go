@@ -11,7 +11,8 @@
 //     by hand, straight to Postgres and through PgBouncer; then, in -M
 //     simple only, the same with a string value that changes;
 //  3. a stale-writer storm: half the clients hold a stale token;
-//  4. 1000 idle client connections: the proxies' resident memory;
+//  4. 1000 idle client connections: the proxies' resident memory, plain
+//     and over TLS;
 //  5. the rewriter's Go benchmarks (run first, before anything starts).
 //
 // pgbench runs are interleaved (round-robin over the targets, order rotated
@@ -488,8 +489,22 @@ func (r *runner) bench() error {
 	}
 	svc.stop()
 	time.Sleep(2 * time.Second) // let Postgres reap those backends
-	logf("connections: %d through PgBouncer", r.conns)
+	logf("connections: %d over TLS through a fresh pgfence", r.conns)
+	if fresh, svc, err = r.startPgfence("pgfence conns TLS", r.pgfenceBin, "--guard", "pgbench_accounts",
+		"--tls-cert", r.tlsCert, "--tls-key", r.tlsKey); err != nil {
+		return err
+	}
+	if rep.memPgfenceTLS, err = holdConns(overTLS(fresh), r.conns, nil); err != nil {
+		return err
+	}
+	svc.stop()
+	time.Sleep(2 * time.Second)
+	logf("connections: %d through PgBouncer, plain then over TLS", r.conns)
 	if rep.memPgBouncer, err = holdConns(r.pgbouncer, r.conns, nil); err != nil {
+		return err
+	}
+	time.Sleep(2 * time.Second)
+	if rep.memPgBouncerTLS, err = holdConns(overTLS(r.pgbouncer), r.conns, nil); err != nil {
 		return err
 	}
 

@@ -42,6 +42,7 @@ type target struct {
 	// pgfence and straight to Postgres do (see closeServers).
 	fresh func() error
 	env   []string // added to pgbench's environment
+	tls   bool     // clients connect with sslmode=require
 }
 
 // overTLS is t with pgbench's connections on TLS (sslmode=require, so a
@@ -49,6 +50,7 @@ type target struct {
 func overTLS(t target) target {
 	t.name += ", TLS"
 	t.env = append(t.env, "PGSSLMODE=require")
+	t.tls = true
 	return t
 }
 

@@ -34,6 +34,8 @@ type report struct {
 	selectTLS                 map[string]map[string]series // select-only with client TLS, PgBouncer and pgfence
 	domain                    map[string]map[string]series // lock-domain cost, -M prepared
 	memPgfence, memPgBouncer  memResult
+	memPgfenceTLS             memResult // the same over TLS
+	memPgBouncerTLS           memResult
 	goBench                   []*goBench
 	goBenchErr                string
 }
@@ -288,7 +290,8 @@ func (r *report) render() string {
 	for _, x := range []struct {
 		name string
 		m    memResult
-	}{{"pgfence (fresh process)", r.memPgfence}, {"PgBouncer (after the runs above)", r.memPgBouncer}} {
+	}{{"pgfence (fresh process)", r.memPgfence}, {"pgfence over TLS (fresh process)", r.memPgfenceTLS},
+		{"PgBouncer (after the runs above)", r.memPgBouncer}, {"PgBouncer over TLS (right after)", r.memPgBouncerTLS}} {
 		t4.add(x.name, fmt.Sprint(x.m.open), f1(x.m.before/1024), f1(x.m.with/1024),
 			f1((x.m.with-x.m.before)/float64(max(x.m.open, 1))))
 	}
@@ -298,6 +301,8 @@ func (r *report) render() string {
 	}
 	targets.add(fmt.Sprintf("%d idle connections < 100 MiB (pgfence VmRSS)", r.conns),
 		fmt.Sprintf("%.1f MiB", r.memPgfence.with/1024), yes(r.memPgfence.with/1024 < 100))
+	targets.add(fmt.Sprintf("%d idle connections over TLS < 100 MiB (pgfence VmRSS)", r.conns),
+		fmt.Sprintf("%.1f MiB", r.memPgfenceTLS.with/1024), yes(r.memPgfenceTLS.with/1024 < 100))
 
 	// 5. Go benchmarks.
 	p("### 5. Go benchmarks (go test -bench -benchmem, median of 3)\n\n")
