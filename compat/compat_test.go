@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -112,8 +113,20 @@ func newFixture(t *testing.T, name string) *fixture {
 func (f *fixture) Env() []string {
 	direct := pgtest.Server()
 	host, port, _ := net.SplitHostPort(f.Proxy.Addr)
+	proxyURL := f.Proxy.URL()
+	// The URL's TLS parameters alone, for drivers given host and port.
+	ssl := url.Values{"sslmode": {"disable"}}
+	if u, err := url.Parse(proxyURL); err == nil && u.Query().Get("sslmode") != "" {
+		ssl = url.Values{}
+		for _, k := range []string{"sslmode", "sslrootcert"} {
+			if v := u.Query().Get(k); v != "" {
+				ssl.Set(k, v)
+			}
+		}
+	}
 	return append(os.Environ(),
-		"COMPAT_PROXY_URL="+f.Proxy.URL(),
+		"COMPAT_PROXY_URL="+proxyURL,
+		"COMPAT_PROXY_SSL="+ssl.Encode(),
 		"COMPAT_PROXY_HOST="+host,
 		"COMPAT_PROXY_PORT="+port,
 		"COMPAT_DIRECT_URL="+pgtest.DirectURL(),

@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -43,7 +44,15 @@ func TestPostgresJS(t *testing.T) {
 	node := nodeModules(t, "postgres")
 	f := newFixture(t, "postgresjs")
 	f.SetsAnswered, f.LocalSetsAnswered = 1, 1
-	f.runScript(t, append(allChecks, checkPipeline), node, "node/postgresjs_compat.js")
+	checks := append(allChecks, checkPipeline)
+	if pgtest.TLS() {
+		// Over TLS, postgres.js's query.canceller() never resolves (the
+		// query is cancelled), straight to Postgres too, so the script
+		// would wait for ever: its cancel check runs on plain sessions only.
+		t.Log("postgres.js over TLS: the cancel check is left out (its canceller never resolves over TLS, against Postgres too)")
+		checks = slices.DeleteFunc(slices.Clone(checks), func(c string) bool { return c == checkCancel })
+	}
+	f.runScript(t, checks, node, "node/postgresjs_compat.js")
 }
 
 // pgJDBC's own checks beyond the common ones.

@@ -21,7 +21,7 @@ import org.postgresql.util.DriverInfo;
 
 public class PgJDBCCompat {
     static final String URL = "jdbc:postgresql://" + System.getenv("COMPAT_PROXY_HOST") + ":" + System.getenv("COMPAT_PROXY_PORT")
-            + "/" + System.getenv("COMPAT_DB") + "?user=" + System.getenv("COMPAT_USER") + "&sslmode=disable";
+            + "/" + System.getenv("COMPAT_DB") + "?user=" + System.getenv("COMPAT_USER") + "&" + System.getenv("COMPAT_PROXY_SSL");
     static final String T = System.getenv("COMPAT_TABLE"); // guarded: id, val, n, fence_epoch; rows 1..10 'init'
     static final String PLAIN = System.getenv("COMPAT_PLAIN_TABLE");
     static final String CHANNEL = System.getenv("COMPAT_CHANNEL");

@@ -11,11 +11,24 @@ const { env, check, expect, finish } = require('./check')
 const { version } = JSON.parse(require('node:fs').readFileSync(`${__dirname}/node_modules/postgres/package.json`))
 console.log('driver postgres.js', version)
 
+// proxy is where to connect, as postgres.js takes it: it would send an
+// sslrootcert query parameter to Postgres as a setting, so the CA that
+// names (PGFENCE_TEST_TLS) becomes its ssl option.
+function proxy() {
+  const u = new URL(env.proxyUrl)
+  const ca = u.searchParams.get('sslrootcert')
+  if (ca === null) return [env.proxyUrl, {}]
+  u.searchParams.delete('sslrootcert')
+  u.searchParams.delete('sslmode')
+  return [u.toString(), { ssl: { ca: require('node:fs').readFileSync(ca) } }]
+}
+
 const pools = []
 // connect returns a one-connection pool, so a session setting such as
 // fence.token stays with the queries that follow it.
 async function connect(token) {
-  const sql = postgres(env.proxyUrl, { max: 1, onnotice: () => {} })
+  const [url, tls] = proxy()
+  const sql = postgres(url, { max: 1, onnotice: () => {}, ...tls })
   pools.push(sql)
   if (token !== undefined) await sql`SELECT set_config('fence.token', ${String(token)}, false)`
   return sql

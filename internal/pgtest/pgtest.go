@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -30,12 +31,15 @@ var pg *pgserver.Server
 
 // PGFENCE_TEST_TLS=1 runs the tests with TLS on both legs: every proxy
 // terminates client TLS and reaches Postgres over verified TLS, and URL
-// asks for sslmode=require (make test runs the protocol tests so too).
-// Raw sessions (RawSession) stay plain text, which pgfence accepts as well.
+// asks for sslmode=require with the CA as sslrootcert, so that drivers
+// that verify on require (node-postgres) can (make test runs the protocol
+// and driver tests so too). Raw sessions (RawSession) stay plain text,
+// which pgfence accepts as well.
 var testTLS struct {
 	on       bool
 	server   *tls.Config // the proxies' certificate
 	upstream *tls.Config // trusting Postgres's
+	rootCert string      // the CA's certificate file
 }
 
 // TLS reports whether the tests run with TLS on both legs
@@ -74,6 +78,10 @@ func run(m *testing.M) (int, error) {
 		pool := x509.NewCertPool()
 		pool.AddCert(ca.Cert)
 		testTLS.upstream = &tls.Config{RootCAs: pool, ServerName: "127.0.0.1"}
+		testTLS.rootCert = filepath.Join(dir, "root.crt")
+		if err := os.WriteFile(testTLS.rootCert, ca.CertPEM, 0o644); err != nil {
+			return 0, err
+		}
 		testTLS.on = true
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -164,6 +172,7 @@ func (p *Proxy) URL(extra ...string) string {
 	q := u.Query()
 	if testTLS.on {
 		q.Set("sslmode", "require")
+		q.Set("sslrootcert", testTLS.rootCert)
 	}
 	for _, kv := range extra {
 		k, v, _ := strings.Cut(kv, "=")
