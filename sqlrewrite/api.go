@@ -33,6 +33,16 @@ type Guard struct {
 	// ignore their domain (a Shadow table still reads the domain's setting
 	// first).
 	Domain string
+	// Backstop says the database backstop is installed on the table: BEFORE
+	// INSERT/UPDATE/DELETE row triggers that enforce the fence in Postgres
+	// (skip stale rows, stamp the epoch column with the token). The forms
+	// the rewriter cannot fence in the SQL text, MERGE INTO the table, COPY
+	// ... FROM into it and UPDATE/DELETE ... WHERE CURRENT OF on it, then
+	// run unrewritten instead of being refused (Result.Fenced reports them
+	// with Backstop set). Everything else is fenced in the text as without
+	// it; TRUNCATE, which fires no row triggers, is still refused unless
+	// Allow.Truncate. (The backstop checks the table's lock domain too.)
+	Backstop bool
 }
 
 // DomainTable holds one row per lock domain: the highest token any write to
@@ -90,7 +100,9 @@ type Config struct {
 	Allow Allow
 }
 
-// Allow names the unfenceable forms a configuration lets through.
+// Allow names the unfenceable forms a configuration lets through. On a
+// table whose guard has Backstop, COPY FROM and CURRENT OF run fenced by
+// the backstop whatever Allow says.
 type Allow struct {
 	Truncate  bool // TRUNCATE of a guarded table
 	CopyFrom  bool // COPY ... FROM into a guarded table
@@ -154,9 +166,15 @@ type Result struct {
 // Fenced describes one guarded write.
 type Fenced struct {
 	Table   string // the guarded table as configured, e.g. "accounts" or "public.accounts"
-	Kind    string // "UPDATE", "DELETE", "INSERT", "UPSERT" (INSERT ... ON CONFLICT DO UPDATE), "EXECUTE", or an allowed unfenceable form ("TRUNCATE", "COPY FROM", "CURRENT OF"; also "MERGE" on an Observe table)
+	Kind    string // "UPDATE", "DELETE", "INSERT", "UPSERT" (INSERT ... ON CONFLICT DO UPDATE), "EXECUTE", or a form the rewriter cannot fence, let through by Allow, by the table's backstop (see Backstop) or on an Observe table ("TRUNCATE", "COPY FROM", "CURRENT OF", "MERGE")
 	Rollout Rollout
 	Nested  bool // inside WITH, PREPARE, EXPLAIN or another statement
+	// Backstop is true when the write is a form the rewriter cannot fence
+	// ("MERGE", "COPY FROM", "CURRENT OF") that passed unrewritten because
+	// the table's database backstop fences it (see Guard.Backstop): it is
+	// fenced by Postgres, not let through unfenced by Allow. It is false
+	// on an Observe table, where those forms pass anyway.
+	Backstop bool
 }
 
 // Probe is a statement that reads, right after a guarded write and in the

@@ -28,7 +28,7 @@ func (r *Rewriter) build(res *Result, stmts []*pg_query.RawStmt, plans []*plan, 
 		}
 		st := stmtTokensOf(tokens, stmts[i], len(sql))
 		for _, w := range p.writes {
-			res.Fenced = append(res.Fenced, Fenced{Table: w.guard.name, Kind: w.kind, Rollout: w.guard.Rollout, Nested: w.nested})
+			res.Fenced = append(res.Fenced, Fenced{Table: w.guard.name, Kind: w.kind, Rollout: w.guard.Rollout, Nested: w.nested, Backstop: w.backstop})
 		}
 		tables := p.tables()
 		if p.prepare != "" {

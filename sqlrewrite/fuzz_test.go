@@ -19,9 +19,20 @@ func fuzzRewriter(t testing.TB, cfg uint8) *Rewriter {
 // one in another, one in none.
 var fuzzDomains = []string{"billing", "shipping", "billing", ""}
 
+// fuzzBackstops gives the fuzzing guards the database backstop: all but
+// public.orders, so that statements mix forms the backstop fences with
+// writes fenced in the text.
+var fuzzBackstops = []bool{true, false, true, true}
+
 // fuzzRewriterIn is fuzzRewriter with the guards in the lock domains
 // given, in guard order (nil: none).
 func fuzzRewriterIn(t testing.TB, cfg uint8, domains []string) *Rewriter {
+	return fuzzRewriterWith(t, cfg, domains, nil)
+}
+
+// fuzzRewriterWith is fuzzRewriterIn with the guards' Backstop given, in
+// guard order (nil: none).
+func fuzzRewriterWith(t testing.TB, cfg uint8, domains []string, backstops []bool) *Rewriter {
 	specs := []string{"accounts", "public.orders:version", `"Odd ""Name"""`, "billing.ledger:epoch"}
 	c := Config{TokenSetting: "fence.token", Allow: Allow{Truncate: cfg&0x40 != 0, CopyFrom: cfg&0x40 != 0, CurrentOf: cfg&0x80 != 0}}
 	for i, s := range specs {
@@ -40,6 +51,9 @@ func fuzzRewriterIn(t testing.TB, cfg uint8, domains []string) *Rewriter {
 		if domains != nil {
 			g.Domain = domains[i]
 		}
+		if backstops != nil {
+			g.Backstop = backstops[i]
+		}
 		c.Guards = append(c.Guards, g)
 	}
 	r, err := New(c)
@@ -53,7 +67,7 @@ func fuzzRewriterIn(t testing.TB, cfg uint8, domains []string) *Rewriter {
 var fuzzSession = fakeSession{"p": {"accounts"}, "q": {"public.orders", "accounts"}, "gone": {"no.such"}}
 
 // FuzzRewrite checks, for any text and configuration (with and without
-// lock domains), that Rewrite does not panic or fail, and that its result
+// lock domains, with and without the database backstop), that Rewrite does not panic or fail, and that its result
 // passes verify: a refusal statement, or output that parses with every
 // guarded write fenced (and checking its lock domain, at the top level),
 // probes where they belong and nothing else changed.
@@ -66,13 +80,19 @@ func FuzzRewrite(f *testing.F) {
 		}
 		f.Add(c.input, c.mode == Prepared, uint8(i))
 	}
-	var rs, ds [256]*Rewriter
+	for i, s := range backstopSeeds() {
+		// Enforce, all Shadow (with lock domains), and mixed rollouts with
+		// Allow switches.
+		f.Add(s, i%2 == 0, []uint8{0, 0x15, 0xc6}[i%3])
+	}
+	var rs, ds, bs [256]*Rewriter
 	for i := range rs {
 		rs[i] = fuzzRewriter(f, uint8(i))
 		ds[i] = fuzzRewriterIn(f, uint8(i), fuzzDomains)
+		bs[i] = fuzzRewriterWith(f, uint8(i), [][]string{nil, fuzzDomains}[i%2], fuzzBackstops) // lock domains for odd cfg
 	}
 	f.Fuzz(func(t *testing.T, sql string, prepared bool, cfg uint8) {
-		rewriteAndVerify(t, sql, prepared, rs[cfg], ds[cfg])
+		rewriteAndVerify(t, sql, prepared, rs[cfg], ds[cfg], bs[cfg])
 	})
 }
 

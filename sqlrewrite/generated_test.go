@@ -48,11 +48,14 @@ var (
 		"WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r WHERE n < 2), w AS (%s RETURNING 1) SELECT * FROM w, r",
 		"SELECT * FROM (WITH w AS (%s RETURNING 1) SELECT * FROM w) q", "INSERT INTO audit (a) WITH w AS (%s RETURNING 1) SELECT * FROM w",
 		"WITH w AS (%s RETURNING 1) MERGE INTO audit USING w ON true WHEN MATCHED THEN DELETE", "WITH pgfence_domain_0 AS (SELECT 1) %s",
-		"DECLARE c CURSOR FOR WITH w AS (%s RETURNING 1) SELECT * FROM w", "EXPLAIN ANALYZE WITH RECURSIVE w AS (%s RETURNING 1) SELECT 1"}
+		"DECLARE c CURSOR FOR WITH w AS (%s RETURNING 1) SELECT * FROM w", "EXPLAIN ANALYZE WITH RECURSIVE w AS (%s RETURNING 1) SELECT 1",
+		"WITH w AS (%s RETURNING 1) MERGE INTO accounts a USING w ON true WHEN MATCHED THEN UPDATE SET v = 1 WHEN NOT MATCHED THEN INSERT (id) VALUES (1)"}
 	genOther = []string{"SELECT 1", "INSERT INTO audit VALUES (1)", "SELECT * FROM accounts", "BEGIN", "COMMIT",
 		"DELETE FROM audit WHERE x = 'accounts'", "EXECUTE p", "EXECUTE q(1)", "EXPLAIN ANALYZE EXECUTE p", "EXECUTE nope",
 		"TRUNCATE accounts, audit", "COPY orders FROM STDIN", "MERGE INTO accounts USING t ON true WHEN MATCHED THEN DELETE",
-		"COPY accounts TO STDOUT", "SELECT * FROM accounts FOR UPDATE"}
+		"COPY accounts TO STDOUT", "SELECT * FROM accounts FOR UPDATE", "COPY public.accounts (id, v) FROM STDIN",
+		"MERGE INTO billing.ledger l USING (SELECT 1 AS id) s ON l.id = s.id WHEN MATCHED THEN DELETE WHEN NOT MATCHED THEN INSERT VALUES (s.id)",
+		"MERGE INTO orders o USING t ON true WHEN MATCHED THEN UPDATE SET version = 1", "DELETE FROM ledger WHERE CURRENT OF c"}
 	genSeps = []string{";", " ;\n", ";-- x\n", "; /* y */ "}
 )
 
@@ -95,7 +98,8 @@ func genStatement(rng *rand.Rand) string {
 
 // TestRewriteGenerated runs verify over many generated multi-statement
 // texts, in both modes, with and without a Session, over many
-// configurations, half of them with lock domains.
+// configurations, half of them with lock domains, half with the database
+// backstop on some tables.
 func TestRewriteGenerated(t *testing.T) {
 	rng := rand.New(rand.NewPCG(*genSeed, 2))
 	n := 1500
@@ -105,13 +109,13 @@ func TestRewriteGenerated(t *testing.T) {
 	if *genN > 0 {
 		n = *genN
 	}
-	var rs [2][256]*Rewriter
-	fenced, refused, domains, templates := 0, 0, 0, 0
+	var rs [4][256]*Rewriter
+	fenced, refused, domains, templates, backstops := 0, 0, 0, 0, 0
 	for i := 0; i < n; i++ {
 		cfg := uint8(rng.IntN(256))
-		d := i % 2
+		d := i % 4
 		if rs[d][cfg] == nil {
-			rs[d][cfg] = fuzzRewriterIn(t, cfg, [][]string{nil, fuzzDomains}[d])
+			rs[d][cfg] = fuzzRewriterWith(t, cfg, [][]string{nil, fuzzDomains}[d%2], [][]bool{nil, fuzzBackstops}[d/2])
 		}
 		r := rs[d][cfg]
 		var parts []string
@@ -139,6 +143,11 @@ func TestRewriteGenerated(t *testing.T) {
 					}
 				}
 				fenced += len(res.Fenced)
+				for _, f := range res.Fenced {
+					if f.Backstop {
+						backstops++
+					}
+				}
 				if res.Refusal != nil {
 					refused++
 				}
@@ -148,7 +157,7 @@ func TestRewriteGenerated(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("%d fenced, %d refused, %d checking a lock domain of %d; %d templates", fenced, refused, domains, 4*n, templates)
+	t.Logf("%d fenced (%d by the backstop), %d refused, %d checking a lock domain of %d; %d templates", fenced, backstops, refused, domains, 4*n, templates)
 	if fenced < n || refused > 3*n || domains < n/10 {
 		t.Errorf("%d writes fenced, %d texts refused, %d checking a lock domain; the generator has drifted", fenced, refused, domains)
 	}
@@ -160,10 +169,11 @@ func TestRewriteGenerated(t *testing.T) {
 func FuzzGenerated(f *testing.F) {
 	f.Add(uint64(1), uint8(0), "", false)
 	f.Add(uint64(7), uint8(0x5a), " /* x */ ", true)
-	var rs, ds [256]*Rewriter
+	var rs, ds, bs [256]*Rewriter
 	for i := range rs {
 		rs[i] = fuzzRewriter(f, uint8(i))
 		ds[i] = fuzzRewriterIn(f, uint8(i), fuzzDomains)
+		bs[i] = fuzzRewriterWith(f, uint8(i), [][]string{nil, fuzzDomains}[i%2], fuzzBackstops) // lock domains for odd cfg
 	}
 	f.Fuzz(func(t *testing.T, seed uint64, cfg uint8, extra string, prepared bool) {
 		rng := rand.New(rand.NewPCG(seed, 3))
@@ -175,6 +185,6 @@ func FuzzGenerated(f *testing.F) {
 		if at := rng.IntN(len(sql) + 1); extra != "" {
 			sql = sql[:at] + extra + sql[at:]
 		}
-		rewriteAndVerify(t, sql, prepared, rs[cfg], ds[cfg])
+		rewriteAndVerify(t, sql, prepared, rs[cfg], ds[cfg], bs[cfg])
 	})
 }

@@ -17,6 +17,7 @@ const (
 
 	hintForgedEpoch  = "pgfence sets it to the session's token itself; remove it from the statement"
 	hintUnsupported  = "write guarded tables with INSERT (with a column list), UPDATE or DELETE statements, which pgfence fences"
+	hintMerge        = "write it as INSERT ... ON CONFLICT, UPDATE and DELETE statements, which pgfence fences, or let pgfence install its database backstop on the table (serve's default, --backstop install), with which MERGE runs fenced by Postgres"
 	hintReservedName = "rename the WITH query: pgfence adds WITH queries named pgfence_domain_<n> itself"
 	hintStaleDomain  = "a newer holder of the lock has written to this lock domain with a higher fencing token: stop acting as the holder and acquire the lock again"
 )
@@ -143,6 +144,9 @@ func markerHint(code, text string) string {
 		}
 		return "SET the fencing token setting (or SET LOCAL inside a transaction) before writing"
 	case codeBadToken:
+		if h, ok := TokenConflictHint("pgfence: " + text); ok {
+			return h
+		}
 		// "S must be an integer fencing token ...", or "S.D or S must ..."
 		if s, _, ok := strings.Cut(text, " must be an integer"); ok {
 			if s, ok := settingsIn(s); ok {
@@ -153,6 +157,9 @@ func markerHint(code, text string) string {
 	case codeForgedEpoch:
 		return hintForgedEpoch
 	case codeUnsupported:
+		if strings.HasPrefix(text, "MERGE on guarded table ") {
+			return hintMerge
+		}
 		return hintUnsupported
 	case codeReservedName:
 		return hintReservedName

@@ -19,8 +19,11 @@ type write struct {
 	nested bool // not the top-level statement itself
 	// node is the UpdateStmt, DeleteStmt or InsertStmt whose text gets the
 	// fence; nil when the write passes untouched (Observe, allowed forms,
-	// EXECUTE).
+	// forms the table's backstop fences, EXECUTE).
 	node proto.Message
+	// backstop is Fenced.Backstop: a form the rewriter cannot fence passes
+	// untouched because the table's database backstop fences it.
+	backstop bool
 }
 
 // plan is what to do with one top-level statement.
@@ -454,9 +457,11 @@ func (r *Rewriter) plan(stmt *pg_query.Node, names *preparedNames) (*plan, *Refu
 // the top-level statement, stored is the rule, function body or view that
 // would keep it for later, if any.
 func (r *Rewriter) visit(p *plan, m proto.Message, nested bool, stored proto.Message, names *preparedNames) *Refusal {
-	add := func(kind string, g *guardInfo, rv *pg_query.RangeVar, node proto.Message) {
-		p.writes = append(p.writes, &write{kind: kind, guard: g, pos: int(rv.GetLocation()), nested: nested, node: node})
+	add := func(kind string, g *guardInfo, rv *pg_query.RangeVar, node proto.Message) *write {
+		w := &write{kind: kind, guard: g, pos: int(rv.GetLocation()), nested: nested, node: node}
+		p.writes = append(p.writes, w)
 		p.fence = p.fence || node != nil
+		return w
 	}
 	switch n := m.(type) {
 	case *pg_query.UpdateStmt:
@@ -495,8 +500,21 @@ func (r *Rewriter) visit(p *plan, m proto.Message, nested bool, stored proto.Mes
 			return storedWrite("MERGE", stored, g)
 		case g.Rollout == Observe:
 			add("MERGE", g, n.Relation, nil)
+		case !r.backstopped(g, n.Relation):
+			return unsupported("MERGE", g, hintMerge)
+		case mergeAssigns(n, g.Column):
+			// The backstop would overwrite the epoch with the token anyway,
+			// but an explicit assignment is refused as in UPDATE and INSERT.
+			// A WHEN NOT MATCHED THEN INSERT without a column list (or
+			// DEFAULT VALUES) passes: it names no column, and the backstop
+			// stamps whatever lands in the epoch column.
+			return forgedEpoch(g)
 		default:
-			return unsupported("MERGE", g, "write it as INSERT ... ON CONFLICT, UPDATE and DELETE statements, which pgfence fences")
+			// The MERGE's own text is left as it is: the backstop fences
+			// its target's rows. Writes elsewhere in the statement (its
+			// data-modifying WITH queries) are visited on their own and
+			// fenced in the text as ever.
+			add("MERGE", g, n.Relation, nil).backstop = true
 		}
 	case *pg_query.TruncateStmt:
 		for _, rel := range n.Relations {
@@ -527,7 +545,15 @@ func (r *Rewriter) visit(p *plan, m proto.Message, nested bool, stored proto.Mes
 			return ref
 		case stored != nil:
 			return storedWrite("COPY FROM", stored, g)
-		case g.Rollout == Observe || r.allow.CopyFrom:
+		case g.Rollout == Observe:
+			add("COPY FROM", g, n.Relation, nil)
+		case r.backstopped(g, n.Relation):
+			// Its column list is not checked for the epoch column: COPY
+			// fills every column without one, and a list (pg_dump writes
+			// one) only describes the data; the backstop stamps the token
+			// over whatever the data holds.
+			add("COPY FROM", g, n.Relation, nil).backstop = true
+		case r.allow.CopyFrom:
 			add("COPY FROM", g, n.Relation, nil)
 		default:
 			return unsupported("COPY FROM", g, "load the rows with INSERT, which pgfence fences")
@@ -541,7 +567,7 @@ func (r *Rewriter) visit(p *plan, m proto.Message, nested bool, stored proto.Mes
 }
 
 func (r *Rewriter) visitUpdateDelete(kind string, rv *pg_query.RangeVar, where *pg_query.Node, set []*pg_query.Node,
-	m, stored proto.Message, add func(string, *guardInfo, *pg_query.RangeVar, proto.Message)) *Refusal {
+	m, stored proto.Message, add func(string, *guardInfo, *pg_query.RangeVar, proto.Message) *write) *Refusal {
 	g, ref := r.guardFor(rv)
 	switch {
 	case g == nil || ref != nil:
@@ -556,10 +582,14 @@ func (r *Rewriter) visitUpdateDelete(kind string, rv *pg_query.RangeVar, where *
 	case assigns(set, g.Column):
 		return forgedEpoch(g)
 	case where.GetCurrentOfExpr() != nil:
-		if !r.allow.CurrentOf {
+		switch {
+		case r.backstopped(g, rv):
+			add("CURRENT OF", g, rv, nil).backstop = true
+		case r.allow.CurrentOf:
+			add("CURRENT OF", g, rv, nil)
+		default:
 			return positioned(kind, g)
 		}
-		add("CURRENT OF", g, rv, nil)
 	default:
 		if ref := r.writeInCondition(kind, g, where); ref != nil {
 			return ref
@@ -601,6 +631,38 @@ func (p *plan) tables() []*guardInfo {
 	return out
 }
 
+// mergeAssigns reports whether a WHEN clause of a MERGE assigns column:
+// names it in UPDATE SET or in INSERT's column list.
+func mergeAssigns(n *pg_query.MergeStmt, column string) bool {
+	for _, c := range n.MergeWhenClauses {
+		if assigns(c.GetMergeWhenClause().GetTargetList(), column) {
+			return true
+		}
+	}
+	return false
+}
+
+// backstopped reports whether the database backstop fences the writes to
+// rv, whose guard is g: g has Backstop, and so does every other guard the
+// name matches (an unqualified name may be any of them; fail closed).
+func (r *Rewriter) backstopped(g *guardInfo, rv *pg_query.RangeVar) bool {
+	if !g.Backstop {
+		return false
+	}
+	for i := range r.guards {
+		if o := &r.guards[i]; !o.Backstop && refersTo(rv, o) {
+			return false
+		}
+	}
+	return true
+}
+
+// refersTo reports whether a table reference may name g's table: an
+// unqualified name, or a guard without a schema, matches in any schema.
+func refersTo(rv *pg_query.RangeVar, g *guardInfo) bool {
+	return rv.Relname == g.Table && (g.Schema == "" || rv.Schemaname == "" || rv.Schemaname == g.Schema)
+}
+
 // assigns reports whether a SET or column list names column.
 func assigns(targets []*pg_query.Node, column string) bool {
 	for _, n := range targets {
@@ -622,7 +684,7 @@ func (r *Rewriter) guardFor(rv *pg_query.RangeVar) (*guardInfo, *Refusal) {
 	var found *guardInfo
 	for i := range r.guards {
 		g := &r.guards[i]
-		if rv.Relname != g.Table || g.Schema != "" && rv.Schemaname != "" && rv.Schemaname != g.Schema {
+		if !refersTo(rv, g) {
 			continue
 		}
 		if found == nil {

@@ -208,13 +208,22 @@ func tableSubject(table, domain string) string {
 // of a lock domain's own check (the WITH query that claims the domain),
 // whose errors name the domain only.
 func domainTokenExprs(setting, domain string) (strict, allowMissing string) {
-	strict, allowMissing, _ = tokenSubqueries(setting, domain, "lock domain \""+domain+"\"")
+	strict, allowMissing, _ = tokenSubqueries(setting, domain, domainSubject(domain))
 	return strict, allowMissing
+}
+
+// domainSubject is how errors name a lock domain, when they name no table.
+func domainSubject(domain string) string {
+	return "lock domain \"" + domain + "\""
 }
 
 // tokenText is the token's text: the setting's or, for a table in a lock
 // domain, the domain's own setting (<setting>.<domain>) unless that is
-// unset or empty, then the setting's.
+// unset or empty, then the setting's. In a lock domain that is the token
+// the precedence rule picks (see tokenConflict) unless both settings are
+// set to different tokens: an expression reading it checks that first,
+// unless a check that has already run did (TOKC after GATE, the PF001
+// message after the domain's claim).
 func tokenText(setting, domain string) string {
 	general := "pg_catalog.current_setting(" + quoteLiteral(setting) + ", true)"
 	if domain == "" {
@@ -222,6 +231,72 @@ func tokenText(setting, domain string) string {
 	}
 	return "COALESCE(NULLIF(pg_catalog.current_setting(" + quoteLiteral(setting+"."+domain) + ", true), " +
 		quoteLiteral("") + "), " + general + ")"
+}
+
+// The precedence of a lock domain's token settings. For a table in lock
+// domain D, with d the value of <setting>.D and g that of <setting>, an
+// empty one counting as unset:
+//
+//   - d unset: the token is g (missing if g is unset too);
+//   - g unset, or both set to the same text: the token is d;
+//   - both set, to different texts: the write fails with 22023.
+//
+// A per-domain setting left on a pooled connection by the holder of
+// another lease must not silently override the token a session has just
+// set: the stale holder's writes would land with the newer holder's token.
+// The database backstop's trigger applies the same rule.
+const (
+	conflictStart = "both "                           // then <setting>.D
+	conflictAnd   = " and "                           // then <setting>
+	conflictSet   = " are set, to different tokens (" // then 'd' and 'g'
+	conflictHint  = "a per-domain token left over from another lease must not override the one you set: " +
+		"RESET the setting of the lease you do not hold (RESET %s), or set both to the same token"
+)
+
+// tokenConflict is the branch that the CASE of every expression reading a
+// lock domain's token starts with, " WHEN <conflict> THEN <22023 marker>",
+// and "" outside a lock domain; text is the token text as the expression
+// has it (v, or tokenText itself), and subject names what is written, for
+// the error:
+//
+//	pgfence 22023: both S.D and S are set, to different tokens ('50' and '40'), for a write to SUBJECT
+//
+// The text is the domain's setting d whenever that is set, and the general
+// setting g otherwise, so the settings conflict exactly when g is set (not
+// empty) and the text differs from it. The marker's text holds the
+// settings' values, which keeps its cast from being folded at plan time: a
+// statement reading the token fails when it runs, where it would read the
+// token (see tokenSubqueries and strictCheck).
+func tokenConflict(setting, domain, subject, text string) string {
+	if domain == "" {
+		return ""
+	}
+	g := "pg_catalog.current_setting(" + quoteLiteral(setting) + ", true)"
+	pct := func(s string) string { return strings.ReplaceAll(s, "%", "%%") }
+	marker := "pgfence " + codeBadToken + ": " + conflictStart + setting + "." + domain + conflictAnd + setting + conflictSet +
+		"%L and %L), for a write to " + pct(subject)
+	return " WHEN " + text + " OPERATOR(pg_catalog.<>) " + g + " AND " + g + " OPERATOR(pg_catalog.<>) " + quoteLiteral("") +
+		" THEN pg_catalog.format(" + quoteLiteral(marker) + ", " + text + ", " + g + ")::pg_catalog.int8"
+}
+
+// TokenConflictHint returns the hint for the error of a write to a lock
+// domain's table whose per-domain token setting and general one are set to
+// different tokens, given its message as ParseErrorMarker returns it, and
+// whether message is that error.
+func TokenConflictHint(message string) (string, bool) {
+	rest, ok := strings.CutPrefix(message, "pgfence: "+conflictStart)
+	if !ok {
+		return "", false
+	}
+	ds, rest, ok := strings.Cut(rest, conflictAnd)
+	if !ok || !validSettingName(ds) {
+		return "", false
+	}
+	setting, _, ok := strings.Cut(rest, conflictSet)
+	if !ok || !validSettingName(setting) || !strings.HasPrefix(ds, setting+".") {
+		return "", false
+	}
+	return fmt.Sprintf(conflictHint, ds), true
 }
 
 // settingNames is how errors name the settings a token is read from.
@@ -233,8 +308,9 @@ func settingNames(setting, domain string) string {
 }
 
 // tokenSubqueries returns the three token expressions, each a scalar
-// subquery that reads the token text (see tokenText) once; subject names
-// what is written, for the errors:
+// subquery (which Postgres runs at most once per statement) that reads the
+// token text (see tokenText) once; subject names what is written, for the
+// errors:
 //
 //   - TOK (strict) is the token as int8. A missing or malformed token is
 //     cast as marker text, so Postgres raises 22P02 carrying a "pgfence
@@ -247,14 +323,19 @@ func settingNames(setting, domain string) string {
 //   - TOKA (allow-missing) is NULL when the token is missing or empty and
 //     raises 22023 when it is not an integer.
 //   - TOKL (lenient) is NULL when the token is missing, empty, not an
-//     integer or out of int8's range; it never raises.
+//     integer or out of int8's range; it never raises for the token
+//     itself.
+//
+// In a lock domain all three first raise 22023 when the domain's setting
+// and the general one are set to different tokens (see tokenConflict);
+// TOKL's error names the lock domain only, as it names no table.
 //
 // Operators are schema-qualified so that no search_path can swap them.
 func tokenSubqueries(setting, domain, subject string) (strict, allowMissing, lenient string) {
 	missing, bad := tokenMarkers(setting, domain, subject)
 	empty := quoteLiteral("")
 	from := " END FROM " + tokenText(setting, domain) + " AS pgfence_token(v))"
-	isInt := "(SELECT CASE WHEN v OPERATOR(pg_catalog.~) " + quoteLiteral(tokenRE) + " THEN "
+	isInt := "(SELECT CASE" + tokenConflict(setting, domain, subject, "v") + " WHEN v OPERATOR(pg_catalog.~) " + quoteLiteral(tokenRE) + " THEN "
 	isEmpty := " WHEN coalesce(v, " + empty + ") OPERATOR(pg_catalog.=) " + empty + " THEN "
 	badCast := " ELSE (" + bad + " OPERATOR(pg_catalog.||) v)::pg_catalog.int8"
 	strict = isInt + "v::pg_catalog.int8" +
@@ -263,7 +344,9 @@ func tokenSubqueries(setting, domain, subject string) (strict, allowMissing, len
 	allowMissing = isInt + "v::pg_catalog.int8" + isEmpty + "NULL::pg_catalog.int8" + badCast + from
 	// The regex admits 19 digits, more than int8 holds: range-check as
 	// numeric first (the regex guarantees the numeric cast succeeds).
-	lenient = isInt + "CASE WHEN v::pg_catalog.numeric OPERATOR(pg_catalog.<=) 9223372036854775807::pg_catalog.numeric" +
+	lenient = "(SELECT CASE" + tokenConflict(setting, domain, domainSubject(domain), "v") +
+		" WHEN v OPERATOR(pg_catalog.~) " + quoteLiteral(tokenRE) + " THEN " +
+		"CASE WHEN v::pg_catalog.numeric OPERATOR(pg_catalog.<=) 9223372036854775807::pg_catalog.numeric" +
 		" AND v::pg_catalog.numeric OPERATOR(pg_catalog.>=) (-9223372036854775808)::pg_catalog.numeric" +
 		" THEN v::pg_catalog.int8 END" + from
 	return strict, allowMissing, lenient
@@ -288,17 +371,20 @@ const intChars = `E' \t\n\r\f\x0B+-0123456789'`
 // token's text (see tokenText):
 //
 //	TOKC: v::pg_catalog.int8
-//	GATE: CASE WHEN coalesce(v, E'') = E'' THEN (<55000 marker> || coalesce(v, E''))::pg_catalog.int8
+//	GATE: CASE [WHEN <conflict> THEN <22023 marker>]   (in a lock domain: see tokenConflict)
+//	           WHEN coalesce(v, E'') = E'' THEN (<55000 marker> || coalesce(v, E''))::pg_catalog.int8
 //	           WHEN pg_catalog.btrim(v, <intChars>) <> E'' THEN (<22023 marker> || v)::pg_catalog.int8
 //	           ELSE v::pg_catalog.int8 END IS NOT NULL
 //
 // They are much cheaper for Postgres to parse and plan than TOK's three
 // scalar subqueries and regex. GATE has no column and nothing volatile in
 // it, so Postgres runs it once, as a one-time filter, before it reads any
-// row: a missing, empty or non-integer token fails the statement with
-// pgfence's error even when no row matches, and the per-row casts of TOKC
-// only ever see a valid token. Concatenating v keeps the marker casts from
-// being folded at plan time. A token made only of intChars that is still
+// row: a missing, empty or non-integer token, or in a lock domain two
+// settings set to different tokens, fails the statement with pgfence's
+// error even when no row matches, and the per-row casts of TOKC only ever
+// see a valid token, the one the precedence rule picks. Concatenating v
+// keeps the marker casts from being folded at plan time (as the settings'
+// values do tokenConflict's). A token made only of intChars that is still
 // no int8 ('1-2', '+', blanks, out of range) fails with Postgres's own
 // 22P02 or 22003 from the cast instead of pgfence's 22023: it still fails.
 //
@@ -313,7 +399,7 @@ func strictCheck(setting, table, domain string) (cast, gate string) {
 	missing, bad := tokenMarkers(setting, domain, tableSubject(table, domain))
 	empty := quoteLiteral("")
 	cast = v + "::pg_catalog.int8"
-	gate = "CASE WHEN coalesce(" + v + ", " + empty + ") OPERATOR(pg_catalog.=) " + empty +
+	gate = "CASE" + tokenConflict(setting, domain, tableSubject(table, domain), v) + " WHEN coalesce(" + v + ", " + empty + ") OPERATOR(pg_catalog.=) " + empty +
 		" THEN (" + missing + " OPERATOR(pg_catalog.||) coalesce(" + v + ", " + empty + "))::pg_catalog.int8" +
 		" WHEN pg_catalog.btrim(" + v + ", " + intChars + ") OPERATOR(pg_catalog.<>) " + empty +
 		" THEN (" + bad + " OPERATOR(pg_catalog.||) " + v + ")::pg_catalog.int8" +

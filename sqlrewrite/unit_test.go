@@ -200,6 +200,11 @@ func testStrictCheck(t *testing.T) {
 	const (
 		plainV  = `pg_catalog.current_setting(E'fence.token', true)`
 		domainV = `COALESCE(NULLIF(pg_catalog.current_setting(E'fence.token.billing', true), E''), pg_catalog.current_setting(E'fence.token', true))`
+		// In a lock domain, both settings set to different tokens fail first.
+		gS       = `pg_catalog.current_setting(E'fence.token', true)`
+		conflict = ` WHEN ` + domainV + ` OPERATOR(pg_catalog.<>) ` + gS + ` AND ` + gS + ` OPERATOR(pg_catalog.<>) E''` +
+			` THEN pg_catalog.format(E'pgfence 22023: both fence.token.billing and fence.token are set, to different tokens (%L and %L), for a write to guarded table "accounts" in lock domain "billing"', ` +
+			domainV + `, ` + gS + `)::pg_catalog.int8`
 	)
 	cases := []struct {
 		domain, v, cast, gate string
@@ -211,7 +216,7 @@ func testStrictCheck(t *testing.T) {
 				` THEN (E'pgfence 22023: fence.token must be an integer fencing token for a write to guarded table "accounts", got: ' OPERATOR(pg_catalog.||) ` + plainV + `)::pg_catalog.int8` +
 				` ELSE ` + plainV + `::pg_catalog.int8 END IS NOT NULL`},
 		{"billing", domainV, domainV + `::pg_catalog.int8`,
-			`CASE WHEN coalesce(` + domainV + `, E'') OPERATOR(pg_catalog.=) E''` +
+			`CASE` + conflict + ` WHEN coalesce(` + domainV + `, E'') OPERATOR(pg_catalog.=) E''` +
 				` THEN (E'pgfence 55000: no fencing token is set for this write to guarded table "accounts" in lock domain "billing"; set fence.token.billing or fence.token first' OPERATOR(pg_catalog.||) coalesce(` + domainV + `, E''))::pg_catalog.int8` +
 				` WHEN pg_catalog.btrim(` + domainV + `, E' \t\n\r\f\x0B+-0123456789') OPERATOR(pg_catalog.<>) E''` +
 				` THEN (E'pgfence 22023: fence.token.billing or fence.token must be an integer fencing token for a write to guarded table "accounts" in lock domain "billing", got: ' OPERATOR(pg_catalog.||) ` + domainV + `)::pg_catalog.int8` +
@@ -334,7 +339,9 @@ func TestParseErrorMarker(t *testing.T) {
 		{"22P02", pre + `pgfence 42501: column "fence_epoch" of guarded table "accounts" holds the fencing epoch; no statement may assign it"`,
 			Refusal{"42501", `pgfence: column "fence_epoch" of guarded table "accounts" holds the fencing epoch; no statement may assign it`, hintForgedEpoch}, true},
 		{"22P02", pre + `pgfence 0A000: MERGE on guarded table "accounts" cannot be fenced yet"`,
-			Refusal{"0A000", `pgfence: MERGE on guarded table "accounts" cannot be fenced yet`, hintUnsupported}, true},
+			Refusal{"0A000", `pgfence: MERGE on guarded table "accounts" cannot be fenced yet`, hintMerge}, true},
+		{"22P02", pre + `pgfence 0A000: COPY FROM on guarded table "accounts" cannot be fenced yet"`,
+			Refusal{"0A000", `pgfence: COPY FROM on guarded table "accounts" cannot be fenced yet`, hintUnsupported}, true},
 		{"22P02", pre + `pgfence 42601: syntax error at or near "x""`,
 			Refusal{"42601", `pgfence: syntax error at or near "x"`, ""}, true},
 		// A translated message with other quotation marks.

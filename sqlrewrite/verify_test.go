@@ -197,6 +197,23 @@ func (v *verifier) guardOf(rv *pg_query.RangeVar) *guardInfo {
 	return nil
 }
 
+// backstopOf is " backstop" when a MERGE, COPY FROM or CURRENT OF of rv,
+// whose guard is g, passes because the database backstop fences it: g is
+// not Observe, and every guard the reference may name has Backstop; else
+// "".
+func (v *verifier) backstopOf(g *guardInfo, rv *pg_query.RangeVar) string {
+	if g == nil || g.Rollout == Observe {
+		return ""
+	}
+	for i := range v.r.guards {
+		o := &v.r.guards[i]
+		if rv.Relname == o.Table && (o.Schema == "" || rv.Schemaname == "" || rv.Schemaname == o.Schema) && !o.Backstop {
+			return ""
+		}
+	}
+	return " backstop"
+}
+
 // writes lists the guarded writes of one input statement.
 func (v *verifier) writes(stmt *pg_query.Node, known func(string) []string) stmtWrites {
 	var w stmtWrites
@@ -297,7 +314,8 @@ func (v *verifier) writeOf(m proto.Message, add func(*guardInfo, int32, string, 
 		add(g, n.Relation.Location, kind, fenceable(g))
 		return
 	case *pg_query.MergeStmt:
-		add(v.guardOf(n.Relation), n.Relation.Location, "MERGE", false)
+		g := v.guardOf(n.Relation)
+		add(g, n.Relation.Location, "MERGE"+v.backstopOf(g, n.Relation), false)
 		return
 	case *pg_query.TruncateStmt:
 		for _, rel := range n.Relations {
@@ -306,7 +324,8 @@ func (v *verifier) writeOf(m proto.Message, add func(*guardInfo, int32, string, 
 		return
 	case *pg_query.CopyStmt:
 		if n.IsFrom {
-			add(v.guardOf(n.Relation), n.Relation.Location, "COPY FROM", false)
+			g := v.guardOf(n.Relation)
+			add(g, n.Relation.Location, "COPY FROM"+v.backstopOf(g, n.Relation), false)
 		}
 		return
 	default:
@@ -314,7 +333,7 @@ func (v *verifier) writeOf(m proto.Message, add func(*guardInfo, int32, string, 
 	}
 	g := v.guardOf(rv)
 	if where.GetCurrentOfExpr() != nil {
-		add(g, rv.Location, "CURRENT OF", false)
+		add(g, rv.Location, "CURRENT OF"+v.backstopOf(g, rv), false)
 		return
 	}
 	add(g, rv.Location, kind, fenceable(g))
@@ -341,7 +360,11 @@ func (v *verifier) checkLists(want []stmtWrites, res *Result) error {
 	}
 	var got []string
 	for _, f := range res.Fenced {
-		got = append(got, f.Table+" "+f.Kind)
+		if f.Backstop {
+			got = append(got, f.Table+" "+f.Kind+" backstop")
+		} else {
+			got = append(got, f.Table+" "+f.Kind)
+		}
 		if g := v.r.guardNamed(f.Table); g == nil || g.Rollout != f.Rollout {
 			return fmt.Errorf("Fenced %+v has the wrong rollout", f)
 		}
@@ -589,17 +612,25 @@ func (v *verifier) strictCast(g *guardInfo) string {
 
 func (v *verifier) strictGate(g *guardInfo) string {
 	text, subject, names := v.tokenText(g), `guarded table "`+g.Name()+`"`, v.r.setting
+	conflict := ""
 	if g.Domain != "" {
 		subject += ` in lock domain "` + g.Domain + `"`
 		names = v.r.setting + "." + g.Domain + " or " + v.r.setting
+		// Both settings set, to different tokens, fail first (22023): the
+		// token text is then the domain's, and differs from the general one.
+		s := "pg_catalog.current_setting(" + quoteLiteral(v.r.setting) + ", true)"
+		conflict = fmt.Sprintf(" WHEN %[1]s OPERATOR(pg_catalog.<>) %[2]s AND %[2]s OPERATOR(pg_catalog.<>) E''"+
+			" THEN pg_catalog.format(%[3]s, %[1]s, %[2]s)::pg_catalog.int8", text, s,
+			quoteLiteral("pgfence 22023: both "+v.r.setting+"."+g.Domain+" and "+v.r.setting+
+				" are set, to different tokens (%L and %L), for a write to "+strings.ReplaceAll(subject, "%", "%%")))
 	}
 	missing := quoteLiteral("pgfence 55000: no fencing token is set for this write to " + subject + "; set " + names + " first")
 	bad := quoteLiteral("pgfence 22023: " + names + " must be an integer fencing token for a write to " + subject + ", got: ")
 	// Space, \t, \n, \r, \f, \v, sign and digits: what int8 input takes.
 	const intChars = `E'\x20\x09\x0a\x0d\x0c\x0b+-0123456789'`
-	return fmt.Sprintf("CASE WHEN coalesce(%[1]s, E'') OPERATOR(pg_catalog.=) E'' THEN (%[2]s OPERATOR(pg_catalog.||) coalesce(%[1]s, E''))::pg_catalog.int8"+
+	return fmt.Sprintf("CASE%[5]s WHEN coalesce(%[1]s, E'') OPERATOR(pg_catalog.=) E'' THEN (%[2]s OPERATOR(pg_catalog.||) coalesce(%[1]s, E''))::pg_catalog.int8"+
 		" WHEN pg_catalog.btrim(%[1]s, %[4]s) OPERATOR(pg_catalog.<>) E'' THEN (%[3]s OPERATOR(pg_catalog.||) %[1]s)::pg_catalog.int8"+
-		" ELSE %[1]s::pg_catalog.int8 END IS NOT NULL", text, missing, bad, intChars)
+		" ELSE %[1]s::pg_catalog.int8 END IS NOT NULL", text, missing, bad, intChars, conflict)
 }
 
 func (v *verifier) insertText(g *guardInfo) string {

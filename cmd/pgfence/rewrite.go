@@ -16,7 +16,7 @@ var errRefused = errors.New("statement refused")
 
 func rewriteCmd() *cobra.Command {
 	var o policyOptions
-	var prepared, asText bool
+	var prepared, asText, backstop bool
 	cmd := &cobra.Command{
 		Use:   "rewrite [flags] SQL",
 		Short: "Print the SQL pgfence would send for SQL, or the error a client would get; no server needed",
@@ -26,8 +26,10 @@ A write sent as a simple-protocol Query is shown as the statement pgfence
 prepares once per session and binds the write's literals to, when it does
 (--as-text shows the text rewritten as sent, which is what a Query in the
 middle of an extended-protocol batch gets). It takes the same policy flags as
-serve. SQL "-" reads the text from stdin. The exit status is 1 when the
-statement is refused.`,
+serve. --backstop shows what serve does where the database backstop is in
+place on the guarded tables (serve installs it by default): MERGE, COPY FROM
+and WHERE CURRENT OF then run unrewritten, fenced by Postgres. SQL "-" reads
+the text from stdin. The exit status is 1 when the statement is refused.`,
 		Example: `  pgfence rewrite --guard accounts "UPDATE accounts SET balance = 0 WHERE id = 1"`,
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -42,6 +44,9 @@ statement is refused.`,
 			cfg, _, err := o.config()
 			if err != nil {
 				return err
+			}
+			for i := range cfg.Guards {
+				cfg.Guards[i].Backstop = backstop
 			}
 			rw, err := sqlrewrite.New(sqlrewrite.Config{Guards: cfg.Guards, TokenSetting: cfg.TokenSetting, Allow: cfg.Allow})
 			if err != nil {
@@ -71,6 +76,9 @@ statement is refused.`,
 	o.addFlags(cmd)
 	cmd.Flags().BoolVar(&prepared, "prepared", false, "treat SQL as an extended-protocol Parse (one statement; the probe runs separately after each Execute)")
 	cmd.Flags().BoolVar(&asText, "as-text", false, "show a simple-protocol write rewritten as sent, not as the prepared statement pgfence binds its literals to")
+	// Not a policy flag: serve has its own --backstop, which installs or
+	// verifies the backstop rather than assuming it.
+	cmd.Flags().BoolVar(&backstop, "backstop", false, "assume the database backstop is in place on every guarded table, as serve's default --backstop=install makes it: MERGE, COPY FROM and WHERE CURRENT OF run unrewritten, fenced by Postgres")
 	return cmd
 }
 
@@ -127,6 +135,9 @@ func printRewrite(w io.Writer, sql string, res *sqlrewrite.Result) error {
 		where := ""
 		if f.Nested {
 			where = ", nested"
+		}
+		if f.Backstop {
+			where += ", fenced by the database backstop"
 		}
 		fmt.Fprintf(w, "-- %s %s (%s%s)\n", f.Kind, f.Table, f.Rollout, where)
 	}

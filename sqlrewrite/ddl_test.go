@@ -1,0 +1,26 @@
+package sqlrewrite
+
+import "testing"
+
+func TestMayChangeTables(t *testing.T) {
+	for _, c := range []struct {
+		sql  string
+		want bool
+	}{
+		{"CREATE TABLE t (id int, fence_epoch bigint NOT NULL DEFAULT 0)", true},
+		{"create table t (id int)", true},
+		{"ALTER TABLE accounts RENAME TO accounts2", true},
+		{"alter table accounts set schema billing", true},
+		{"ALTER TABLE p ATTACH PARTITION p1 FOR VALUES IN (1)", true},
+		{"IMPORT FOREIGN SCHEMA s FROM SERVER x INTO public", true},
+		{"BEGIN; CREATE TABLE c () INHERITS (p); COMMIT", true},
+		{"SELECT 1", false},
+		{"UPDATE accounts SET created_at = now() WHERE id = 1", false},
+		{"SELECT altered, creator FROM t", false},
+		{"INSERT INTO t VALUES (1)", false},
+	} {
+		if got := MayChangeTables(c.sql); got != c.want {
+			t.Errorf("MayChangeTables(%q) = %v, want %v", c.sql, got, c.want)
+		}
+	}
+}
