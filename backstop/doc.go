@@ -1,0 +1,97 @@
+// Package backstop keeps pgfence's fence inside Postgres: triggers on every
+// guarded table that enforce the rule the rewriter splices into the SQL it
+// sees, for the writes it cannot see (views, functions, procedures, DO
+// blocks, rules, triggers of other tables, foreign-key cascades, writes
+// through an inheritance parent, and sessions connected straight to
+// Postgres).
+//
+// # What is installed
+//
+// In the schema pgfence (owned by pgfence's upstream role):
+//
+//   - pgfence.domains, one row per lock domain, and pgfence.domain_members,
+//     which table is in which domain. A trigger on pgfence.domains lets a
+//     domain's token only grow and its rows never go, except for their
+//     owner, so the UPDATE that the rewriter's claim needs can be granted
+//     to PUBLIC without letting any writer lower a token.
+//   - pgfence.claim_domain, note_reject and note_exempt: SECURITY DEFINER
+//     helpers, so that application roles need no grants on pgfence's
+//     counters or domain rows.
+//   - One row trigger function per distinct guard configuration, named
+//     backstop_<hash of its body>: the configuration is baked into the
+//     body (column, token setting, rollout, missing-token policy, lock
+//     domain, exempt roles), so a function's name says what it enforces
+//     and drift (a body edited by hand) shows as a mismatch.
+//   - One reject counter per guarded table, the sequence rejects_<oid>:
+//     sequences are not transactional, so a reject is counted even when its
+//     transaction rolls back, and counting takes no row lock.
+//
+// On each guarded table:
+//
+//   - "~pgfence_backstop", BEFORE INSERT OR UPDATE OR DELETE FOR EACH ROW.
+//     BEFORE triggers fire in name order; "~" sorts after every letter and
+//     digit, so the backstop sees (and stamps) the row as the other BEFORE
+//     triggers leave it. On a partitioned table it is created once on the
+//     table and Postgres clones it to every partition, present and future.
+//   - "~pgfence_backstop_truncate", BEFORE TRUNCATE FOR EACH STATEMENT,
+//     refusing TRUNCATE unless it is allowed.
+//
+// # The rule
+//
+// The row trigger reads the token as the rewriter does (the domain's own
+// setting, then the general one; both set and different is an error), and
+// then, in enforce mode: an INSERT is stamped with the token (a forged
+// epoch is overwritten); an UPDATE or DELETE of a row whose epoch is above
+// the token is skipped (the statement reports one row fewer) and counted,
+// and an UPDATE that passes stamps the token. Skipping is only right at
+// the top level of a statement: a row written by another trigger (a
+// foreign-key cascade is one) cannot be skipped without leaving the parent's
+// write half done (an orphan), so there (pg_trigger_depth() > 1) a stale
+// row is counted and fails the statement with SQLSTATE PF002. A missing
+// token fails the write with 55000, or, with the allow policy
+// (Guard.AllowMissingToken), lets it through unfenced: an UPDATE keeps the
+// row's epoch and an INSERT is stamped 0, as the rewriter stamps it. In
+// shadow mode nothing is
+// skipped: stale rows are counted and keep their epoch (never lowered).
+// Observe tables get no backstop. For a table in a lock domain (enforce),
+// each row also claims the domain through claim_domain, which locks the
+// domain's row (FOR NO KEY UPDATE) as the rewriter's WITH query does, so
+// the check and the claim are one step and concurrent writers serialise.
+//
+// Every expression in the trigger names its operators and functions with
+// their schema (OPERATOR(pg_catalog.>)): the trigger runs with the
+// writer's search_path, which could otherwise put an operator of the
+// writer's own ahead of pg_catalog's. The trigger itself is SECURITY
+// INVOKER, so that current_user is the writer's role (for exempt roles)
+// and a call costs no configuration switch.
+//
+// # What it does not cover
+//
+// Triggers do not fire when session_replication_role is replica, which is
+// what logical-replication apply runs with: the publisher already fenced
+// those writes. Only superusers can set it. ALTER TABLE ... DISABLE TRIGGER
+// (the table's owner) turns the backstop off for that table; Reconcile
+// (Verify) reports it as drift, and Reconcile (Install) enables it again.
+// A BEFORE row trigger whose name sorts after the backstop's would fire
+// after it and could change the epoch: Reconcile reports the table as not
+// OK until it is renamed.
+//
+// Exempt roles are matched on current_user: a SECURITY DEFINER function
+// owned by an exempt role writes unfenced for whoever calls it. Helpers
+// and counters can be called by any role (the trigger runs as the writer):
+// a writer can raise a domain's token or a reject count, never lower one.
+//
+// A table partitioned by its epoch column cannot take an INSERT whose
+// epoch the trigger changes (Postgres does not move a row to another
+// partition from a BEFORE trigger): such an INSERT that pgfence did not
+// stamp itself (a direct session, a function, COPY) fails. It fails
+// closed.
+//
+// Two stale statements of one simple-protocol Query raise one notice per
+// table (statement_timestamp() is the Query's): pgfence then counts one
+// reject through the notice, where the database's counter has every row.
+//
+// Setup marks the schema with the version of its objects and skips them
+// while the mark matches: a helper edited by hand (claim_domain, say) is
+// not found out; the trigger functions are checked at every Reconcile.
+package backstop

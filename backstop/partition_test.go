@@ -1,0 +1,133 @@
+package backstop_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/pgfence/pgfence/backstop"
+	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/sqlrewrite"
+)
+
+// A partitioned table's row trigger is created once on the table and
+// cloned by Postgres to its partitions, present and future; the TRUNCATE
+// trigger is each partition's own.
+func TestPartitions(t *testing.T) {
+	db := pgtest.Direct(t)
+	p := tableName(t, "")
+	pgtest.Exec(t, db, `DROP TABLE IF EXISTS `+p+` CASCADE;
+		CREATE TABLE `+p+` (id int, val text, fence_epoch bigint NOT NULL DEFAULT 0) PARTITION BY LIST (id);
+		CREATE TABLE `+p+`_1 PARTITION OF `+p+` FOR VALUES IN (1);
+		CREATE TABLE `+p+`_2 PARTITION OF `+p+` FOR VALUES IN (2);
+		INSERT INTO `+p+` VALUES (1, 'a', 5), (2, 'b', 5)`)
+	t.Cleanup(func() { pgtest.Exec(t, pgtest.Direct(t), "DROP TABLE IF EXISTS "+p+" CASCADE") })
+	guard := func(name string) sqlrewrite.Guard {
+		return sqlrewrite.Guard{Schema: "public", Table: name, Column: "fence_epoch"}
+	}
+	// Partitions first in the list: Reconcile orders parents first.
+	installGuards(t, backstop.Options{}, guard(p+"_2"), guard(p+"_1"), guard(p))
+
+	stale := session(t, "3")
+	if tag := pgtest.Exec(t, stale, "UPDATE "+p+" SET val = 'stale'"); tag != "UPDATE 0" {
+		t.Fatalf("stale UPDATE of the partitioned table: %s", tag)
+	}
+	if tag := pgtest.Exec(t, stale, "DELETE FROM "+p+"_1"); tag != "DELETE 0" {
+		t.Fatalf("stale DELETE naming a partition: %s", tag)
+	}
+	if _, err := stale.Exec(ctx, "TRUNCATE "+p+"_2"); code(err) != "0A000" {
+		t.Fatalf("TRUNCATE of a partition: %v", err)
+	}
+
+	// A partition attached later has the row trigger at once (cloned);
+	// its TRUNCATE trigger comes with the next Reconcile, which Verify
+	// says is missing.
+	pgtest.Exec(t, db, `CREATE TABLE `+p+`_3 (id int, val text, fence_epoch bigint NOT NULL DEFAULT 0);
+		INSERT INTO `+p+`_3 VALUES (3, 'c', 5);
+		ALTER TABLE `+p+` ATTACH PARTITION `+p+`_3 FOR VALUES IN (3)`)
+	if tag := pgtest.Exec(t, stale, "UPDATE "+p+"_3 SET val = 'stale'"); tag != "UPDATE 0" {
+		t.Fatalf("stale UPDATE of a partition attached after the install: %s", tag)
+	}
+	all := []sqlrewrite.Guard{guard(p), guard(p + "_1"), guard(p + "_2"), guard(p + "_3")}
+	r, err := backstop.Reconcile(ctx, db, all, backstop.Options{}, backstop.Verify)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Installed(guard(p+"_3")) || !strings.Contains(r.Tables[3].Problem, "testpartitions_3") {
+		t.Fatalf("Verify on the attached partition: %+v", r.Tables[3])
+	}
+	installGuards(t, backstop.Options{}, all...)
+	if _, err := stale.Exec(ctx, "TRUNCATE "+p+"_3"); code(err) != "0A000" {
+		t.Fatalf("TRUNCATE of the attached partition after Reconcile: %v", err)
+	}
+	fresh := session(t, "7")
+	if tag := pgtest.Exec(t, fresh, "UPDATE "+p+" SET val = 'fresh'"); tag != "UPDATE 3" {
+		t.Fatalf("fresh UPDATE: %s", tag)
+	}
+	for id := 1; id <= 3; id++ {
+		if v, e := rowOf(t, p, id); v != "fresh" || e != 7 {
+			t.Fatalf("row %d: %q at %d", id, v, e)
+		}
+	}
+	// A second Install changes nothing.
+	r = installGuards(t, backstop.Options{}, all...)
+	for _, tb := range r.Tables {
+		if tb.Changed != "" {
+			t.Fatalf("a second Install changed %s: %s", tb.Guard.Name(), tb.Changed)
+		}
+	}
+}
+
+// A BEFORE row trigger whose name sorts after the backstop's fires after
+// it and could change the epoch it stamped: the backstop is not OK then.
+func TestTriggerAfterBackstop(t *testing.T) {
+	tb := guarded(t, tableName(t, ""), [3]any{1, "a", 5})
+	install(t, backstop.Options{}, tb)
+	db := pgtest.Direct(t)
+	pgtest.Exec(t, db, `CREATE OR REPLACE FUNCTION `+tb+`_forge() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN NEW.fence_epoch := 999; RETURN NEW; END $$;
+		CREATE TRIGGER "~~forge" BEFORE UPDATE ON `+tb+` FOR EACH ROW EXECUTE FUNCTION `+tb+`_forge()`)
+	g := sqlrewrite.Guard{Schema: "public", Table: tb, Column: "fence_epoch"}
+	r, err := backstop.Reconcile(ctx, db, []sqlrewrite.Guard{g}, backstop.Options{}, backstop.Install)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Installed(g) || !strings.Contains(r.Tables[0].Problem, `"~~forge"`) {
+		t.Fatalf("a trigger firing after the backstop: %+v", r.Tables[0])
+	}
+	pgtest.Exec(t, db, `ALTER TRIGGER "~~forge" ON `+tb+` RENAME TO forge`)
+	installGuards(t, backstop.Options{}, g)
+	pgtest.Exec(t, session(t, "7"), "UPDATE "+tb+" SET val = 'b'")
+	if _, e := rowOf(t, tb, 1); e != 7 {
+		t.Fatalf("epoch %d after a trigger that fires before the backstop forged it", e)
+	}
+}
+
+// A helper of pgfence's schema edited by hand (here: claim_domain made to
+// accept any token) is found: Verify reports it, Install sets it up again.
+func TestSetupDrift(t *testing.T) {
+	db := pgtest.Direct(t)
+	if err := backstop.Setup(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	body := func() string {
+		var b string
+		if err := db.QueryRow(ctx, "SELECT prosrc FROM pg_proc WHERE oid = 'pgfence.claim_domain(text, bigint)'::regprocedure").Scan(&b); err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	orig := body()
+	pgtest.Exec(t, db, `CREATE OR REPLACE FUNCTION pgfence.claim_domain(d text, tok bigint) RETURNS boolean LANGUAGE sql AS $$ SELECT true $$`)
+	r, err := backstop.Reconcile(ctx, db, nil, backstop.Options{}, backstop.Verify)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Problems) == 0 || !strings.Contains(r.Problems[0], "changed by hand") {
+		t.Fatalf("Verify after claim_domain was edited: %q", r.Problems)
+	}
+	if _, err := backstop.Reconcile(ctx, db, nil, backstop.Options{}, backstop.Install); err != nil {
+		t.Fatal(err)
+	}
+	if body() != orig {
+		t.Fatalf("Install left claim_domain as edited: %q", body())
+	}
+}
