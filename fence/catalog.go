@@ -21,6 +21,10 @@ type Discovery struct {
 	// of a guarded table, and (when discovering) every table with the
 	// epoch column, schema-qualified.
 	Guards []sqlrewrite.Guard
+	// Tables are the tables that exist among them, each once and
+	// schema-qualified (an unqualified guard stands for every table of its
+	// name): what the database backstop is installed on.
+	Tables []sqlrewrite.Guard
 	// Problems describe guarded tables that cannot be fenced as configured:
 	// missing, or whose epoch column is missing, nullable or not an integer.
 	Problems []string
@@ -47,7 +51,8 @@ CROSS JOIN LATERAL (
     WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped) cols
 WHERE c.relkind IN ('r', 'p')
   AND n.nspname NOT IN ('pg_catalog', 'information_schema')
-  AND n.nspname NOT LIKE 'pg\_toast%'`
+  AND n.nspname NOT LIKE 'pg\_toast%'
+ORDER BY n.nspname, c.relname`
 
 type catalogTable struct {
 	schema, name string
@@ -100,6 +105,19 @@ func discover(tables []*catalogTable, explicit []sqlrewrite.Guard, auto bool, co
 		}
 	}
 	seen := make(map[string]bool)
+	tableSeen := make(map[string]bool)
+	// A table without an integer epoch column gets no backstop: its
+	// trigger could only fail every write (the problem says so).
+	addTable := func(t *catalogTable, g sqlrewrite.Guard) {
+		if ci, ok := t.columns[g.Column]; !ok || !isInteger(ci.typ) {
+			return
+		}
+		if key := t.schema + "." + t.name; !tableSeen[key] {
+			tableSeen[key] = true
+			g.Schema, g.Table = t.schema, t.name
+			d.Tables = append(d.Tables, g)
+		}
+	}
 	add := func(g sqlrewrite.Guard) {
 		key := g.Schema + "." + g.Table
 		if g.Schema == "" {
@@ -119,6 +137,7 @@ func discover(tables []*catalogTable, explicit []sqlrewrite.Guard, auto bool, co
 			cg.Schema, cg.Table = child.schema, child.name
 			if !seen[cg.Schema+"."+cg.Table] {
 				add(cg)
+				addTable(child, g)
 				addTree(child, g)
 			}
 		}
@@ -134,6 +153,7 @@ func discover(tables []*catalogTable, explicit []sqlrewrite.Guard, auto bool, co
 			if p := columnProblem(t, g.Column); p != "" {
 				d.Problems = append(d.Problems, p)
 			}
+			addTable(t, g)
 			addTree(t, g)
 		}
 		if !matched {
@@ -154,6 +174,7 @@ func discover(tables []*catalogTable, explicit []sqlrewrite.Guard, auto bool, co
 			if p := columnProblem(t, column); p != "" {
 				d.Problems = append(d.Problems, p)
 			}
+			addTable(t, g)
 			add(g)
 			addTree(t, g)
 		}

@@ -75,7 +75,9 @@ func TestDomainFencesUntouchedRows(t *testing.T) {
 	if got := p.Counter(t, "fencing_reject_total", "table="+tbl, "kind=domain"); got != 2 {
 		t.Fatalf("stale domain INSERT not counted against %s: %v", tbl, got)
 	}
-	// A per-domain setting wins over the general one.
+	// A per-domain setting is the domain's token when the general one is
+	// unset (set to a different token, it fails: see precedence_test.go).
+	pgtest.Exec(t, a, "RESET fence.token")
 	pgtest.Exec(t, a, "SET fence.token.billing = '44'")
 	if tag := pgtest.Exec(t, a, "UPDATE "+tbl+" SET val = 'A44' WHERE id = 2"); tag != "UPDATE 1" {
 		t.Fatalf("fence.token.billing = 44: %s", tag)

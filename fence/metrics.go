@@ -1,6 +1,10 @@
 package fence
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 // Metrics are pgfence's Prometheus series. Counters that every statement
 // touches are resolved once, so a statement costs an atomic add, not a label
@@ -26,6 +30,9 @@ type Metrics struct {
 	serverErrors  prometheus.Counter
 	fenceErrors   prometheus.Counter
 	sessionErrors prometheus.Counter
+	backstop      *prometheus.GaugeVec
+	backstopOK    prometheus.Gauge
+	dbCounts      *dbCounts
 }
 
 // NewMetrics registers pgfence's metrics with reg.
@@ -35,8 +42,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	m := &Metrics{
 		rejects: counter("fencing_reject_total",
-			"Statements that a stale fencing token kept from changing at least one row they matched (mode=shadow: would have kept); kind=row when a row's epoch was newer, kind=domain when the table's lock domain had a newer token.",
-			"table", "mode", "kind"),
+			"Statements that a stale fencing token kept from changing at least one row they matched (mode=shadow: would have kept); kind=row when a row's epoch was newer, kind=domain when the table's lock domain had a newer token; via=rewrite when pgfence's rewrite of the statement kept them, via=backstop when the database's triggers did (a write pgfence could not see in the SQL text).",
+			"table", "mode", "kind", "via"),
 		withoutToken: counter("critical_write_without_token_total",
 			"Writes to a guarded table made with no fencing token set; action says whether they were refused or let through.",
 			"table", "mode", "action"),
@@ -63,6 +70,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		setsAnswered: prometheus.NewCounter(prometheus.CounterOpts{Name: "pgfence_token_sets_answered_total",
 			Help: "SETs of the fencing token that pgfence answered itself, setting the token on the server ahead of the client's next statement (set_config), rather than forwarded (see --forward-token-sets)."}),
 	}
+	m.backstop = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgfence_backstop_installed",
+		Help: "1 if the database backstop (pgfence's triggers) is in place, enabled and current on the guarded table, 0 if not (missing, disabled, edited, or pgfence's role may not create it): see the log and /readyz."},
+		[]string{"table"})
+	m.backstopOK = prometheus.NewGauge(prometheus.GaugeOpts{Name: "pgfence_backstop_ok",
+		Help: "1 if the database backstop is in place on every guarded table (or turned off with --backstop=off), 0 if not."})
+	m.dbCounts = &dbCounts{}
+	reg.MustRegister(m.backstop, m.backstopOK, m.dbCounts)
 	reg.MustRegister(m.rejects, m.withoutToken, m.guardedWrites, m.unfenced, m.queries, m.errors,
 		m.connsTotal, m.connsActive, m.guarded, m.discoveryOK, m.cacheHits, m.cacheMisses, m.bound, m.setsAnswered)
 	m.passthrough = m.queries.WithLabelValues("passthrough")
@@ -77,9 +91,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 // watch makes a table's main series exist from the start, at zero, so a
 // dashboard can tell "no rejects" from "not guarded".
 func (m *Metrics) watch(table, mode string, domain bool) {
-	m.rejects.WithLabelValues(table, mode, "row")
-	if domain {
-		m.rejects.WithLabelValues(table, mode, "domain")
+	for _, via := range []string{"rewrite", "backstop"} {
+		m.rejects.WithLabelValues(table, mode, "row", via)
+		if domain {
+			m.rejects.WithLabelValues(table, mode, "domain", via)
+		}
 	}
 }
 
@@ -90,4 +106,65 @@ func (m *Metrics) DiscoveryOK(ok bool) {
 	} else {
 		m.discoveryOK.Set(0)
 	}
+}
+
+// Backstop records the database backstop's state per table (schema.table)
+// and overall; tables no longer listed lose their series.
+func (m *Metrics) Backstop(installed map[string]bool) {
+	m.backstop.Reset()
+	ok := 1.0
+	for table, in := range installed {
+		v := 0.0
+		if in {
+			v = 1
+		} else {
+			ok = 0
+		}
+		m.backstop.WithLabelValues(table).Set(v)
+	}
+	m.backstopOK.Set(ok)
+}
+
+// BackstopCounts records the backstop's counters as the database last
+// showed them: stale rows its triggers kept out on every path, by table,
+// and rows exempt roles wrote.
+func (m *Metrics) BackstopCounts(rejects map[string]int64, exempt int64) {
+	m.dbCounts.mu.Lock()
+	defer m.dbCounts.mu.Unlock()
+	m.dbCounts.rejects, m.dbCounts.exempt, m.dbCounts.known = rejects, exempt, true
+}
+
+// dbCounts exports counters kept in the database, read at each discovery:
+// Prometheus counters cannot be set, so it is a collector of its own.
+type dbCounts struct {
+	mu      sync.Mutex
+	known   bool
+	rejects map[string]int64
+	exempt  int64
+}
+
+var (
+	dbRejectsDesc = prometheus.NewDesc("pgfence_backstop_rejects_total",
+		"Stale rows the database backstop kept out (mode=shadow: would have), on every path, direct connections included, as counted in the database and read at each discovery.",
+		[]string{"table"}, nil)
+	dbExemptDesc = prometheus.NewDesc("pgfence_backstop_exempt_writes_total",
+		"Rows written to guarded tables without the fence by exempt roles (--backstop-exempt-role), as counted in the database and read at each discovery.",
+		nil, nil)
+)
+
+func (d *dbCounts) Describe(ch chan<- *prometheus.Desc) {
+	ch <- dbRejectsDesc
+	ch <- dbExemptDesc
+}
+
+func (d *dbCounts) Collect(ch chan<- prometheus.Metric) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if !d.known {
+		return
+	}
+	for table, n := range d.rejects {
+		ch <- prometheus.MustNewConstMetric(dbRejectsDesc, prometheus.CounterValue, float64(n), table)
+	}
+	ch <- prometheus.MustNewConstMetric(dbExemptDesc, prometheus.CounterValue, float64(d.exempt))
 }

@@ -55,6 +55,7 @@ type Policy struct {
 	log   *slog.Logger
 	state atomic.Pointer[state]
 	gen   atomic.Uint64 // bumped by every Reload
+	onDDL atomic.Pointer[func() <-chan struct{}]
 }
 
 // state is one configuration, swapped as a whole on reload.
@@ -79,6 +80,11 @@ type state struct {
 	// tokens recognizes a plain SET of a token setting, which the proxy
 	// may answer itself.
 	tokens sqlrewrite.TokenSettings
+	// nonASCIINames is set when a guarded table or its schema has a name
+	// that is not ASCII, which the name prefilter may then miss, and
+	// nonASCIISpliced when one of those or an epoch column has, which a
+	// rewrite then spells in UTF-8 (see misreadsNonASCII).
+	nonASCIINames, nonASCIISpliced bool
 }
 
 // doorkeeper remembers hashes of recent texts, one per slot: a text whose
@@ -136,6 +142,14 @@ func (p *Policy) Reload(cfg Config) error {
 		}
 	}
 	st := &state{cfg: cfg, rw: rw, tokens: sqlrewrite.NewTokenSettings(cfg.TokenSetting, domains)}
+	for _, g := range cfg.Guards {
+		if !isASCII(g.Table) || !isASCII(g.Schema) {
+			st.nonASCIINames = true
+		}
+		if !isASCII(g.Table) || !isASCII(g.Schema) || !isASCII(g.Column) {
+			st.nonASCIISpliced = true
+		}
+	}
 	if size := cfg.CacheSize; size >= 0 {
 		if size == 0 {
 			size = 4096
@@ -192,33 +206,62 @@ func (p *Policy) Parse(c *proxy.Client, sql string) proxy.Plan {
 func (p *Policy) plan(c *proxy.Client, sql string, mode sqlrewrite.Mode) proxy.Plan {
 	st := p.state.Load()
 	sess := sessionOf(c)
-	if sess.passes(st, sql) {
-		p.m.passthrough.Inc()
-		return proxy.Plan{}
-	}
-	if set, ok := st.tokens.Match(sql); ok {
-		// It changes no prepared statement and touches no table; the
-		// proxy may answer it itself (see proxy.Plan.Setting).
-		p.m.passthrough.Inc()
-		return proxy.Plan{Setting: sess.setting(set)}
-	}
-	// Plan.Forget has the proxy prepare its own statements again: on a
-	// false alarm that costs a Parse, a miss fails the next write that
-	// uses one (once: the proxy also forgets them on a 26000).
-	if !st.rw.MayTouch(sql) && !sess.mayExecute(sql) {
-		p.m.passthrough.Inc()
-		forget := sess.invalidates(sql)
-		if !forget {
-			sess.passed(st, sql)
+	// The name prefilter, and the memo of the last text it passed, compare
+	// the guarded names' bytes with the client's: when the server may read
+	// the client's non-ASCII bytes as other characters (see
+	// misreadsNonASCII), they cannot clear such a text, which must not be
+	// passed on their word. A text that spells no write keyword still
+	// cannot write (MayWrite looks at ASCII letters and the bytes around
+	// them only, which stand for the same characters in every client
+	// encoding); any other goes on to unreadable, which refuses it. Only
+	// sessions whose client encoding is not UTF8 pay for the check, and
+	// only when a guarded name is not ASCII.
+	if st.nonASCIINames && misreadsNonASCII(c) && !isASCII(sql) {
+		p.noteDDL(c, sess, sql)
+		if !sqlrewrite.MayWrite(sql) {
+			p.m.passthrough.Inc()
+			return proxy.Plan{Forget: sess.invalidates(sql)}
 		}
-		return proxy.Plan{Forget: forget}
-	}
-	if readOnly(c, sql) {
-		p.m.passthrough.Inc()
-		return proxy.Plan{Forget: sess.invalidates(sql)}
+	} else {
+		if sess.passes(st, sql) {
+			p.m.passthrough.Inc()
+			return proxy.Plan{}
+		}
+		ddl := p.noteDDL(c, sess, sql)
+		if set, ok := st.tokens.Match(sql); ok {
+			// It changes no prepared statement and touches no table; the
+			// proxy may answer it itself (see proxy.Plan.Setting).
+			p.m.passthrough.Inc()
+			return proxy.Plan{Setting: sess.setting(set)}
+		}
+		// Plan.Forget has the proxy prepare its own statements again: on a
+		// false alarm that costs a Parse, a miss fails the next write that
+		// uses one (once: the proxy also forgets them on a 26000).
+		if !st.rw.MayTouch(sql) && !sess.mayExecute(sql) {
+			p.m.passthrough.Inc()
+			forget := sess.invalidates(sql)
+			if !forget && !ddl {
+				sess.passed(st, sql)
+			}
+			return proxy.Plan{Forget: forget}
+		}
+		if readOnly(c, sql) {
+			p.m.passthrough.Inc()
+			return proxy.Plan{Forget: sess.invalidates(sql)}
+		}
 	}
 	forget := sess.invalidates(sql)
 	pl, params := p.rewrite(st, c, sess, sql, mode, forget)
+	if st.nonASCIISpliced && pl.res.Refusal == nil && pl.plan.SQL != "" && misreadsNonASCII(c) && !isASCII(pl.plan.SQL) {
+		// The fence spells guarded names and epoch columns in UTF-8 (and
+		// the rewrite may be another session's, from the cache), which
+		// this session's server would read as other names, even from an
+		// ASCII text (U&"..."): refuse rather than send it.
+		pl, params = p.newPlanned(st, sql, sqlrewrite.Refuse(&sqlrewrite.Refusal{Code: "0A000",
+			Message: "pgfence: writes to guarded tables whose names or epoch columns are not ASCII " + msgNeedUTF8 +
+				encodingOf(c) + " (the fence names them)",
+			Hint: hintEncoding})), nil
+	}
 	res := pl.res
 	plan := pl.plan
 	plan.Forget = forget
@@ -239,6 +282,9 @@ func (p *Policy) plan(c *proxy.Client, sql string, mode sqlrewrite.Mode) proxy.P
 	}
 	sess.remember(res.Prepared)
 	for _, f := range res.Fenced {
+		if f.Backstop {
+			continue // fenced by the database's triggers, not let through unfenced
+		}
 		switch f.Kind {
 		case "TRUNCATE", "COPY FROM", "CURRENT OF":
 			p.m.unfenced.WithLabelValues(f.Table, f.Kind).Inc()
@@ -304,7 +350,7 @@ func (p *Policy) newPlanned(st *state, sql string, res *sqlrewrite.Result) *plan
 // a simple-protocol write it may instead return the plan of sql's
 // parameterized form with the values to bind to it (see boundPlan).
 func (p *Policy) rewrite(st *state, c *proxy.Client, sess *session, sql string, mode sqlrewrite.Mode, forget bool) (*planned, []string) {
-	if ref := unreadable(c, sql); ref != nil {
+	if ref := unreadable(st, c, sql); ref != nil {
 		return p.newPlanned(st, sql, sqlrewrite.Refuse(ref)), nil
 	}
 	key := cacheKey{mode, sql}
@@ -482,23 +528,84 @@ func (p *Policy) rewriteText(st *state, c *proxy.Client, sess *session, sql stri
 	return pl
 }
 
-// unreadable refuses text that mentions a guarded table when the session
+// unreadable refuses text that may write a guarded table when the session
 // reads SQL differently from the parser pgfence uses: with
 // standard_conforming_strings off a backslash can end a literal elsewhere,
-// and in a client-only multibyte encoding a quote byte can hide inside a
-// character. Either could hide a write from the rewriter (fail closed).
-func unreadable(c *proxy.Client, sql string) *sqlrewrite.Refusal {
+// in a client-only multibyte encoding a quote byte can hide inside a
+// character, and a non-ASCII guarded name is spelled in other bytes than
+// pgfence looks for (see misreadsNonASCII). Any of them could hide a write
+// from the rewriter (fail closed). The refusal reaches the client through the
+// server, which drops its hint: Error gives it back (see unreadableHint).
+func unreadable(st *state, c *proxy.Client, sql string) *sqlrewrite.Refusal {
 	if !c.StandardConformingStrings() {
-		return &sqlrewrite.Refusal{Code: "0A000",
-			Message: "pgfence: statements that mention a guarded table need standard_conforming_strings = on",
-			Hint:    "SET standard_conforming_strings = on (the default since PostgreSQL 9.1)"}
+		return &sqlrewrite.Refusal{Code: "0A000", Message: msgNonStandardStrings, Hint: hintNonStandardStrings}
 	}
-	if enc := c.ClientEncoding(); enc != "UTF8" && enc != "SQL_ASCII" && !isASCII(sql) {
+	enc := c.ClientEncoding()
+	if enc == "UTF8" || isASCII(sql) {
+		return nil
+	}
+	if st.nonASCIINames && misreadsNonASCII(c) {
+		// The text need not mention a guarded table that pgfence can see.
 		return &sqlrewrite.Refusal{Code: "0A000",
-			Message: "pgfence: statements that mention a guarded table and contain non-ASCII text need client_encoding UTF8, not " + enc,
-			Hint:    "SET client_encoding = 'UTF8'"}
+			Message: "pgfence: while a guarded table's name is not ASCII, writes with non-ASCII text " + msgNeedUTF8 + encodingOf(c),
+			Hint:    hintEncoding}
+	}
+	if enc != "SQL_ASCII" {
+		return &sqlrewrite.Refusal{Code: "0A000",
+			Message: "pgfence: statements that mention a guarded table and contain non-ASCII text " + msgNeedUTF8 + enc,
+			Hint:    hintEncoding}
 	}
 	return nil
+}
+
+// The messages and hints of unreadable's refusals.
+const (
+	msgNonStandardStrings  = "pgfence: statements that mention a guarded table need standard_conforming_strings = on"
+	hintNonStandardStrings = "SET standard_conforming_strings = on (the default since PostgreSQL 9.1)"
+	msgNeedUTF8            = "need client_encoding UTF8, not "
+	hintEncoding           = "SET client_encoding = 'UTF8'"
+)
+
+// unreadableHint is the hint of an unreadable refusal whose marker message
+// is msg, "" for any other.
+func unreadableHint(msg string) string {
+	switch {
+	case msg == msgNonStandardStrings:
+		return hintNonStandardStrings
+	case strings.Contains(msg, msgNeedUTF8):
+		return hintEncoding
+	}
+	return ""
+}
+
+// misreadsNonASCII reports whether c's server may read non-ASCII bytes from
+// c as other characters than the bytes guarded names are compared in, by
+// the name prefilter (sqlrewrite.Rewriter.MayTouch) and by the rewriter,
+// and spliced into rewrites in: UTF-8, or raw bytes on a SQL_ASCII server,
+// whose names are raw bytes too. (ASCII bytes are the same characters in
+// every encoding Postgres speaks, so ASCII text and ASCII names are safe
+// anywhere.) That is wherever Postgres neither takes UTF-8 from the client
+// nor leaves bytes alone on both sides: a client encoding other than UTF8
+// and SQL_ASCII is converted (a LATIN1 "ö" is byte F6, not C3 B6), and
+// SQL_ASCII bytes are taken as they are, in the server's encoding, which is
+// UTF-8 only on a UTF8 server. The encodings are those the server reported;
+// nothing is converted here.
+func misreadsNonASCII(c *proxy.Client) bool {
+	enc := c.ClientEncoding()
+	if enc == "UTF8" {
+		return false
+	}
+	srv := c.ServerEncoding()
+	return srv != "SQL_ASCII" && (enc != "SQL_ASCII" || srv != "UTF8")
+}
+
+// encodingOf names c's client encoding, and the server's when that is
+// what SQL_ASCII bytes are read in.
+func encodingOf(c *proxy.Client) string {
+	if enc := c.ClientEncoding(); enc != "SQL_ASCII" {
+		return enc
+	}
+	return "SQL_ASCII (read as " + c.ServerEncoding() + ")"
 }
 
 func isASCII(s string) bool {
@@ -521,6 +628,10 @@ func (p *Policy) Error(c *proxy.Client, e *pgproto3.ErrorResponse) *pgproto3.Err
 	p.m.fenceErrors.Inc()
 	setting := p.state.Load().cfg.TokenSetting
 	switch r.Code {
+	case "0A000":
+		if h := unreadableHint(r.Message); h != "" {
+			r.Hint = h
+		}
 	case "55000":
 		r.Hint = fmt.Sprintf("set the lease's fencing token first: SET %s = '<token>' (or SET LOCAL inside a transaction)", setting)
 		table := markerTable(r.Message)
@@ -528,10 +639,14 @@ func (p *Policy) Error(c *proxy.Client, e *pgproto3.ErrorResponse) *pgproto3.Err
 		p.log.Warn("write without fencing token refused", "table", table,
 			"client", c.RemoteAddr, "application_name", c.ApplicationName(), "user", c.User)
 	case "22023":
-		r.Hint = fmt.Sprintf("the fencing token must be a whole number, e.g. SET %s = '42'", setting)
+		if h, ok := sqlrewrite.TokenConflictHint(r.Message); ok {
+			r.Hint = h // a lock domain's setting and the general one disagree
+		} else {
+			r.Hint = fmt.Sprintf("the fencing token must be a whole number, e.g. SET %s = '42'", setting)
+		}
 	case codeStaleDomain:
 		table := markerTable(r.Message)
-		p.m.rejects.WithLabelValues(table, "enforce", "domain").Inc()
+		p.m.rejects.WithLabelValues(table, "enforce", "domain", "rewrite").Inc()
 		p.log.Warn("stale write fenced", "table", table, "kind", "domain", "mode", "enforce",
 			"client", c.RemoteAddr, "application_name", c.ApplicationName(), "user", c.User)
 	}

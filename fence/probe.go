@@ -66,7 +66,7 @@ func (p *Policy) probed(c *proxy.Client, tables []sqlrewrite.ProbeTable, writes 
 			continue
 		}
 		token := string(row[0])
-		p.m.rejects.WithLabelValues(t.Table, mode, kind).Inc()
+		p.m.rejects.WithLabelValues(t.Table, mode, kind, "rewrite").Inc()
 		msg := "stale write fenced"
 		if t.Rollout == sqlrewrite.Shadow {
 			msg = "stale write would have been fenced (shadow mode: it landed)"

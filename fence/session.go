@@ -24,6 +24,10 @@ type session struct {
 	// lastSet are the last token settings planned (see setting), SET and
 	// SET LOCAL; the proxy keeps them and never changes them.
 	lastSet [2]*proxy.Setting
+	// ddl is set by a text that may have changed which tables exist or
+	// what they are called, until a text that ends a transaction (see
+	// noteDDL).
+	ddl bool
 }
 
 // passes reports whether sql is the text last passed untouched, under the
@@ -31,7 +35,7 @@ type session struct {
 // table, sets no token, and neither invalidates prepared statements nor
 // ends a transaction (so it changes nothing in the session either).
 func (s *session) passes(st *state, sql string) bool {
-	return s.lastState == st && len(s.prepared) == 0 && string(s.last) == sql
+	return s.lastState == st && len(s.prepared) == 0 && !s.ddl && string(s.last) == sql
 }
 
 // passed notes sql, which the policy passes untouched under st because no

@@ -21,6 +21,7 @@ func (passthrough) Query(*Client, string) Plan                                  
 func (passthrough) Parse(*Client, string) Plan                                     { return Plan{} }
 func (passthrough) Error(*Client, *pgproto3.ErrorResponse) *pgproto3.ErrorResponse { return nil }
 func (passthrough) SettingAnswered(*Client, *Setting)                              {}
+func (passthrough) Notice(*Client, *pgproto3.NoticeResponse) bool                  { return true }
 func (passthrough) Generation() uint64                                             { return 0 }
 
 func FuzzHeader(f *testing.F) {

@@ -28,6 +28,10 @@ type Interceptor interface {
 	// Error sees every ErrorResponse from the server and may return a
 	// replacement; nil keeps the original bytes.
 	Error(c *Client, e *pgproto3.ErrorResponse) *pgproto3.ErrorResponse
+	// Notice sees every NoticeResponse from the server (rare: decoding
+	// them costs nothing on the common path) and reports whether the
+	// client gets it.
+	Notice(c *Client, n *pgproto3.NoticeResponse) bool
 	// SettingAnswered is told of each SET the proxy answered itself for a
 	// Plan.Setting, deferring set to the server (see
 	// Config.ForwardSettings); set is the Plan's own.
@@ -188,6 +192,33 @@ type Client struct {
 	// midBatch is set from an extended-protocol message to the next Sync
 	// (owned by the session's client side, which calls the Interceptor).
 	midBatch bool
+	// hold is what the session's next Query or Parse waits for (see
+	// HoldNextStatement); owned by the client side too.
+	hold func() <-chan struct{}
+}
+
+// HoldNextStatement has the session's next Query or Parse wait, before it
+// reaches the Interceptor, until the channel start returns is closed;
+// start is called then, once what the client sent before is on its way to
+// the server. Only the client's side of the session waits: the server's
+// replies go on. Call it from Query or Parse.
+func (c *Client) HoldNextStatement(start func() <-chan struct{}) { c.hold = start }
+
+// takeHold starts the hold HoldNextStatement set, if any, and returns the
+// channel to wait for (nil when there is nothing to wait for).
+func (c *Client) takeHold() <-chan struct{} {
+	start := c.hold
+	if start == nil {
+		return nil
+	}
+	c.hold = nil
+	ch := start()
+	select {
+	case <-ch:
+		return nil
+	default:
+		return ch
+	}
 }
 
 // InExtendedBatch reports whether the client has sent extended-protocol

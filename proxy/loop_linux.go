@@ -89,6 +89,9 @@ type side struct {
 	tc      *tls.Conn
 	tt      *tlsTransport
 	readErr error
+	// parked is set while the client's next statement waits (see
+	// Client.HoldNextStatement): nothing more of x is read or handled.
+	parked bool
 }
 
 type loopSession struct {
@@ -335,7 +338,7 @@ func (l *loop) drainPosts() {
 // peer is backed up (so a slow reader slows its writer instead of growing
 // a buffer); writable resumes it then.
 func (l *loop) readable(x *side) {
-	for x.more && !x.ls.ended && x.peer.flushed() {
+	for x.more && !x.ls.ended && !x.parked && x.peer.flushed() {
 		n, err := x.fill(x.in.space(&l.pool, x.need()))
 		if err != nil {
 			l.end(x.ls, x.client, err)
@@ -354,6 +357,25 @@ func (l *loop) readable(x *side) {
 		x.in.w += n
 		l.relayed(x)
 	}
+}
+
+// park stops reading and handling x's messages until ch is closed, then
+// handles those it holds and reads on.
+func (l *loop) park(x *side, ch <-chan struct{}) {
+	x.parked = true
+	go func() {
+		<-ch
+		l.post(func() {
+			if x.ls.ended || !x.parked {
+				return
+			}
+			x.parked = false
+			l.relayed(x)
+			if !x.ls.ended {
+				l.readable(x)
+			}
+		})
+	}()
 }
 
 // arrived notes an edge: x's socket has bytes to read.
@@ -490,6 +512,12 @@ func (x *side) dispatch() error {
 		}
 		if in.Buffered() < x.needFor(typ, n) {
 			return nil
+		}
+		if x.client && s.c.hold != nil && (typ == 'Q' || typ == 'P') {
+			if ch := s.c.takeHold(); ch != nil {
+				eventLoop().park(x, ch) // dispatch runs on the one loop
+				return nil
+			}
 		}
 		if x.client {
 			err = s.clientMessage(typ, n)

@@ -351,6 +351,14 @@ func (s *session) clientToServer() error {
 		if err != nil {
 			return framingError(err)
 		}
+		if s.c.hold != nil && (typ == 'Q' || typ == 'P') {
+			if err := s.sw.Flush(); err != nil {
+				return err
+			}
+			if ch := s.c.takeHold(); ch != nil {
+				<-ch
+			}
+		}
 		if err := s.clientMessage(typ, n); err != nil {
 			return err
 		}
@@ -939,7 +947,7 @@ func (s *session) serverMessage(typ byte, n int) error {
 // message in hand rather than its first peekLimit bytes: the ones it
 // decodes, and every reply to a probe.
 func (s *session) wholeServerMessage(typ byte) bool {
-	if typ == 'E' || typ == 'S' {
+	if typ == 'E' || typ == 'S' || typ == 'N' {
 		return true
 	}
 	w := s.pipe.head()
@@ -1008,6 +1016,8 @@ func (s *session) reply(w *wait, typ byte, n int) error {
 		return s.serverError(w, n)
 	case 'S':
 		return s.parameterStatus(n)
+	case 'N':
+		return s.serverNotice(n)
 	case 'K':
 		s.keyData(n)
 	case 'R':
@@ -1104,6 +1114,23 @@ func (s *session) serverError(w *wait, n int) error {
 		return err
 	}
 	return writeMessage(s.cw, 'E', b)
+}
+
+// serverNotice forwards a NoticeResponse unless the Interceptor keeps it
+// from the client.
+func (s *session) serverNotice(n int) error {
+	b, err := body(s.sr, n, &s.sbuf)
+	if err != nil {
+		return err
+	}
+	var nr pgproto3.NoticeResponse
+	if err := nr.Decode(b); err != nil {
+		return fmt.Errorf("server sent a malformed NoticeResponse: %w", err)
+	}
+	if !s.srv.cfg.Interceptor.Notice(s.c, &nr) {
+		return nil
+	}
+	return writeMessage(s.cw, 'N', b)
 }
 
 // readError consumes the server's ErrorResponse of n bytes and returns

@@ -80,11 +80,11 @@ func runDemo(ctx context.Context, out io.Writer, upstream string, pause time.Dur
 	if err := demoRun(ctx, out, admin, viaProxy, pause); err != nil {
 		return err
 	}
-	rejects, err := scrapeCounter("http://"+inst.MetricsAddr()+"/metrics", `fencing_reject_total{kind="row",mode="enforce",table="`+demoTable+`"}`)
+	rejects, err := scrapeCounter("http://"+inst.MetricsAddr()+"/metrics", `fencing_reject_total{kind="row",mode="enforce",table="`+demoTable+`",via="rewrite"}`)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "metrics: fencing_reject_total{kind=\"row\",mode=\"enforce\",table=%q} %s\n\n", demoTable, rejects)
+	fmt.Fprintf(out, "metrics: fencing_reject_total{kind=\"row\",mode=\"enforce\",table=%q,via=\"rewrite\"} %s\n\n", demoTable, rejects)
 
 	fmt.Fprintln(out, "== Run 2: the same, straight to Postgres (no pgfence) ==")
 	if err := demoRun(ctx, out, admin, upstream, pause); err != nil {

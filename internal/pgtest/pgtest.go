@@ -214,13 +214,15 @@ func Exec(t testing.TB, c *pgx.Conn, sql string, args ...any) string {
 	return tag.String()
 }
 
-// Counter reads a counter's value; labels are name=value pairs.
+// Counter reads a counter's (or gauge's) value, summed over the series
+// that have labels, name=value pairs.
 func (p *Proxy) Counter(t testing.TB, name string, labels ...string) float64 {
 	t.Helper()
 	mfs, err := p.Registry.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
+	sum := 0.0
 	for _, mf := range mfs {
 		if mf.GetName() != name {
 			continue
@@ -229,14 +231,14 @@ func (p *Proxy) Counter(t testing.TB, name string, labels ...string) float64 {
 			if matches(m, labels) {
 				switch {
 				case m.Counter != nil:
-					return m.Counter.GetValue()
+					sum += m.Counter.GetValue()
 				case m.Gauge != nil:
-					return m.Gauge.GetValue()
+					sum += m.Gauge.GetValue()
 				}
 			}
 		}
 	}
-	return 0
+	return sum
 }
 
 func matches(m *dto.Metric, labels []string) bool {
