@@ -28,9 +28,9 @@ test: ensure-postgres
 	$(GO) vet ./...
 	$(GO) test -count=1 -timeout 20m ./...
 	# The same protocol tests again on the goroutine relay (the event loop's fallback).
-	PGFENCE_TEST_RELAY=goroutines $(GO) test -count=1 -timeout 10m ./proxy ./fence ./compat
+	PGFENCE_TEST_RELAY=goroutines $(GO) test -count=1 -timeout 10m ./proxy ./fence ./backstop ./compat
 	# And on TLS, both legs (clients with sslmode=require and the test CA; Postgres with ssl on).
-	PGFENCE_TEST_TLS=1 $(GO) test -count=1 -timeout 10m ./proxy ./fence ./compat
+	PGFENCE_TEST_TLS=1 $(GO) test -count=1 -timeout 10m ./proxy ./fence ./backstop ./compat
 
 vet:
 	$(GO) vet ./...

@@ -4,45 +4,104 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
-
-	"github.com/pgfence/pgfence/sqlrewrite"
 )
 
+// initOptions are the flags of 'pgfence init': serve's policy and catalog
+// flags, so that init installs what serve with the same flags would.
+type initOptions struct {
+	policyOptions
+	upstream       string
+	discover       bool
+	discoverColumn string
+	exemptRoles    []string
+}
+
 func initCmd() *cobra.Command {
-	var upstream string
-	var domains []string
+	var o initOptions
 	cmd := &cobra.Command{
-		Use:   "init --upstream URL --domain DOMAIN...",
-		Short: "Create the lock-domain table and rows ahead of time (for teams that forbid runtime DDL)",
-		Long: `init creates ` + sqlrewrite.DomainTable + ` and a row for each lock domain, then exits.
-serve does the same at start-up unless --init-domains=false.`,
+		Use:   "init --upstream URL [serve's --guard, --domain, --mode ... flags]",
+		Short: "Install pgfence's schema, lock domains and database backstop once (for teams that forbid runtime DDL)",
+		Long: `init does once what serve does at start-up and after each discovery: it creates
+the pgfence schema (lock domains, their membership, the backstop's helpers),
+a row for each lock domain, and the database backstop on every guarded
+table, then reports each table and exits (1 if a table's backstop could not
+be installed). Give it the flags serve runs with; then run serve with
+--init-domains=false --backstop=verify.
+
+--domain takes TABLE=DOMAIN as serve does; a bare DOMAIN only creates the
+domain's row.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if upstream == "" {
-				return errors.New("--upstream is required: the postgres:// URL of the database holding the guarded tables")
+			if o.upstream == "" {
+				return errors.New("--upstream is required: the postgres:// URL of the database holding the guarded tables (a role that owns them); put the password in PGPASSWORD or ~/.pgpass, not in the URL")
 			}
-			if len(domains) == 0 {
-				return errors.New("--domain is required: the lock domains to create, e.g. --domain billing")
+			var bare []string
+			var tableDomains []string
+			for _, d := range o.domains {
+				if strings.Contains(d, "=") {
+					tableDomains = append(tableDomains, d)
+				} else {
+					bare = append(bare, d)
+				}
 			}
-			ctx, cancel := context.WithTimeout(cmd.Context(), 30*time.Second)
-			defer cancel()
-			conn, err := pgx.Connect(ctx, upstream)
+			o.domains = tableDomains
+			cfg, apply, err := o.policyOptions.config()
 			if err != nil {
-				return fmt.Errorf("connecting to --upstream %s: %w", redact(upstream), err)
-			}
-			defer conn.Close(context.Background())
-			if err := prepareDomains(ctx, conn, domains, true); err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "%s ready with lock domains %v\n", sqlrewrite.DomainTable, domains)
+			ctx, cancel := context.WithTimeout(cmd.Context(), time.Minute)
+			defer cancel()
+			conn, err := pgx.Connect(ctx, o.upstream)
+			if err != nil {
+				return fmt.Errorf("connecting to --upstream %s: %w", redact(o.upstream), err)
+			}
+			defer conn.Close(context.Background())
+			read, err := readCatalog(ctx, conn, catalogOptions{
+				discover: o.discover, discoverColumn: o.discoverColumn, initDomains: true,
+				backstop: "install", exemptRoles: o.exemptRoles,
+				tokenSetting: o.tokenSetting, allowTruncate: o.allowTruncate,
+			}, cfg.Guards, apply)
+			if err != nil {
+				return err
+			}
+			if err := domainRows(ctx, conn, bare); err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			failed := 0
+			for _, t := range read.backstop.Tables {
+				switch {
+				case !t.OK:
+					failed++
+					fmt.Fprintf(out, "%s: NOT fenced by the database: %s\n", t.Guard.Name(), t.Problem)
+				case t.Changed != "":
+					fmt.Fprintf(out, "%s: backstop %s\n", t.Guard.Name(), t.Changed)
+				default:
+					fmt.Fprintf(out, "%s: backstop in place\n", t.Guard.Name())
+				}
+			}
+			for _, p := range read.problems {
+				fmt.Fprintf(out, "problem: %s\n", p)
+			}
+			if doms := append(domainsOf(read.guards), bare...); len(doms) > 0 {
+				fmt.Fprintf(out, "lock domains ready: %s\n", strings.Join(doms, ", "))
+			}
+			if failed > 0 {
+				return fmt.Errorf("the backstop could not be installed on %d of %d guarded tables", failed, len(read.backstop.Tables))
+			}
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&upstream, "upstream", "", "postgres:// URL of the database (a role that may create the pgfence schema)")
-	cmd.Flags().StringSliceVar(&domains, "domain", nil, "lock domain to create (repeatable or comma-separated)")
+	f := cmd.Flags()
+	f.StringVar(&o.upstream, "upstream", "", "postgres:// URL of the database (a role that owns the guarded tables and may create the pgfence schema)")
+	o.policyOptions.addFlags(cmd)
+	f.BoolVar(&o.discover, "discover", true, "also install on every table that has a bigint --discover-column, as serve guards them")
+	f.StringVar(&o.discoverColumn, "discover-column", "fence_epoch", "epoch column name that discovery looks for")
+	f.StringArrayVar(&o.exemptRoles, "backstop-exempt-role", nil, "a role whose writes the backstop lets through unfenced (migrations), counted and logged in the server log (repeatable)")
 	return cmd
 }

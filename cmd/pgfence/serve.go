@@ -12,9 +12,11 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -50,6 +52,8 @@ type serveOptions struct {
 	tlsCert          string
 	tlsKey           string
 	initDomains      bool
+	backstop         string
+	exemptRoles      []string
 	logLevel         string
 	logFormat        string
 }
@@ -70,6 +74,8 @@ func (o *serveOptions) addFlags(cmd *cobra.Command) {
 	f.BoolVar(&o.goroutineRelay, "goroutine-relay", false, "relay every session with goroutines of its own instead of the event loop (slower; the event loop is Linux-only)")
 	f.BoolVar(&o.forwardTokenSets, "forward-token-sets", false, "send every SET of the fencing token to Postgres as the client sent it; by default pgfence answers a plain one at once and sets the token ahead of the next statement, in the same transaction when that is a fenced write (saves a round trip per transaction)")
 	f.BoolVar(&o.initDomains, "init-domains", true, "create the lock-domain table (pgfence.domains) and its rows when missing; false for teams that forbid runtime DDL (run 'pgfence init' instead)")
+	f.StringVar(&o.backstop, "backstop", "install", "the database backstop: triggers on every guarded table that enforce the fence inside Postgres, for writes pgfence cannot see (views, functions, cascades, direct connections): install (and keep it installed), verify (only check and report; install it with 'pgfence init'), or off")
+	f.StringArrayVar(&o.exemptRoles, "backstop-exempt-role", nil, "a role whose writes the backstop lets through unfenced (migrations), counted and logged in the server log (repeatable)")
 	f.StringVar(&o.tlsCert, "tls-cert", "", "PEM certificate (chain) for client TLS; with --tls-key, pgfence accepts sslmode=require/verify-full clients and terminates their TLS")
 	f.StringVar(&o.tlsKey, "tls-key", "", "PEM private key for --tls-cert")
 	f.DurationVar(&o.drainTimeout, "drain-timeout", 30*time.Second, "on SIGTERM, how long open transactions may go on before their sessions are closed")
@@ -211,8 +217,11 @@ type instance struct {
 	metrics     *fence.Metrics
 	stop        context.CancelFunc
 
-	mu   sync.Mutex // serialises reloads
-	opts serveOptions
+	mu       sync.Mutex // serialises reloads
+	opts     serveOptions
+	lastGood *catalogRead       // the last catalog read that worked
+	ddl      chan chan struct{} // DDL seen: read the catalog again, then close it
+	status   atomic.Pointer[string]
 
 	policy *fence.Policy
 	proxy  *proxy.Server
@@ -280,6 +289,9 @@ func start(o serveOptions, log *slog.Logger) (*instance, error) {
 	if err != nil {
 		return nil, err
 	}
+	if _, _, err := backstopMode(o.backstop); err != nil {
+		return nil, err
+	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := fence.NewMetrics(reg)
@@ -337,7 +349,7 @@ func start(o serveOptions, log *slog.Logger) (*instance, error) {
 				http.Error(w, fmt.Sprintf("not ready: Postgres at %s unreachable: %v\n", addr, err), http.StatusServiceUnavailable)
 				return
 			}
-			fmt.Fprintf(w, "ready: Postgres at %s reachable\n", addr)
+			fmt.Fprintf(w, "ready: Postgres at %s reachable\n%s\n", addr, inst.statusLine())
 		})
 		inst.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 		go inst.http.Serve(inst.httpLn)
@@ -346,13 +358,26 @@ func start(o serveOptions, log *slog.Logger) (*instance, error) {
 	// are guarded from the first statement when Postgres is up.
 	inst.reload(ctx, o)
 	go func() { srv.Serve(ln); close(inst.served) }()
-	if o.discoverInterval > 0 {
-		go inst.rediscoverEvery(ctx, o.discoverInterval)
-	}
+	// DDL seen in a session has the catalog read again before that
+	// session's next statement.
+	inst.ddl = make(chan chan struct{}, 64)
+	policy.SetDDLHook(func() <-chan struct{} {
+		done := make(chan struct{})
+		select {
+		case inst.ddl <- done:
+		default:
+			go func() { inst.ddl <- done }() // never block the relay
+		}
+		return done
+	})
+	go inst.rediscover(ctx, o.discoverInterval)
 	return inst, nil
 }
 
-// reload applies o's policy, extended with what the catalog says.
+// reload applies o's policy, extended with what the catalog says. When
+// the catalog cannot be read it keeps the guards of the last good read
+// (fail closed): a failover or a full connection table must not unguard
+// the tables only discovery finds.
 func (i *instance) reload(ctx context.Context, o serveOptions) {
 	i.mu.Lock()
 	defer i.mu.Unlock()
@@ -362,16 +387,32 @@ func (i *instance) reload(ctx context.Context, o serveOptions) {
 		i.log.Error("configuration not reloaded", "err", err)
 		return
 	}
-	if d, err := i.readCatalog(ctx, o, cfg.Guards, apply); err != nil {
+	read, err := i.readCatalog(ctx, o, cfg.Guards, apply)
+	switch {
+	case err != nil && i.lastGood != nil:
 		i.metrics.DiscoveryOK(false)
-		i.log.Error("cannot read the catalog: tables found by discovery and partitions of guarded tables are not guarded until it works; retrying",
+		cfg.Guards = keepGuards(i.lastGood.guards, cfg.Guards, apply)
+		i.log.Error("cannot read the catalog: keeping the guarded tables of the last good read; retrying",
+			"upstream", i.upstream, "err", err, "kept", len(cfg.Guards))
+		i.setStatus(fmt.Sprintf("catalog: last read failed (%v); guarding the tables of the last good read", err))
+	case err != nil:
+		i.metrics.DiscoveryOK(false)
+		i.log.Error("cannot read the catalog, and it never has been: only --guard tables are guarded until it works (they match their name in every schema, partitions included); retrying",
 			"upstream", i.upstream, "err", err)
-	} else {
+		i.setStatus(fmt.Sprintf("catalog: never read (%v); guarding only --guard tables", err))
+	default:
 		i.metrics.DiscoveryOK(true)
-		for _, p := range d.Problems {
+		i.lastGood = read
+		for _, p := range read.problems {
 			i.log.Error("guarded table problem", "problem", p)
 		}
-		cfg.Guards = d.Guards
+		cfg.Guards = read.guards
+		i.reportBackstop(read)
+	}
+	if reflect.DeepEqual(cfg, i.policy.Config()) {
+		// Nothing changed: keep the rewrite caches and the sessions'
+		// prepared statements (a reload would plan them again).
+		return
 	}
 	if err := i.policy.Reload(cfg); err != nil {
 		i.log.Error("configuration not reloaded", "err", err)
@@ -384,73 +425,137 @@ func (i *instance) reload(ctx context.Context, o serveOptions) {
 	i.log.Info("guarded tables", "count", len(names), "tables", strings.Join(names, ","))
 }
 
-func (i *instance) readCatalog(ctx context.Context, o serveOptions, explicit []sqlrewrite.Guard, apply func(sqlrewrite.Guard) sqlrewrite.Guard) (*fence.Discovery, error) {
-	if !o.discover && len(explicit) == 0 {
-		return &fence.Discovery{}, nil
+// keepGuards is the last good read's guards with the flags' settings now,
+// and the explicit guards it lacks. The lock domain the database gave a
+// table stays unless the flags now give it one.
+func keepGuards(last, explicit []sqlrewrite.Guard, apply func(sqlrewrite.Guard) sqlrewrite.Guard) []sqlrewrite.Guard {
+	out := make([]sqlrewrite.Guard, 0, len(last)+len(explicit))
+	seen := map[[2]string]bool{}
+	for _, g := range last {
+		n := apply(g)
+		if n.Domain == "" {
+			n.Domain = g.Domain
+		}
+		n.Backstop = g.Backstop
+		out = append(out, n)
+		seen[[2]string{g.Schema, g.Table}] = true
 	}
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	for _, g := range explicit {
+		if !seen[[2]string{g.Schema, g.Table}] {
+			out = append(out, g)
+		}
+	}
+	return out
+}
+
+// reportBackstop puts the backstop's state in the metrics, the log and
+// /readyz's body.
+func (i *instance) reportBackstop(read *catalogRead) {
+	if read.backstop == nil {
+		i.metrics.Backstop(nil)
+		i.setStatus("backstop: off (--backstop=off): only writes pgfence sees in the SQL text are fenced")
+		return
+	}
+	installed := map[string]bool{}
+	for _, t := range read.backstop.Tables {
+		installed[t.Guard.Name()] = t.OK
+		if t.Changed != "" {
+			i.log.Info("backstop", "table", t.Guard.Name(), "did", t.Changed)
+		}
+	}
+	i.metrics.Backstop(installed)
+	if read.counts != nil {
+		i.metrics.BackstopCounts(read.counts.Rejects, read.counts.Exempt)
+	}
+	if n := read.backstop.Missing(); n > 0 {
+		var missing []string
+		for _, t := range read.backstop.Tables {
+			if !t.OK {
+				missing = append(missing, t.Problem)
+			}
+		}
+		i.setStatus(fmt.Sprintf("backstop: missing on %d of %d guarded tables (pgfence fences what it sees; writes it cannot see are not fenced there):\n  %s",
+			n, len(read.backstop.Tables), strings.Join(missing, "\n  ")))
+		return
+	}
+	i.setStatus(fmt.Sprintf("backstop: in place on all %d guarded tables", len(read.backstop.Tables)))
+}
+
+// setStatus sets the catalog's and backstop's state that /readyz reports.
+func (i *instance) setStatus(s string) { i.status.Store(&s) }
+
+// statusLine is the state setStatus set last.
+func (i *instance) statusLine() string {
+	if s := i.status.Load(); s != nil {
+		return *s
+	}
+	return "catalog: not read yet"
+}
+
+func (i *instance) readCatalog(ctx context.Context, o serveOptions, explicit []sqlrewrite.Guard, apply func(sqlrewrite.Guard) sqlrewrite.Guard) (*catalogRead, error) {
+	if _, on, _ := backstopMode(o.backstop); !o.discover && len(explicit) == 0 && !on {
+		return &catalogRead{}, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	conn, err := pgx.Connect(ctx, i.upstreamURL)
 	if err != nil {
 		return nil, err
 	}
 	defer conn.Close(context.Background())
-	d, err := fence.Discover(ctx, conn, explicit, o.discover, o.discoverColumn, apply)
-	if err != nil {
-		return nil, err
-	}
-	if err := prepareDomains(ctx, conn, domainsOf(d.Guards), o.initDomains); err != nil {
-		// Writes to a domain whose row is missing change nothing (fail
-		// closed), so say loudly what to do.
-		d.Problems = append(d.Problems, err.Error())
-	}
-	return d, nil
+	return readCatalog(ctx, conn, o.catalogOptions(), explicit, apply)
 }
 
-func domainsOf(guards []sqlrewrite.Guard) []string {
-	seen := map[string]bool{}
-	var out []string
-	for _, g := range guards {
-		if g.Domain != "" && !seen[g.Domain] {
-			seen[g.Domain] = true
-			out = append(out, g.Domain)
-		}
+// catalogOptions are the flags that say what a read of the catalog does.
+func (o serveOptions) catalogOptions() catalogOptions {
+	return catalogOptions{
+		discover: o.discover, discoverColumn: o.discoverColumn, initDomains: o.initDomains,
+		backstop: o.backstop, exemptRoles: o.exemptRoles,
+		tokenSetting: o.tokenSetting, allowTruncate: o.allowTruncate,
 	}
-	return out
 }
 
-// prepareDomains makes sure the lock-domain table has a row per domain
-// (creating the table too when create is set).
-func prepareDomains(ctx context.Context, conn *pgx.Conn, domains []string, create bool) error {
-	if len(domains) == 0 {
-		return nil
+// rediscover reads the catalog again every interval (0: never), and when
+// a session's DDL asks for it (see fence.Policy.SetDDLHook): the read
+// starts after the request, and its channel is closed when the read is
+// done, whether it worked or not.
+func (i *instance) rediscover(ctx context.Context, every time.Duration) {
+	var tick <-chan time.Time
+	if every > 0 {
+		t := time.NewTicker(every)
+		defer t.Stop()
+		tick = t.C
 	}
-	if create {
-		if _, err := conn.Exec(ctx, sqlrewrite.DomainTableDDL()); err != nil {
-			return fmt.Errorf("cannot create %s (writes to lock domains change nothing until it exists; run 'pgfence init' as a role that may create it): %w", sqlrewrite.DomainTable, err)
+	var waiting []chan struct{}
+	defer func() {
+		for _, w := range waiting {
+			close(w)
 		}
-	}
-	for _, d := range domains {
-		if _, err := conn.Exec(ctx, sqlrewrite.DomainRowSQL(), d); err != nil {
-			return fmt.Errorf("cannot add lock domain %q to %s (writes to it change nothing until its row exists; run 'pgfence init'): %w", d, sqlrewrite.DomainTable, err)
-		}
-	}
-	return nil
-}
-
-func (i *instance) rediscoverEvery(ctx context.Context, every time.Duration) {
-	t := time.NewTicker(every)
-	defer t.Stop()
+	}()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
-			i.mu.Lock()
-			o := i.opts
-			i.mu.Unlock()
-			i.reload(ctx, o)
+		case <-tick:
+		case w := <-i.ddl:
+			waiting = append(waiting, w)
 		}
+		for more := true; more; { // every request so far is served by this read
+			select {
+			case w := <-i.ddl:
+				waiting = append(waiting, w)
+			default:
+				more = false
+			}
+		}
+		i.mu.Lock()
+		o := i.opts
+		i.mu.Unlock()
+		i.reload(ctx, o)
+		for _, w := range waiting {
+			close(w)
+		}
+		waiting = waiting[:0]
 	}
 }
 

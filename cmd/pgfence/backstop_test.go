@@ -1,0 +1,346 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgfence/pgfence/internal/pgserver"
+	"github.com/pgfence/pgfence/sqlrewrite"
+)
+
+// serveTest is one Postgres for the serve-level tests of the backstop and
+// discovery, which each use tables of their own.
+type serveTest struct {
+	t  *testing.T
+	pg *pgserver.Server
+	db *pgx.Conn
+}
+
+func newServeTest(t *testing.T) *serveTest {
+	pg, err := pgserver.Start(context.Background(), pgserver.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pg.Stop() })
+	db, err := pgx.Connect(context.Background(), pg.URL("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close(context.Background()) })
+	return &serveTest{t: t, pg: pg, db: db}
+}
+
+func (s *serveTest) exec(sql string, args ...any) string {
+	s.t.Helper()
+	tag, err := s.db.Exec(context.Background(), sql, args...)
+	if err != nil {
+		s.t.Fatalf("%s: %v", sql, err)
+	}
+	return tag.String()
+}
+
+// serve starts pgfence with o (listen, metrics and upstream filled in).
+func (s *serveTest) serve(o serveOptions) *instance {
+	s.t.Helper()
+	o.listen, o.metricsListen = "127.0.0.1:0", "127.0.0.1:0"
+	if o.upstream == "" {
+		o.upstream = s.pg.URL("postgres")
+	}
+	if o.tokenSetting == "" {
+		o.tokenSetting = "fence.token"
+	}
+	if o.discoverColumn == "" {
+		o.discoverColumn = "fence_epoch"
+	}
+	inst, err := start(o, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	s.t.Cleanup(func() { inst.Close() })
+	return inst
+}
+
+// client connects to pgfence with token tok ("" for none).
+func (s *serveTest) client(inst *instance, tok string) *pgx.Conn {
+	s.t.Helper()
+	c, err := pgx.Connect(context.Background(), "postgres://postgres@"+inst.Addr()+"/postgres?sslmode=disable")
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	s.t.Cleanup(func() { c.Close(context.Background()) })
+	if tok != "" {
+		if _, err := c.Exec(context.Background(), "SET fence.token = '"+tok+"'"); err != nil {
+			s.t.Fatal(err)
+		}
+	}
+	return c
+}
+
+// direct connects straight to Postgres with token tok.
+func (s *serveTest) direct(tok string) *pgx.Conn {
+	s.t.Helper()
+	c, err := pgx.Connect(context.Background(), s.pg.URL("postgres"))
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	s.t.Cleanup(func() { c.Close(context.Background()) })
+	if _, err := c.Exec(context.Background(), "SET fence.token = '"+tok+"'"); err != nil {
+		s.t.Fatal(err)
+	}
+	return c
+}
+
+func tag(t *testing.T, c *pgx.Conn, sql string) string {
+	t.Helper()
+	tg, err := c.Exec(context.Background(), sql)
+	if err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+	return tg.String()
+}
+
+func (s *serveTest) epoch(table string, id int) (string, int64) {
+	s.t.Helper()
+	var v string
+	var e int64
+	if err := s.db.QueryRow(context.Background(), "SELECT val, fence_epoch FROM "+table+" WHERE id = $1", id).Scan(&v, &e); err != nil {
+		s.t.Fatal(err)
+	}
+	return v, e
+}
+
+// scrape returns the value of a series on /metrics, or "" if absent.
+func scrape(t *testing.T, inst *instance, series string) string {
+	t.Helper()
+	v, err := scrapeCounter("http://"+inst.MetricsAddr()+"/metrics", series)
+	if err != nil {
+		return ""
+	}
+	return v
+}
+
+func readyz(t *testing.T, inst *instance) (int, string) {
+	t.Helper()
+	resp, err := http.Get("http://" + inst.MetricsAddr() + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func guarded(inst *instance, schema, table string) (sqlrewrite.Guard, bool) {
+	for _, g := range inst.policy.Config().Guards {
+		if g.Schema == schema && g.Table == table {
+			return g, true
+		}
+	}
+	return sqlrewrite.Guard{}, false
+}
+
+func TestServeBackstop(t *testing.T) {
+	s := newServeTest(t)
+	bg := context.Background()
+
+	// serve installs the backstop on a discovered table: a function
+	// called through pgfence, and a direct connection, cannot land a stale
+	// write; the reject through pgfence counts as via="backstop", and the
+	// database's counter sees both.
+	t.Run("installed at start", func(t *testing.T) {
+		s.exec(`CREATE TABLE bs_accounts (id int PRIMARY KEY, val text, fence_epoch bigint NOT NULL DEFAULT 0);
+			INSERT INTO bs_accounts VALUES (1, 'v', 5), (2, 'w', 5);
+			CREATE FUNCTION bs_set(i int, v text) RETURNS void LANGUAGE sql AS $$ UPDATE bs_accounts SET val = v WHERE id = i $$`)
+		inst := s.serve(serveOptions{discover: true, backstop: "install"})
+		if g, ok := guarded(inst, "public", "bs_accounts"); !ok || !g.Backstop {
+			t.Fatalf("guard %+v (found %v): want discovered with Backstop", g, ok)
+		}
+		if v := scrape(t, inst, `pgfence_backstop_installed{table="public.bs_accounts"}`); v != "1" {
+			t.Fatalf("pgfence_backstop_installed = %q, want 1", v)
+		}
+		if code, body := readyz(t, inst); code != 200 || !strings.Contains(body, "backstop: in place on all") {
+			t.Fatalf("/readyz %d %q", code, body)
+		}
+		stale := s.client(inst, "3")
+		tag(t, stale, "SELECT bs_set(1, 'stale')")
+		if v, e := s.epoch("bs_accounts", 1); v != "v" || e != 5 {
+			t.Fatalf("a stale write through a function landed: %q at %d", v, e)
+		}
+		if v := scrape(t, inst, `fencing_reject_total{kind="row",mode="enforce",table="public.bs_accounts",via="backstop"}`); v != "1" {
+			t.Fatalf(`fencing_reject_total{via="backstop"} = %q, want 1`, v)
+		}
+		if got := tag(t, s.direct("3"), "UPDATE bs_accounts SET val = 'stale' WHERE id = 2"); got != "UPDATE 0" {
+			t.Fatalf("stale direct write: %s", got)
+		}
+		fresh := s.client(inst, "7")
+		tag(t, fresh, "SELECT bs_set(1, 'fresh')")
+		if v, e := s.epoch("bs_accounts", 1); v != "fresh" || e != 7 {
+			t.Fatalf("a fresh write through a function: %q at %d", v, e)
+		}
+		// The database's counters are read at each discovery.
+		inst.reload(bg, inst.opts)
+		if v := scrape(t, inst, `pgfence_backstop_rejects_total{table="public.bs_accounts"}`); v != "2" {
+			t.Fatalf("pgfence_backstop_rejects_total = %q, want 2 (one through pgfence, one direct)", v)
+		}
+	})
+
+	// A role that may not create triggers on the table: said at start, in
+	// the metric and in /readyz's body; the proxy keeps fencing what it
+	// sees, and MERGE stays refused there.
+	t.Run("no privilege", func(t *testing.T) {
+		s.exec(`CREATE TABLE bs_foreign (id int PRIMARY KEY, val text, fence_epoch bigint NOT NULL DEFAULT 0);
+			INSERT INTO bs_foreign VALUES (1, 'v', 5);
+			CREATE ROLE bs_catalog LOGIN; GRANT CREATE ON DATABASE postgres TO bs_catalog`)
+		t.Cleanup(func() {
+			s.exec(`DROP TABLE bs_foreign; DROP OWNED BY bs_catalog; DROP ROLE bs_catalog`)
+		})
+		up := strings.Replace(s.pg.URL("postgres"), "postgres@", "bs_catalog@", 1)
+		inst := s.serve(serveOptions{upstream: up, policyOptions: policyOptions{guards: []string{"public.bs_foreign"}}, backstop: "install"})
+		if v := scrape(t, inst, `pgfence_backstop_installed{table="public.bs_foreign"}`); v != "0" {
+			t.Fatalf("pgfence_backstop_installed = %q, want 0", v)
+		}
+		if v := scrape(t, inst, `pgfence_backstop_ok`); v != "0" {
+			t.Fatalf("pgfence_backstop_ok = %q, want 0", v)
+		}
+		code, body := readyz(t, inst)
+		if code != 200 || !strings.Contains(body, "backstop: missing on") || !strings.Contains(body, "must own the table") {
+			t.Fatalf("/readyz %d %q", code, body)
+		}
+		stale := s.client(inst, "3")
+		if got := tag(t, stale, "UPDATE bs_foreign SET val = 'stale' WHERE id = 1"); got != "UPDATE 0" {
+			t.Fatalf("stale write without a backstop: %s", got)
+		}
+		if _, err := stale.Exec(bg, "MERGE INTO bs_foreign f USING (SELECT 1 AS id) s ON f.id = s.id WHEN MATCHED THEN UPDATE SET val = 'm'"); err == nil {
+			t.Fatal("MERGE ran on a table without the backstop")
+		}
+	})
+
+	// A catalog read that fails keeps the guards of the last good one
+	// (fail closed), and says so.
+	t.Run("catalog read fails", func(t *testing.T) {
+		s.exec(`CREATE TABLE bs_kept (id int PRIMARY KEY, val text, fence_epoch bigint NOT NULL DEFAULT 0);
+			INSERT INTO bs_kept VALUES (1, 'v', 5);
+			CREATE ROLE bs_reader LOGIN`)
+		t.Cleanup(func() { s.exec(`DROP TABLE bs_kept; DROP ROLE bs_reader`) })
+		up := strings.Replace(s.pg.URL("postgres"), "postgres@", "bs_reader@", 1)
+		inst := s.serve(serveOptions{upstream: up, discover: true, backstop: "off"})
+		if _, ok := guarded(inst, "public", "bs_kept"); !ok {
+			t.Fatal("bs_kept not discovered")
+		}
+		s.exec("ALTER ROLE bs_reader NOLOGIN")
+		inst.reload(bg, inst.opts)
+		if v := scrape(t, inst, "pgfence_discovery_ok"); v != "0" {
+			t.Fatalf("pgfence_discovery_ok = %q after a failed read", v)
+		}
+		if _, ok := guarded(inst, "public", "bs_kept"); !ok {
+			t.Fatal("a failed catalog read dropped the discovered guard")
+		}
+		if _, body := readyz(t, inst); !strings.Contains(body, "last read failed") {
+			t.Fatalf("/readyz body %q", body)
+		}
+		if got := tag(t, s.client(inst, "3"), "UPDATE bs_kept SET val = 'stale' WHERE id = 1"); got != "UPDATE 0" {
+			t.Fatalf("stale write after a failed catalog read: %s", got)
+		}
+		s.exec("ALTER ROLE bs_reader LOGIN")
+		inst.reload(bg, inst.opts)
+		if v := scrape(t, inst, "pgfence_discovery_ok"); v != "1" {
+			t.Fatalf("pgfence_discovery_ok = %q after a good read", v)
+		}
+	})
+
+	// DDL through pgfence has the catalog read again before the session's
+	// next statement, not at the next interval (here: never).
+	// 'pgfence init' installs once, for teams that forbid runtime DDL;
+	// serve --backstop verify then only checks, and reports drift (a
+	// disabled trigger) without repairing it, where install repairs it.
+	t.Run("init and verify", func(t *testing.T) {
+		s.exec(`CREATE TABLE bs_init (id int PRIMARY KEY, val text, fence_epoch bigint NOT NULL DEFAULT 0);
+			INSERT INTO bs_init VALUES (1, 'v', 5)`)
+		t.Cleanup(func() { s.exec("DROP TABLE bs_init") })
+		var out bytes.Buffer
+		cmd := rootCmd()
+		cmd.SetOut(&out)
+		cmd.SetArgs([]string{"init", "--upstream", s.pg.URL("postgres"), "--discover=false", "--guard", "public.bs_init", "--domain", "public.bs_init=bs_init_domain"})
+		if err := cmd.Execute(); err != nil {
+			t.Fatalf("init: %v\n%s", err, out.String())
+		}
+		if !strings.Contains(out.String(), "public.bs_init: backstop created") || !strings.Contains(out.String(), "lock domains ready: bs_init_domain") {
+			t.Fatalf("init said:\n%s", out.String())
+		}
+		// The membership is the database's: an instance without --domain
+		// applies it.
+		inst := s.serve(serveOptions{policyOptions: policyOptions{guards: []string{"public.bs_init"}}, backstop: "verify", initDomains: false})
+		g, ok := guarded(inst, "public", "bs_init")
+		if !ok || !g.Backstop || g.Domain != "bs_init_domain" {
+			t.Fatalf("guard after init: %+v %v", g, ok)
+		}
+		s.exec(`ALTER TABLE bs_init DISABLE TRIGGER "~pgfence_backstop"`)
+		inst.reload(bg, inst.opts)
+		if v := scrape(t, inst, `pgfence_backstop_installed{table="public.bs_init"}`); v != "0" {
+			t.Fatalf("a disabled backstop under verify: pgfence_backstop_installed = %q, want 0", v)
+		}
+		if _, body := readyz(t, inst); !strings.Contains(body, "is disabled") {
+			t.Fatalf("/readyz body %q", body)
+		}
+		if g, _ := guarded(inst, "public", "bs_init"); g.Backstop {
+			t.Fatal("a disabled backstop still lets MERGE through")
+		}
+		repair := s.serve(serveOptions{policyOptions: policyOptions{guards: []string{"public.bs_init"}}, backstop: "install"})
+		if v := scrape(t, repair, `pgfence_backstop_installed{table="public.bs_init"}`); v != "1" {
+			t.Fatalf("install did not enable the disabled backstop: %q", v)
+		}
+		if got := tag(t, s.direct("3"), "UPDATE bs_init SET val = 'stale'"); got != "UPDATE 0" {
+			t.Fatalf("stale direct write after the repair: %s", got)
+		}
+	})
+
+	for _, relay := range []string{"event loop", "goroutines"} {
+		t.Run("rediscovery after DDL/"+relay, func(t *testing.T) { ddlRediscovery(t, s, relay == "goroutines") })
+	}
+}
+
+func ddlRediscovery(t *testing.T, s *serveTest, goroutines bool) {
+	{
+		inst := s.serve(serveOptions{discover: true, backstop: "install", goroutineRelay: goroutines})
+		c := s.client(inst, "7")
+		tag(t, c, "CREATE TABLE bs_new (id int PRIMARY KEY, val text, fence_epoch bigint NOT NULL DEFAULT 0)")
+		t.Cleanup(func() { s.exec("DROP TABLE IF EXISTS bs_new, bs_renamed, bs_tx") })
+		tag(t, c, "INSERT INTO bs_new (id, val) VALUES (1, 'a')")
+		if g, ok := guarded(inst, "public", "bs_new"); !ok || !g.Backstop {
+			t.Fatalf("the statement after CREATE TABLE ran before bs_new was guarded: %+v %v", g, ok)
+		}
+		if v, e := s.epoch("bs_new", 1); v != "a" || e != 7 {
+			t.Fatalf("fresh INSERT into a new table: %q at %d, want stamped 7", v, e)
+		}
+		// A rename: the backstop goes with the table at once, and the
+		// rewriter knows the new name before the session's next statement.
+		stale := s.client(inst, "3")
+		tag(t, stale, "ALTER TABLE bs_new RENAME TO bs_renamed")
+		if got := tag(t, stale, "UPDATE bs_renamed SET val = 'stale'"); got != "UPDATE 0" {
+			t.Fatalf("stale write right after a rename: %s", got)
+		}
+		if v := scrape(t, inst, `fencing_reject_total{kind="row",mode="enforce",table="public.bs_renamed",via="rewrite"}`); v != "1" {
+			t.Fatalf(`rewrite reject on the renamed table = %q, want 1 (the rewriter, not only the backstop, fenced it)`, v)
+		}
+		if got := tag(t, s.direct("3"), "UPDATE bs_renamed SET val = 'stale'"); got != "UPDATE 0" {
+			t.Fatalf("stale write to a renamed table, direct: %s", got)
+		}
+		// DDL in a transaction block is seen once the block commits.
+		tx := s.client(inst, "7")
+		tag(t, tx, "BEGIN")
+		tag(t, tx, "CREATE TABLE bs_tx (id int PRIMARY KEY, val text, fence_epoch bigint NOT NULL DEFAULT 0)")
+		tag(t, tx, "INSERT INTO bs_tx (id, val) VALUES (1, 'a')")
+		tag(t, tx, "COMMIT")
+		tag(t, tx, "SELECT 1")
+		if g, ok := guarded(inst, "public", "bs_tx"); !ok || !g.Backstop {
+			t.Fatalf("the statement after the COMMIT of CREATE TABLE ran before bs_tx was guarded: %+v %v", g, ok)
+		}
+	}
+}

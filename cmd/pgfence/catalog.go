@@ -1,0 +1,219 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgfence/pgfence/backstop"
+	"github.com/pgfence/pgfence/fence"
+	"github.com/pgfence/pgfence/sqlrewrite"
+)
+
+// catalogOptions say what one read of the catalog does besides reading:
+// serve's and init's flags alike.
+type catalogOptions struct {
+	discover       bool
+	discoverColumn string
+	initDomains    bool
+	backstop       string // install, verify or off
+	exemptRoles    []string
+	tokenSetting   string
+	allowTruncate  bool
+}
+
+// backstopMode reads --backstop: on reports false for off.
+func backstopMode(s string) (mode backstop.Mode, on bool, err error) {
+	switch s {
+	case "install", "true", "on", "":
+		return backstop.Install, true, nil
+	case "verify":
+		return backstop.Verify, true, nil
+	case "off", "false":
+		return 0, false, nil
+	}
+	return 0, false, fmt.Errorf("--backstop %q: want install, verify or off", s)
+}
+
+// catalogRead is what one read of the catalog found and did.
+type catalogRead struct {
+	guards   []sqlrewrite.Guard // for the policy: the explicit guards, discovered tables and their trees
+	problems []string
+	// backstop is nil when --backstop=off.
+	backstop *backstop.Report
+	counts   *backstop.Counts
+}
+
+// readCatalog discovers the guarded tables, applies the lock-domain
+// membership the database keeps, and installs or verifies the backstop.
+// An error means the catalog could not be read at all; what goes wrong
+// with one table or one part is a problem in the result.
+func readCatalog(ctx context.Context, conn *pgx.Conn, o catalogOptions, explicit []sqlrewrite.Guard, apply func(sqlrewrite.Guard) sqlrewrite.Guard) (*catalogRead, error) {
+	mode, backstopOn, err := backstopMode(o.backstop)
+	if err != nil {
+		return nil, err
+	}
+	d, err := fence.Discover(ctx, conn, explicit, o.discover, o.discoverColumn, apply)
+	if err != nil {
+		return nil, err
+	}
+	r := &catalogRead{guards: d.Guards, problems: d.Problems}
+	tables := d.Tables
+	domains := domainsOf(tables)
+	if backstopOn && mode == backstop.Install || o.initDomains && len(domains) > 0 {
+		if err := backstop.Setup(ctx, conn); err != nil {
+			r.problems = append(r.problems, fmt.Sprintf("%v (run 'pgfence init' as a role that may create the pgfence schema)", err))
+		}
+	}
+	if o.initDomains {
+		if err := domainRows(ctx, conn, domains); err != nil {
+			r.problems = append(r.problems, err.Error())
+		}
+		if err := addMembers(ctx, conn, tables); err != nil {
+			r.problems = append(r.problems, err.Error())
+		}
+	}
+	members, err := readMembers(ctx, conn)
+	if err != nil {
+		return nil, err
+	}
+	r.problems = append(r.problems, applyMembers(r.guards, members)...)
+	applyMembers(tables, members)
+	if backstopOn {
+		o := backstop.Options{TokenSetting: o.tokenSetting, AllowTruncate: o.allowTruncate, ExemptRoles: o.exemptRoles}
+		rep, err := backstop.Reconcile(ctx, conn, tables, o, mode)
+		if err != nil {
+			return nil, err
+		}
+		r.backstop = rep
+		for _, t := range rep.Tables {
+			if t.Problem != "" {
+				r.problems = append(r.problems, "backstop: "+t.Problem)
+			}
+		}
+		r.problems = append(r.problems, rep.Problems...)
+		for k, g := range r.guards {
+			r.guards[k].Backstop = backstopCovers(rep, g)
+		}
+		if counts, err := backstop.ReadCounts(ctx, conn); err != nil {
+			r.problems = append(r.problems, err.Error())
+		} else {
+			r.counts = &counts
+		}
+	}
+	slices.Sort(r.problems)
+	return r, nil
+}
+
+// backstopCovers reports whether the backstop is OK on every table g
+// stands for (an unqualified guard stands for its name in every schema),
+// and g stands for at least one.
+func backstopCovers(rep *backstop.Report, g sqlrewrite.Guard) bool {
+	found := false
+	for _, t := range rep.Tables {
+		if t.Guard.Table != g.Table || g.Schema != "" && g.Schema != t.Guard.Schema {
+			continue
+		}
+		if !t.OK {
+			return false
+		}
+		found = true
+	}
+	return found
+}
+
+func domainsOf(guards []sqlrewrite.Guard) []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, g := range guards {
+		if g.Domain != "" && !seen[g.Domain] {
+			seen[g.Domain] = true
+			out = append(out, g.Domain)
+		}
+	}
+	return out
+}
+
+// domainRows makes sure the lock-domain table has a row per domain.
+func domainRows(ctx context.Context, conn *pgx.Conn, domains []string) error {
+	for _, d := range domains {
+		if _, err := conn.Exec(ctx, sqlrewrite.DomainRowSQL(), d); err != nil {
+			return fmt.Errorf("cannot add lock domain %q to %s (writes to it change nothing until its row exists; run 'pgfence init'): %w", d, sqlrewrite.DomainTable, err)
+		}
+	}
+	return nil
+}
+
+// addMembers records the lock domains the flags give tables, where the
+// database has none for them yet: the database's membership is the one
+// every pgfence instance (and the backstop) applies.
+func addMembers(ctx context.Context, conn *pgx.Conn, tables []sqlrewrite.Guard) error {
+	for _, t := range tables {
+		if t.Domain == "" {
+			continue
+		}
+		_, err := conn.Exec(ctx, `INSERT INTO pgfence.domain_members (relid, domain)
+			VALUES (pg_catalog.format('%I.%I', $1::text, $2::text)::regclass, $3) ON CONFLICT (relid) DO NOTHING`, t.Schema, t.Table, t.Domain)
+		if err != nil {
+			return fmt.Errorf("cannot record table %s in lock domain %q in pgfence.domain_members (other pgfence instances will not apply it; run 'pgfence init'): %w", t.Name(), t.Domain, err)
+		}
+	}
+	return nil
+}
+
+// readMembers reads the lock-domain membership kept in the database, by
+// schema.table ("" before pgfence's schema exists).
+func readMembers(ctx context.Context, conn *pgx.Conn) (map[[2]string]string, error) {
+	var exists bool
+	if err := conn.QueryRow(ctx, "SELECT pg_catalog.to_regclass('pgfence.domain_members') IS NOT NULL").Scan(&exists); err != nil {
+		return nil, fmt.Errorf("reading lock-domain membership: %w", err)
+	}
+	out := map[[2]string]string{}
+	if !exists {
+		return out, nil
+	}
+	rows, err := conn.Query(ctx, `SELECT n.nspname::text, c.relname::text, m.domain FROM pgfence.domain_members m
+		JOIN pg_catalog.pg_class c ON c.oid = m.relid JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace`)
+	if err != nil {
+		return nil, fmt.Errorf("reading lock-domain membership: %w", err)
+	}
+	for rows.Next() {
+		var schema, table, domain string
+		if err := rows.Scan(&schema, &table, &domain); err != nil {
+			return nil, fmt.Errorf("reading lock-domain membership: %w", err)
+		}
+		out[[2]string{schema, table}] = domain
+	}
+	return out, rows.Err()
+}
+
+// applyMembers gives each guard the lock domain the database keeps for
+// its table, which wins over the flags (so every instance applies the
+// same), and says where they disagree.
+func applyMembers(guards []sqlrewrite.Guard, members map[[2]string]string) []string {
+	var problems []string
+	for k, g := range guards {
+		domain, found := "", false
+		for key, d := range members {
+			if key[1] != g.Table || g.Schema != "" && g.Schema != key[0] {
+				continue
+			}
+			if found && d != domain {
+				problems = append(problems, fmt.Sprintf("guard %s stands for tables in different lock domains (%q and %q in pgfence.domain_members): qualify it with its schema", g.Name(), domain, d))
+			}
+			domain, found = d, true
+		}
+		if !found || domain == g.Domain {
+			continue
+		}
+		if g.Domain != "" {
+			problems = append(problems, fmt.Sprintf("table %s is in lock domain %q in the database (pgfence.domain_members), but --domain says %q: the database's wins, for every pgfence instance; to move it: UPDATE pgfence.domain_members SET domain = '%s' WHERE relid = '%s'::regclass",
+				g.Name(), domain, g.Domain, g.Domain, strings.ReplaceAll(g.Name(), "'", "''")))
+		}
+		guards[k].Domain = domain
+	}
+	return problems
+}
