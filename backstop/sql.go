@@ -193,7 +193,9 @@ func rowBody(g sqlrewrite.Guard, o Options) string {
 		// As the rewriter: any character besides white space, signs and
 		// digits is pgfence's 22023; the cast raises Postgres's own 22P02
 		// or 22003 for the rest of what is no int8.
-		fmt.Fprintf(&b, `  IF t OPERATOR(pg_catalog.~) '[^-+0-9\s]' THEN
+		// E'' so that the pattern reads the same whatever
+		// standard_conforming_strings the function is compiled under.
+		fmt.Fprintf(&b, `  IF t OPERATOR(pg_catalog.~) E'[^-+0-9\\s]' THEN
     RAISE EXCEPTION USING ERRCODE = '22023',
       MESSAGE = pg_catalog.format('pgfence: %s must be an integer fencing token for a write to guarded table %%I.%%I, got: %%s', TG_TABLE_SCHEMA, TG_TABLE_NAME, t),
       HINT = %s;
