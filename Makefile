@@ -11,7 +11,7 @@
 #               through pgfence and straight to Postgres; TORTURE_FLAGS=-duration=10m
 #               for a soak
 #   make bench  pgfence vs Postgres and PgBouncer under pgbench, 1000 idle
-#               connections, rewriter benchmarks (~8.5 min; see BENCHMARKS.md)
+#               connections, rewriter benchmarks, the database backstop's cost (~14 min; see BENCHMARKS.md)
 
 GO ?= go
 FUZZTIME ?= 30s

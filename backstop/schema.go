@@ -30,15 +30,19 @@ BEGIN
     IF TG_OP = 'DELETE' THEN RETURN OLD; END IF;
     RETURN NEW;
   END IF;
-  IF TG_OP = 'UPDATE' AND NEW.domain = OLD.domain AND NEW.token >= OLD.token THEN
-    RETURN NEW;
-  END IF;
   RAISE EXCEPTION USING ERRCODE = '42501',
     MESSAGE = format('pgfence: a lock domain''s token only grows, and its row is pgfence''s: %s of pgfence.domains refused', TG_OP),
     HINT = 'lock domains change through pgfence: write guarded tables with a fencing token, or run pgfence init as pgfence''s role';
 END
 $pgfence$`,
-	`CREATE OR REPLACE TRIGGER domains_guard BEFORE UPDATE OR DELETE ON pgfence.domains
+	// A claim (the token raised, or kept) does not call the function at
+	// all: the WHEN clause is evaluated without it, so every fenced write
+	// to a lock domain pays nothing for the guard.
+	`DROP TRIGGER IF EXISTS domains_guard ON pgfence.domains`,
+	`CREATE OR REPLACE TRIGGER domains_guard_update BEFORE UPDATE ON pgfence.domains
+		FOR EACH ROW WHEN (NEW.domain IS DISTINCT FROM OLD.domain OR NEW.token < OLD.token)
+		EXECUTE FUNCTION pgfence.domains_guard()`,
+	`CREATE OR REPLACE TRIGGER domains_guard_delete BEFORE DELETE ON pgfence.domains
 		FOR EACH ROW EXECUTE FUNCTION pgfence.domains_guard()`,
 	`CREATE OR REPLACE TRIGGER domains_guard_truncate BEFORE TRUNCATE ON pgfence.domains
 		FOR EACH STATEMENT EXECUTE FUNCTION pgfence.domains_guard()`,

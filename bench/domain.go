@@ -44,7 +44,7 @@ func domainLabel(domain bool, clients int) string {
 // uses token 1000, so no row may be at a higher epoch.
 func (r *runner) benchDomain(rowOnly target) (map[string]map[string]series, error) {
 	logf("starting pgfence with --guard pgbench_accounts --domain pgbench_accounts=%s", benchDomain)
-	dom, _, err := r.startPgfence("pgfence domain", r.pgfenceBin,
+	dom, domSvc, err := r.startPgfence("pgfence domain", r.pgfenceBin, "--backstop", "off",
 		"--guard", "pgbench_accounts", "--domain", "pgbench_accounts="+benchDomain)
 	if err != nil {
 		return nil, err
@@ -91,6 +91,14 @@ func (r *runner) benchDomain(rowOnly target) (map[string]map[string]series, erro
 			}
 		}
 	}
+	// The domain pgfence recorded pgbench_accounts in the lock domain in
+	// the database, which every pgfence started from now on would apply
+	// (see startPgfence): stop it and take the table out again, so that
+	// later sections' pgfences guard it row-only, as before.
+	domSvc.stop()
+	if err := r.sql("DELETE FROM pgfence.domain_members WHERE relid = 'pgbench_accounts'::regclass"); err != nil {
+		return nil, err
+	}
 	return out, nil
 }
 
@@ -102,7 +110,7 @@ func (r *runner) benchDomainOnly() error {
 		return err
 	}
 	logf("starting pgfence with --guard pgbench_accounts")
-	rowOnly, _, err := r.startPgfence("pgfence guarded", r.pgfenceBin, "--guard", "pgbench_accounts")
+	rowOnly, _, err := r.startPgfence("pgfence guarded", r.pgfenceBin, "--backstop", "off", "--guard", "pgbench_accounts")
 	if err != nil {
 		return err
 	}

@@ -21,7 +21,12 @@
 //
 // A sixth section, lock-domain cost, measures fenced writes through a
 // pgfence that also puts pgbench_accounts in a lock domain; BENCH_ONLY=domain
-// runs only it (~2 min; see domain.go).
+// runs only it (~2 min; see domain.go). A seventh, backstop cost, measures
+// fenced writes to a table with the database backstop's trigger against an
+// identical table without it, through pgfence and straight to Postgres;
+// BENCH_ONLY=backstop runs only it (~2 min; see backstop.go). Every other
+// pgfence runs with --backstop off, so pgbench_accounts never gets the
+// trigger and the other sections measure what they did before it existed.
 //
 // Environment: BENCH_SECONDS (per pgbench run, default 3), BENCH_ROUNDS
 // (default 3), BENCH_CONNS (default 1000), PGFENCE_BIN (default
@@ -61,6 +66,7 @@ type runner struct {
 	tmp        string
 	pgbenchBin string
 	pgfenceBin string
+	profBuild  bool // pgfenceBin is bench/pgfence-prof, which takes fewer flags
 	scripts    map[string]string
 
 	pg                         *pgserver.Server
@@ -140,8 +146,10 @@ func main() {
 		err = r.profile()
 	case only == "domain":
 		err = r.benchDomainOnly()
+	case only == "backstop":
+		err = r.benchBackstopOnly()
 	case only != "":
-		err = fmt.Errorf("BENCH_ONLY=%q: the only section that runs alone is domain", only)
+		err = fmt.Errorf("BENCH_ONLY=%q: the sections that run alone are domain and backstop", only)
 	default:
 		err = r.bench()
 	}
@@ -246,6 +254,15 @@ func (r *runner) queryInt(q string) (int64, error) {
 // checkFencing proves that the guarded pgfence rewrites: a write with a
 // newer token lands, one with an older token then changes nothing.
 func (r *runner) checkFencing(t target) error {
+	if err := r.checkFencingOn(t, "pgbench_accounts", 1); err != nil {
+		return err
+	}
+	return r.sql("UPDATE pgbench_accounts SET fence_epoch = 0 WHERE aid = 1")
+}
+
+// checkFencingOn is checkFencing's writes, through t, to row aid of table
+// (at an epoch below 3), which it leaves at epoch 5.
+func (r *runner) checkFencingOn(t target, table string, aid int) error {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	c, err := pgx.Connect(ctx, fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", t.port))
@@ -260,15 +277,15 @@ func (r *runner) checkFencing(t target) error {
 		if _, err := c.Exec(ctx, "SET fence.token = '"+step.token+"'"); err != nil {
 			return err
 		}
-		tag, err := c.Exec(ctx, "UPDATE pgbench_accounts SET abalance = abalance WHERE aid = 1")
+		tag, err := c.Exec(ctx, fmt.Sprintf("UPDATE %s SET abalance = abalance WHERE aid = %d", table, aid))
 		if err != nil {
 			return err
 		}
 		if tag.RowsAffected() != step.rows {
-			return fmt.Errorf("fencing check through %s: token %s updated %d rows, want %d", t.name, step.token, tag.RowsAffected(), step.rows)
+			return fmt.Errorf("fencing check through %s on %s: token %s updated %d rows, want %d", t.name, table, step.token, tag.RowsAffected(), step.rows)
 		}
 	}
-	return r.sql("UPDATE pgbench_accounts SET fence_epoch = 0 WHERE aid = 1")
+	return nil
 }
 
 // measurement is one line of a section: a target and the workload sent.
@@ -375,17 +392,25 @@ func (r *runner) bench() error {
 	rep.machine.pgbench = firstLine(exec.Command(r.pgbenchBin, "--version"))
 	rep.machine.pgfence = pgfenceVersion(r.pgfenceBin)
 
-	logf("starting pgfence three times: no guards, --guard pgbench_accounts, and that with --forward-token-sets")
-	if r.pgfencePlain, _, err = r.startPgfence("pgfence", r.pgfenceBin, "--tls-cert", r.tlsCert, "--tls-key", r.tlsKey); err != nil {
+	// Every pgfence but the backstop section's --backstop install one runs
+	// with --backstop off, as the README's figures were measured: with the
+	// default (install) the guarded ones would put the backstop's trigger
+	// on pgbench_accounts, which every target writes (direct and
+	// PgBouncer too). The backstop section measures it on tables of its own.
+	logf("starting pgfence three times (--backstop off): no guards, --guard pgbench_accounts, and that with --forward-token-sets")
+	if r.pgfencePlain, _, err = r.startPgfence("pgfence", r.pgfenceBin, "--backstop", "off", "--tls-cert", r.tlsCert, "--tls-key", r.tlsKey); err != nil {
 		return err
 	}
-	if r.pgfenceGuard, _, err = r.startPgfence("pgfence guarded", r.pgfenceBin, "--guard", "pgbench_accounts"); err != nil {
+	if r.pgfenceGuard, _, err = r.startPgfence("pgfence guarded", r.pgfenceBin, "--backstop", "off", "--guard", "pgbench_accounts"); err != nil {
 		return err
 	}
-	if r.pgfenceFwd, _, err = r.startPgfence("pgfence guarded, SET forwarded", r.pgfenceBin, "--guard", "pgbench_accounts", "--forward-token-sets"); err != nil {
+	if r.pgfenceFwd, _, err = r.startPgfence("pgfence guarded, SET forwarded", r.pgfenceBin, "--backstop", "off", "--guard", "pgbench_accounts", "--forward-token-sets"); err != nil {
 		return err
 	}
 	if err := r.checkFencing(r.pgfenceGuard); err != nil {
+		return err
+	}
+	if err := r.checkTriggers(false); err != nil {
 		return err
 	}
 
@@ -478,9 +503,14 @@ func (r *runner) bench() error {
 		}
 	}
 
+	// 3b. Backstop cost, on tables of its own (pgbench_accounts keeps no trigger).
+	if rep.backstop, err = r.benchBackstop(); err != nil {
+		return err
+	}
+
 	// 4. Idle connections: a fresh pgfence, then PgBouncer.
 	logf("connections: %d through a fresh pgfence", r.conns)
-	fresh, svc, err := r.startPgfence("pgfence conns", r.pgfenceBin, "--guard", "pgbench_accounts")
+	fresh, svc, err := r.startPgfence("pgfence conns", r.pgfenceBin, "--backstop", "off", "--guard", "pgbench_accounts")
 	if err != nil {
 		return err
 	}
@@ -490,7 +520,7 @@ func (r *runner) bench() error {
 	svc.stop()
 	time.Sleep(2 * time.Second) // let Postgres reap those backends
 	logf("connections: %d over TLS through a fresh pgfence", r.conns)
-	if fresh, svc, err = r.startPgfence("pgfence conns TLS", r.pgfenceBin, "--guard", "pgbench_accounts",
+	if fresh, svc, err = r.startPgfence("pgfence conns TLS", r.pgfenceBin, "--backstop", "off", "--guard", "pgbench_accounts",
 		"--tls-cert", r.tlsCert, "--tls-key", r.tlsKey); err != nil {
 		return err
 	}

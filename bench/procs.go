@@ -316,6 +316,16 @@ func (r *runner) startPgfence(name, bin string, extra ...string) (target, *servi
 		"--discover=false",
 		"--max-client-conns", "1200",
 	}, extra...)
+	if !r.profBuild {
+		// The catalog is read once, at start: pgfence keeps lock-domain
+		// membership in the database (pgfence.domain_members) and every
+		// instance applies it at each read, so with the default (every
+		// minute) the row-only pgfence of the lock-domain section and the
+		// storm would turn into a domain pgfence a minute after the domain
+		// one recorded pgbench_accounts. (The profiling build has no such
+		// flag, and never reads the catalog again.)
+		args = append(args, "--discover-interval", "0")
+	}
 	logPath := filepath.Join(r.tmp, strings.ReplaceAll(name, " ", "-")+".log")
 	s, err := r.startService(name, exec.Command(bin, args...), logPath, nil)
 	if err != nil {

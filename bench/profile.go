@@ -31,6 +31,7 @@ func (r *runner) profile() error {
 		return fmt.Errorf("building bench/pgfence-prof: %v\n%s", err, out)
 	}
 	r.pgfenceBin = bin
+	r.profBuild = true
 	if err := r.setup(); err != nil {
 		return err
 	}

@@ -33,6 +33,7 @@ type report struct {
 	selectRate                map[string]int               // pgbench -R, by mode
 	selectTLS                 map[string]map[string]series // select-only with client TLS, PgBouncer and pgfence
 	domain                    map[string]map[string]series // lock-domain cost, -M prepared
+	backstop                  *backstopResult              // backstop cost
 	memPgfence, memPgBouncer  memResult
 	memPgfenceTLS             memResult // the same over TLS
 	memPgBouncerTLS           memResult
@@ -281,6 +282,9 @@ func (r *report) render() string {
 
 	if r.domain != nil {
 		p("%s", renderDomain(r.domain))
+	}
+	if r.backstop != nil {
+		p("%s", renderBackstop(r.backstop))
 	}
 
 	// 4. Connections.
