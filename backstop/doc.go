@@ -26,6 +26,15 @@
 //     sequences are not transactional, so a reject is counted even when its
 //     transaction rolls back, and counting takes no row lock.
 //
+// With discovery on, and when pgfence's role is a superuser, the event
+// trigger pgfence_backstop_ddl (on_ddl, configured by the one row of
+// pgfence.ddl_backstop) puts the backstop on a table as soon as DDL gives it
+// the discovered epoch column, on any connection, so that a migration run
+// straight to Postgres leaves no window until the next discovery. It runs
+// as the role that ran the DDL (the new table's owner), and turns what it
+// cannot do into a warning: a failing event trigger would fail every
+// CREATE TABLE in the database.
+//
 // On each guarded table:
 //
 //   - "~pgfence_backstop", BEFORE INSERT OR UPDATE OR DELETE FOR EACH ROW.

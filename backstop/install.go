@@ -44,6 +44,11 @@ type Table struct {
 // Report is what Reconcile found and did.
 type Report struct {
 	Tables []Table
+	// WatchingDDL is set when the event trigger is in place (see
+	// EventTrigger); NotWatchingDDL says why not, when Options.Discovered
+	// asked for it.
+	WatchingDDL    bool
+	NotWatchingDDL string
 	// Problems are the findings that are not one guarded table's: tables
 	// that carry the backstop but are not guarded by this configuration.
 	Problems []string
@@ -157,7 +162,7 @@ func Reconcile(ctx context.Context, conn *pgx.Conn, guards []sqlrewrite.Guard, o
 		// returned: the tables' state is still worth reading.
 		err := Setup(ctx, conn)
 		if err == nil {
-			changed, failed, err = apply(ctx, conn, state, o)
+			changed, failed, r.NotWatchingDDL, err = apply(ctx, conn, state, o)
 		}
 		if err != nil {
 			r.Problems = append(r.Problems, err.Error())
@@ -172,6 +177,15 @@ func Reconcile(ctx context.Context, conn *pgx.Conn, guards []sqlrewrite.Guard, o
 		return nil, err
 	} else if !ok {
 		r.Problems = append(r.Problems, "pgfence's schema objects (lock domains, the backstop's helpers) are missing, were changed by hand, or are another pgfence version's: run 'pgfence init'")
+	}
+	if o.Discovered != nil {
+		err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_event_trigger WHERE evtname = $1 AND evtenabled = 'O')`, EventTrigger).Scan(&r.WatchingDDL)
+		if err != nil {
+			return nil, err
+		}
+		if !r.WatchingDDL && r.NotWatchingDDL == "" {
+			r.NotWatchingDDL = "the event trigger " + EventTrigger + " is missing or disabled: a table that gets the epoch column by DDL outside pgfence is fenced from pgfence's next discovery on; 'pgfence init' as a superuser creates it"
+		}
 	}
 	for i, st := range state {
 		t := Table{Guard: st.guard, Changed: changed[i]}
@@ -366,9 +380,16 @@ func enabledWhy(e string) string {
 // apply makes the catalog what o wants, one savepoint per table, so one
 // table's failure (its owner is another role, say) leaves the others done.
 // It returns what it did and what failed, by index into state.
-func apply(ctx context.Context, conn *pgx.Conn, state []tableState, o Options) (changed, failed map[int]string, err error) {
+func apply(ctx context.Context, conn *pgx.Conn, state []tableState, o Options) (changed, failed map[int]string, notWatching string, err error) {
 	changed, failed = map[int]string{}, map[int]string{}
 	funcs := map[string]Function{}
+	var discovered Function
+	if o.Discovered != nil {
+		discovered, _ = RowFunction(*o.Discovered, o)
+		if discovered.Name != "" {
+			funcs[discovered.Name] = discovered
+		}
+	}
 	for _, st := range state {
 		if f, ok := RowFunction(st.guard, o); ok {
 			funcs[f.Name] = f
@@ -423,9 +444,25 @@ func apply(ctx context.Context, conn *pgx.Conn, state []tableState, o Options) (
 			}
 			changed[i] = what
 		}
+		if discovered.Name == "" {
+			return nil
+		}
+		// The DDL watch: one savepoint of its own, as the rest is done.
+		if _, err := tx.Exec(ctx, "SAVEPOINT pgfence_backstop"); err != nil {
+			return err
+		}
+		tf, _ := TruncateFunction(o)
+		why, err := watchDDL(ctx, tx, o.Discovered.Column, discovered.Name, tf.Name)
+		if err != nil {
+			if _, rerr := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT pgfence_backstop"); rerr != nil {
+				return rerr
+			}
+			why = err.Error()
+		}
+		notWatching = why
 		return nil
 	})
-	return changed, failed, err
+	return changed, failed, notWatching, err
 }
 
 // installFailure says why a table's backstop could not be installed, and

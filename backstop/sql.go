@@ -44,6 +44,11 @@ type Options struct {
 	// ExemptRoles may write guarded tables without the fence (migrations):
 	// the trigger lets their writes through as they are, and counts them.
 	ExemptRoles []string
+	// Discovered, when discovery is on, is the configuration a table that
+	// has the discovered epoch column gets (its Column; no Schema or
+	// Table): Install then keeps an event trigger that puts the backstop
+	// on such a table as DDL creates it (see EventTrigger).
+	Discovered *sqlrewrite.Guard
 }
 
 func (o Options) setting() string {

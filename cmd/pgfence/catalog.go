@@ -83,8 +83,14 @@ func readCatalog(ctx context.Context, conn *pgx.Conn, o catalogOptions, explicit
 	r.problems = append(r.problems, applyMembers(r.guards, members)...)
 	applyMembers(tables, members)
 	if backstopOn {
-		o := backstop.Options{TokenSetting: o.tokenSetting, AllowTruncate: o.allowTruncate, ExemptRoles: o.exemptRoles}
-		rep, err := backstop.Reconcile(ctx, conn, tables, o, mode)
+		bo := backstop.Options{TokenSetting: o.tokenSetting, AllowTruncate: o.allowTruncate, ExemptRoles: o.exemptRoles}
+		if o.discover {
+			// What a table found by its epoch column gets, for the event
+			// trigger that installs the backstop as DDL creates one.
+			g := apply(sqlrewrite.Guard{Column: o.discoverColumn})
+			bo.Discovered = &g
+		}
+		rep, err := backstop.Reconcile(ctx, conn, tables, bo, mode)
 		if err != nil {
 			return nil, err
 		}

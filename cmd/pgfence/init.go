@@ -9,6 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
+
+	"github.com/pgfence/pgfence/backstop"
 )
 
 // initOptions are the flags of 'pgfence init': serve's policy and catalog
@@ -84,6 +86,11 @@ domain's row.`,
 				default:
 					fmt.Fprintf(out, "%s: backstop in place\n", t.Guard.Name())
 				}
+			}
+			if w := read.backstop.NotWatchingDDL; w != "" {
+				fmt.Fprintf(out, "note: %s\n", w)
+			} else if read.backstop.WatchingDDL {
+				fmt.Fprintf(out, "event trigger %s in place: DDL that gives a table the epoch column gets it the backstop at once\n", backstop.EventTrigger)
 			}
 			for _, p := range read.problems {
 				fmt.Fprintf(out, "problem: %s\n", p)

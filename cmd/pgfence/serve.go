@@ -28,6 +28,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/pgfence/pgfence/backstop"
 	"github.com/pgfence/pgfence/fence"
 	"github.com/pgfence/pgfence/proxy"
 	"github.com/pgfence/pgfence/sqlrewrite"
@@ -219,9 +220,12 @@ type instance struct {
 
 	mu       sync.Mutex // serialises reloads
 	opts     serveOptions
-	lastGood *catalogRead       // the last catalog read that worked
-	ddl      chan chan struct{} // DDL seen: read the catalog again, then close it
-	status   atomic.Pointer[string]
+	lastGood *catalogRead // the last catalog read that worked
+	// notWatching is why the backstop's event trigger is not in place, as
+	// last logged.
+	notWatching string
+	ddl         chan chan struct{} // DDL seen: read the catalog again, then close it
+	status      atomic.Pointer[string]
 
 	policy *fence.Policy
 	proxy  *proxy.Server
@@ -464,6 +468,14 @@ func (i *instance) reportBackstop(read *catalogRead) {
 		}
 	}
 	i.metrics.Backstop(installed)
+	if w := read.backstop.NotWatchingDDL; w != i.notWatching {
+		i.notWatching = w
+		if w != "" {
+			i.log.Warn("backstop: tables created outside pgfence are not fenced by Postgres at once", "why", w)
+		} else {
+			i.log.Info("backstop: the event trigger puts it on tables as DDL gives them the epoch column", "event_trigger", backstop.EventTrigger)
+		}
+	}
 	if read.counts != nil {
 		i.metrics.BackstopCounts(read.counts.Rejects, read.counts.Exempt)
 	}
