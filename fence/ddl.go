@@ -18,9 +18,26 @@ import (
 // empty.
 func (p *Policy) SetDDLHook(read func() <-chan struct{}) { p.onDDL.Store(&read) }
 
+// noteChange holds the session's next statement after a text that may
+// change what later texts mean, until pgfence knows what they mean: after
+// DDL, until the catalog is read again (see SetDDLHook); after a text
+// that may change how Postgres reads SQL (client_encoding,
+// standard_conforming_strings), until the server has answered it, which
+// says the new value (a write pipelined behind SET client_encoding would
+// otherwise be judged in the old encoding). A session that waits for each
+// reply before it sends on never waits. It reports whether sql is such a
+// text, which the session must not memoise as passed for good.
+func (p *Policy) noteChange(c *proxy.Client, sess *session, sql string) bool {
+	if sqlrewrite.MayChangeReading(sql) {
+		c.HoldUntilAnswered()
+		p.noteDDL(c, sess, sql)
+		return true
+	}
+	return p.noteDDL(c, sess, sql)
+}
+
 // noteDDL holds the session's next statement as SetDDLHook says. It
-// reports whether sql may change tables, in which case the session must
-// not memoise it as a text passed for good.
+// reports whether sql may change tables.
 func (p *Policy) noteDDL(c *proxy.Client, sess *session, sql string) bool {
 	read := p.onDDL.Load()
 	if read == nil {

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/pgfence/pgfence/internal/pgtest"
 )
@@ -235,4 +236,89 @@ func TestEncodingSQLASCIIOnLatin1Database(t *testing.T) {
 		t.Fatalf("UTF8 on LATIN1, stale token: %s, want UPDATE 0", tag)
 	}
 	unchanged("UTF8 on LATIN1")
+}
+
+// A client that pipelines its write behind SET client_encoding, without
+// waiting for the SET's reply, must not have the write judged in the old
+// encoding: pgfence learns the new one only from that reply, so the write
+// waits for it. In the simple protocol, and in one extended-protocol batch
+// behind the SET's Sync.
+func TestEncodingPipelinedBehindSet(t *testing.T) {
+	tbl := nonASCIITable(t, "kontö_p")
+	p := pgtest.StartProxy(t, []string{tbl})
+	upd := latin1(`UPDATE "kontö_p" SET val = 'stale' WHERE id = 1`)
+	for _, extended := range []bool{false, true} {
+		conn, fe := pgtest.RawSession(t, p.Addr)
+		_ = conn
+		fe.Send(&pgproto3.Query{String: "SET fence.token = '3'"})
+		fe.Send(&pgproto3.Query{String: "SET client_encoding = 'LATIN1'"})
+		if extended {
+			fe.Send(&pgproto3.Parse{Query: upd})
+			fe.Send(&pgproto3.Bind{})
+			fe.Send(&pgproto3.Execute{})
+			fe.Send(&pgproto3.Sync{})
+		} else {
+			fe.Send(&pgproto3.Query{String: upd})
+		}
+		if err := fe.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		var got *pgproto3.ErrorResponse
+		var tags []string
+		for ready := 0; ready < 3; {
+			m, err := fe.Receive()
+			if err != nil {
+				t.Fatalf("extended %v: %v", extended, err)
+			}
+			switch m := m.(type) {
+			case *pgproto3.ReadyForQuery:
+				ready++
+			case *pgproto3.ErrorResponse:
+				e := *m
+				got = &e
+			case *pgproto3.CommandComplete:
+				tags = append(tags, string(m.CommandTag))
+			}
+		}
+		if got == nil || got.Code != "0A000" || !strings.Contains(got.Message, "LATIN1") {
+			t.Fatalf("extended %v: the pipelined write got %v, tags %q; want pgfence's 0A000 client_encoding refusal", extended, got, tags)
+		}
+		if v, e := row(t, tbl, 1); v != "init" || e != 5 {
+			t.Fatalf("extended %v: row = (%s, %d): a write pipelined behind SET client_encoding got through unfenced", extended, v, e)
+		}
+	}
+}
+
+// The same for standard_conforming_strings: a write pipelined behind SET
+// standard_conforming_strings = off is judged with it off, and refused.
+func TestStandardStringsPipelinedBehindSet(t *testing.T) {
+	tbl := table(t, [3]any{1, "init", 5})
+	p := pgtest.StartProxy(t, []string{tbl})
+	_, fe := pgtest.RawSession(t, p.Addr)
+	fe.Send(&pgproto3.Query{String: "SET fence.token = '3'"})
+	fe.Send(&pgproto3.Query{String: "SET standard_conforming_strings = off"})
+	fe.Send(&pgproto3.Query{String: "UPDATE " + tbl + " SET val = 'stale' WHERE id = 1"})
+	if err := fe.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	var got *pgproto3.ErrorResponse
+	for ready := 0; ready < 3; {
+		m, err := fe.Receive()
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch m := m.(type) {
+		case *pgproto3.ReadyForQuery:
+			ready++
+		case *pgproto3.ErrorResponse:
+			e := *m
+			got = &e
+		}
+	}
+	if got == nil || got.Code != "0A000" || !strings.Contains(got.Message, "standard_conforming_strings") {
+		t.Fatalf("the write pipelined behind SET standard_conforming_strings = off got %v; want pgfence's 0A000 refusal", got)
+	}
+	if v, e := row(t, tbl, 1); v != "init" || e != 5 {
+		t.Fatalf("row = (%s, %d)", v, e)
+	}
 }

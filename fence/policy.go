@@ -217,7 +217,7 @@ func (p *Policy) plan(c *proxy.Client, sql string, mode sqlrewrite.Mode) proxy.P
 	// sessions whose client encoding is not UTF8 pay for the check, and
 	// only when a guarded name is not ASCII.
 	if st.nonASCIINames && misreadsNonASCII(c) && !isASCII(sql) {
-		p.noteDDL(c, sess, sql)
+		p.noteChange(c, sess, sql)
 		if !sqlrewrite.MayWrite(sql) {
 			p.m.passthrough.Inc()
 			return proxy.Plan{Forget: sess.invalidates(sql)}
@@ -227,7 +227,7 @@ func (p *Policy) plan(c *proxy.Client, sql string, mode sqlrewrite.Mode) proxy.P
 			p.m.passthrough.Inc()
 			return proxy.Plan{}
 		}
-		ddl := p.noteDDL(c, sess, sql)
+		ddl := p.noteChange(c, sess, sql)
 		if set, ok := st.tokens.Match(sql); ok {
 			// It changes no prepared statement and touches no table; the
 			// proxy may answer it itself (see proxy.Plan.Setting).

@@ -195,14 +195,42 @@ type Client struct {
 	// hold is what the session's next Query or Parse waits for (see
 	// HoldNextStatement); owned by the client side too.
 	hold func() <-chan struct{}
+	// answered returns a channel closed once the server has answered what
+	// the client sent so far (the session's pipeline drained).
+	answered func() <-chan struct{}
+}
+
+// HoldUntilAnswered has the session's next Query or Parse wait, before it
+// reaches the Interceptor, until the server has answered everything the
+// client sent before it: for a text after which the session's settings
+// (client_encoding, standard_conforming_strings) may read SQL differently,
+// which the proxy learns only from the server's reply. Call it from Query
+// or Parse.
+func (c *Client) HoldUntilAnswered() {
+	if c.answered != nil {
+		c.HoldNextStatement(c.answered)
+	}
 }
 
 // HoldNextStatement has the session's next Query or Parse wait, before it
 // reaches the Interceptor, until the channel start returns is closed;
 // start is called then, once what the client sent before is on its way to
 // the server. Only the client's side of the session waits: the server's
-// replies go on. Call it from Query or Parse.
-func (c *Client) HoldNextStatement(start func() <-chan struct{}) { c.hold = start }
+// replies go on. Holds asked for by one text add up. Call it from Query or
+// Parse.
+func (c *Client) HoldNextStatement(start func() <-chan struct{}) {
+	prev := c.hold
+	if prev == nil {
+		c.hold = start
+		return
+	}
+	c.hold = func() <-chan struct{} {
+		a, b := prev(), start()
+		both := make(chan struct{})
+		go func() { <-a; <-b; close(both) }()
+		return both
+	}
+}
 
 // takeHold starts the hold HoldNextStatement set, if any, and returns the
 // channel to wait for (nil when there is nothing to wait for).

@@ -99,6 +99,8 @@ type loopSession struct {
 	c, sv side
 	done  chan loopEnd
 	ended bool
+	// stop, made by park, is closed when the session ends.
+	stop chan struct{}
 }
 
 // loopEnd says how a session ended: which side first, and why.
@@ -269,6 +271,9 @@ func (l *loop) end(ls *loopSession, fromClient bool, err error) {
 		return
 	}
 	ls.ended = true
+	if ls.stop != nil {
+		close(ls.stop)
+	}
 	for _, x := range []*side{&ls.c, &ls.sv} {
 		l.write(x) // best effort: what is left is handed back
 		if x.fd < len(l.sides) && l.sides[x.fd] == x {
@@ -363,8 +368,16 @@ func (l *loop) readable(x *side) {
 // handles those it holds and reads on.
 func (l *loop) park(x *side, ch <-chan struct{}) {
 	x.parked = true
+	if x.ls.stop == nil {
+		x.ls.stop = make(chan struct{})
+	}
+	stop := x.ls.stop
 	go func() {
-		<-ch
+		select {
+		case <-ch:
+		case <-stop:
+			return
+		}
 		l.post(func() {
 			if x.ls.ended || !x.parked {
 				return

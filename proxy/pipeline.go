@@ -103,6 +103,26 @@ type pipeline struct {
 	// heads the queue would be taken for the proxy's own. A waitPass for
 	// them goes first (see session.pushSwallow).
 	loose int
+	// drained, if not nil, is closed when the queue next empties (see
+	// whenDrained).
+	drained chan struct{}
+}
+
+// closedChan is a channel that is closed.
+var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+
+// whenDrained returns a channel closed once the server has answered every
+// message now waiting for a reply: at once if none is.
+func (p *pipeline) whenDrained() <-chan struct{} {
+	p.lock()
+	defer p.unlock()
+	if p.h == len(p.q) {
+		return closedChan
+	}
+	if p.drained == nil {
+		p.drained = make(chan struct{})
+	}
+	return p.drained
 }
 
 // get returns a new wait of kind, for pushing once.
@@ -184,6 +204,10 @@ func (p *pipeline) drop() {
 	p.q[p.h] = nil
 	if p.h++; p.h == len(p.q) {
 		p.q, p.h = p.q[:0], 0
+		if p.drained != nil {
+			close(p.drained)
+			p.drained = nil
+		}
 	}
 	if w.pooled && p.single {
 		params := w.params[:0]

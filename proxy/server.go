@@ -255,6 +255,7 @@ func (s *Server) handle(conn net.Conn) {
 	c.setApplicationName(startup.Parameters["application_name"])
 	c.TLS = cc.tls
 	sess := &session{srv: s, c: c, log: log, client: cc.Conn, cr: cc.r, cw: cc.w}
+	c.answered = sess.pipe.whenDrained
 	if !s.admit(conn, sess) {
 		log.Warn("client refused: too many client connections", "max_client_conns", s.cfg.MaxClientConns)
 		writeError(cw, "FATAL", codeTooManyConnections, fmt.Sprintf("too many client connections: pgfence allows %d at once", s.cfg.MaxClientConns), "try again later, or raise --max-client-conns")

@@ -48,7 +48,10 @@ type session struct {
 	sr   msgReader
 	sw   msgWriter
 	pipe pipeline
-	mu   sync.Mutex // guards server and stop
+	// stopped is closed when the goroutine relay's server side has ended,
+	// for a client side held (see Client.HoldNextStatement).
+	stopped chan struct{}
+	mu      sync.Mutex // guards server and stop
 	// stop, set while the event loop relays, ends the session from outside
 	// the loop (closing server does that for goroutines).
 	stop func()
@@ -274,6 +277,7 @@ func (s *session) relay() error {
 	s.sw = bufio.NewWriterSize(s.server, 32<<10)
 	cerr := make(chan error, 1)
 	serr := make(chan error, 1)
+	s.stopped = make(chan struct{})
 	go func() { cerr <- s.clientToServer() }()
 	go func() { serr <- s.serverToClient() }()
 	select {
@@ -286,6 +290,7 @@ func (s *session) relay() error {
 		end := s.finish(false, err)
 		s.server.Close()
 		s.client.Close()
+		close(s.stopped) // a client side held waits no more
 		<-cerr
 		return end
 	}
@@ -356,7 +361,11 @@ func (s *session) clientToServer() error {
 				return err
 			}
 			if ch := s.c.takeHold(); ch != nil {
-				<-ch
+				select {
+				case <-ch:
+				case <-s.stopped:
+					return net.ErrClosed
+				}
 			}
 		}
 		if err := s.clientMessage(typ, n); err != nil {

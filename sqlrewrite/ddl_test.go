@@ -24,3 +24,27 @@ func TestMayChangeTables(t *testing.T) {
 		}
 	}
 }
+
+func TestMayChangeReading(t *testing.T) {
+	for _, c := range []struct {
+		sql  string
+		want bool
+	}{
+		{"SET client_encoding = 'LATIN1'", true},
+		{"set CLIENT_ENCODING to 'SJIS'", true},
+		{"SET NAMES 'LATIN1'", true},
+		{"SET standard_conforming_strings = off", true},
+		{"SELECT set_config('client_encoding', 'LATIN1', false)", true},
+		{"RESET ALL", true},
+		{"DISCARD ALL", true},
+		{"RESET client_encoding", true},
+		{"RESET fence.token", false},
+		{"SELECT all_names FROM t", false},
+		{"UPDATE accounts SET balance = 0 WHERE id = 1", false},
+		{"SELECT 1 UNION ALL SELECT 2", false},
+	} {
+		if got := MayChangeReading(c.sql); got != c.want {
+			t.Errorf("MayChangeReading(%q) = %v, want %v", c.sql, got, c.want)
+		}
+	}
+}
