@@ -57,7 +57,9 @@ func TestEventTrigger(t *testing.T) {
 	}
 
 	// The next Reconcile takes the tables over as they are.
-	g := func(n string) sqlrewrite.Guard { return sqlrewrite.Guard{Schema: "public", Table: n, Column: "fence_epoch"} }
+	g := func(n string) sqlrewrite.Guard {
+		return sqlrewrite.Guard{Schema: "public", Table: n, Column: "fence_epoch"}
+	}
 	r = installGuards(t, backstop.Options{Discovered: &discovered}, g(created), g(altered))
 	for _, tb := range r.Tables {
 		if strings.Contains(tb.Changed, "created") || strings.Contains(tb.Changed, "updated") {
