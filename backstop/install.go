@@ -594,3 +594,42 @@ func strayTables(ctx context.Context, conn *pgx.Conn, state []tableState) ([]str
 	}
 	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
+
+// carriersQuery lists the tables that carry a backstop row trigger of
+// their own, with the epoch column its function stamps (read from the body
+// rowBody writes: "epoch := OLD.<column>;").
+const carriersQuery = `
+SELECT n.nspname::text, c.relname::text, pg_catalog.substring(p.prosrc, E'  epoch := OLD\\.("(?:[^"]|"")+");')
+FROM pg_catalog.pg_trigger t
+JOIN pg_catalog.pg_class c ON c.oid = t.tgrelid
+JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+JOIN pg_catalog.pg_proc p ON p.oid = t.tgfoid
+JOIN pg_catalog.pg_namespace pn ON pn.oid = p.pronamespace
+WHERE t.tgname = $1 AND t.tgparentid = 0 AND pn.nspname = $2
+ORDER BY 1, 2`
+
+// Carriers returns the tables that carry the backstop (its row trigger of
+// their own), each as a guard with its schema, table and epoch column. The
+// trigger goes with its table when it is renamed or moved to another
+// schema, so a table guarded by a name it no longer has is found here
+// under its new one.
+func Carriers(ctx context.Context, conn *pgx.Conn) ([]sqlrewrite.Guard, error) {
+	rows, err := conn.Query(ctx, carriersQuery, RowTrigger, Schema)
+	if err != nil {
+		return nil, fmt.Errorf("reading the backstop's state: %w", err)
+	}
+	var out []sqlrewrite.Guard
+	for rows.Next() {
+		var g sqlrewrite.Guard
+		var col *string
+		if err := rows.Scan(&g.Schema, &g.Table, &col); err != nil {
+			return nil, fmt.Errorf("reading the backstop's state: %w", err)
+		}
+		if col == nil {
+			continue // not a body pgfence wrote
+		}
+		g.Column = strings.ReplaceAll(strings.Trim(*col, `"`), `""`, `"`)
+		out = append(out, g)
+	}
+	return out, rows.Err()
+}

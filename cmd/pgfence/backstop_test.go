@@ -317,6 +317,26 @@ func TestServeBackstop(t *testing.T) {
 		}
 	})
 
+	// With --discover=false, a guarded table renamed outside pgfence keeps
+	// its backstop, and the rewrite finds it again by it.
+	t.Run("renamed without discovery", func(t *testing.T) {
+		s.exec(`CREATE TABLE bs_named (id int PRIMARY KEY, val text, fence_epoch bigint NOT NULL DEFAULT 0);
+			INSERT INTO bs_named VALUES (1, 'v', 5)`)
+		t.Cleanup(func() { s.exec("DROP TABLE IF EXISTS bs_named, bs_renamed_direct") })
+		inst := s.serve(serveOptions{policyOptions: policyOptions{guards: []string{"public.bs_named"}}, backstop: "install"})
+		tag(t, s.direct("3"), "ALTER TABLE bs_named RENAME TO bs_renamed_direct")
+		inst.reload(bg, inst.opts)
+		if g, ok := guarded(inst, "public", "bs_renamed_direct"); !ok || !g.Backstop {
+			t.Fatalf("the renamed table after a discovery: %+v %v", g, ok)
+		}
+		if got := tag(t, s.client(inst, "3"), "UPDATE bs_renamed_direct SET val = 'stale'"); got != "UPDATE 0" {
+			t.Fatalf("stale write to the renamed table: %s", got)
+		}
+		if v := scrape(t, inst, `fencing_reject_total{kind="row",mode="enforce",table="public.bs_renamed_direct",via="rewrite"}`); v != "1" {
+			t.Fatalf("rewrite reject on the renamed table = %q, want 1", v)
+		}
+	})
+
 	for _, relay := range []string{"event loop", "goroutines"} {
 		t.Run("rediscovery after DDL/"+relay, func(t *testing.T) { ddlRediscovery(t, s, relay == "goroutines") })
 	}

@@ -62,6 +62,27 @@ func readCatalog(ctx context.Context, conn *pgx.Conn, o catalogOptions, explicit
 	}
 	r := &catalogRead{guards: d.Guards, problems: d.Problems}
 	tables := d.Tables
+	if backstopOn {
+		// A table that carries the backstop stays guarded under the name
+		// it has now: renamed or moved, it keeps its triggers, and the
+		// rewrite follows them (with --discover=false it would otherwise
+		// lose its guard for good).
+		carriers, err := backstop.Carriers(ctx, conn)
+		if err != nil {
+			return nil, err
+		}
+		for _, c := range carriers {
+			if slices.ContainsFunc(tables, func(t sqlrewrite.Guard) bool { return t.Schema == c.Schema && t.Table == c.Table }) {
+				continue
+			}
+			g := apply(c)
+			r.guards = append(r.guards, g)
+			tables = append(tables, g)
+			r.problems = append(r.problems, fmt.Sprintf("table %s carries pgfence's backstop but no --guard or discovery names it "+
+				"(renamed or moved since?): guarded as it is; name it in --guard, or DROP TRIGGER %q ON %s to stop guarding it",
+				g.Name(), backstop.RowTrigger, g.Name()))
+		}
+	}
 	domains := domainsOf(tables)
 	if backstopOn && mode == backstop.Install || o.initDomains && len(domains) > 0 {
 		if err := backstop.Setup(ctx, conn); err != nil {
