@@ -6,9 +6,10 @@ import (
 )
 
 // SetDDLHook has the policy read the catalog again after DDL seen in a
-// session, before that session's next statement: read is called (from the
-// relay, so it must not block) and returns a channel closed once a read of
-// the catalog that started after the call is done. A text that may create,
+// session, before that session's next statement: read is called once the
+// server has answered the DDL (from any goroutine; it must not block) and
+// returns a channel closed once a read of the catalog that started after
+// the call is done. A text that may create,
 // rename, move, attach or inherit a table (sqlrewrite.MayChangeTables)
 // holds the session's next Query or Parse until then; so does the first
 // text that ends the transaction it ran in, after which the change is
@@ -29,7 +30,7 @@ func (p *Policy) SetDDLHook(read func() <-chan struct{}) { p.onDDL.Store(&read) 
 // text, which the session must not memoise as passed for good.
 func (p *Policy) noteChange(c *proxy.Client, sess *session, sql string) bool {
 	if sqlrewrite.MayChangeReading(sql) {
-		c.HoldUntilAnswered()
+		c.HoldNextStatement(nil)
 		p.noteDDL(c, sess, sql)
 		return true
 	}

@@ -192,61 +192,65 @@ type Client struct {
 	// midBatch is set from an extended-protocol message to the next Sync
 	// (owned by the session's client side, which calls the Interceptor).
 	midBatch bool
-	// hold is what the session's next Query or Parse waits for (see
-	// HoldNextStatement); owned by the client side too.
-	hold func() <-chan struct{}
+	// held says the session's next Query or Parse waits, and holdStarts
+	// what for besides the server's answers (see HoldNextStatement); owned
+	// by the client side too.
+	held       bool
+	holdStarts []func() <-chan struct{}
 	// answered returns a channel closed once the server has answered what
-	// the client sent so far (the session's pipeline drained).
+	// the client sent so far (the session's pipeline drained), or the
+	// session ended.
 	answered func() <-chan struct{}
 }
 
-// HoldUntilAnswered has the session's next Query or Parse wait, before it
-// reaches the Interceptor, until the server has answered everything the
-// client sent before it: for a text after which the session's settings
-// (client_encoding, standard_conforming_strings) may read SQL differently,
-// which the proxy learns only from the server's reply. Call it from Query
-// or Parse.
-func (c *Client) HoldUntilAnswered() {
-	if c.answered != nil {
-		c.HoldNextStatement(c.answered)
-	}
-}
-
 // HoldNextStatement has the session's next Query or Parse wait, before it
-// reaches the Interceptor, until the channel start returns is closed;
-// start is called then, once what the client sent before is on its way to
-// the server. Only the client's side of the session waits: the server's
-// replies go on. Holds asked for by one text add up. Call it from Query or
-// Parse.
+// reaches the Interceptor, until the server has answered everything the
+// client sent before it, and then, if start is not nil, until the channel
+// start returns (called then) is closed. Only the client's side of the
+// session waits: the server's replies go on. A client that waits for each
+// reply before it sends on never waits for the first part. Holds asked for
+// by one text add up. Call it from Query or Parse.
+//
+// It is for a text after which pgfence does not know what the next one
+// means until something has happened: the server's reply to it says the
+// session's new client_encoding, or a catalog read started after the
+// server ran its DDL finds the tables it made.
 func (c *Client) HoldNextStatement(start func() <-chan struct{}) {
-	prev := c.hold
-	if prev == nil {
-		c.hold = start
-		return
-	}
-	c.hold = func() <-chan struct{} {
-		a, b := prev(), start()
-		both := make(chan struct{})
-		go func() { <-a; <-b; close(both) }()
-		return both
+	c.held = true
+	if start != nil {
+		c.holdStarts = append(c.holdStarts, start)
 	}
 }
 
-// takeHold starts the hold HoldNextStatement set, if any, and returns the
-// channel to wait for (nil when there is nothing to wait for).
+// takeHold returns the channel the next Query or Parse must wait for, or
+// nil when there is nothing to wait for.
 func (c *Client) takeHold() <-chan struct{} {
-	start := c.hold
-	if start == nil {
+	if !c.held {
 		return nil
 	}
-	c.hold = nil
-	ch := start()
-	select {
-	case <-ch:
-		return nil
-	default:
-		return ch
+	starts := c.holdStarts
+	c.held, c.holdStarts = false, nil
+	var answered <-chan struct{} = closedChan
+	if c.answered != nil {
+		answered = c.answered()
 	}
+	if len(starts) == 0 {
+		select {
+		case <-answered:
+			return nil
+		default:
+			return answered
+		}
+	}
+	done := make(chan struct{})
+	go func() {
+		<-answered
+		for _, start := range starts {
+			<-start()
+		}
+		close(done)
+	}()
+	return done
 }
 
 // InExtendedBatch reports whether the client has sent extended-protocol

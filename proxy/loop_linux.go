@@ -274,6 +274,7 @@ func (l *loop) end(ls *loopSession, fromClient bool, err error) {
 	if ls.stop != nil {
 		close(ls.stop)
 	}
+	ls.s.pipe.abandon()
 	for _, x := range []*side{&ls.c, &ls.sv} {
 		l.write(x) // best effort: what is left is handed back
 		if x.fd < len(l.sides) && l.sides[x.fd] == x {
@@ -526,7 +527,7 @@ func (x *side) dispatch() error {
 		if in.Buffered() < x.needFor(typ, n) {
 			return nil
 		}
-		if x.client && s.c.hold != nil && (typ == 'Q' || typ == 'P') {
+		if x.client && s.c.held && (typ == 'Q' || typ == 'P') {
 			if ch := s.c.takeHold(); ch != nil {
 				eventLoop().park(x, ch) // dispatch runs on the one loop
 				return nil

@@ -104,19 +104,33 @@ type pipeline struct {
 	// them goes first (see session.pushSwallow).
 	loose int
 	// drained, if not nil, is closed when the queue next empties (see
-	// whenDrained).
-	drained chan struct{}
+	// whenDrained); abandoned, once the session ended.
+	drained   chan struct{}
+	abandoned bool
+}
+
+// abandon releases whoever waits for the queue to empty: the session has
+// ended, and no reply will come.
+func (p *pipeline) abandon() {
+	p.lock()
+	defer p.unlock()
+	p.abandoned = true
+	if p.drained != nil {
+		close(p.drained)
+		p.drained = nil
+	}
 }
 
 // closedChan is a channel that is closed.
 var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
 // whenDrained returns a channel closed once the server has answered every
-// message now waiting for a reply: at once if none is.
+// message now waiting for a reply (at once if none is), or the session
+// ended (see abandon).
 func (p *pipeline) whenDrained() <-chan struct{} {
 	p.lock()
 	defer p.unlock()
-	if p.h == len(p.q) {
+	if p.h == len(p.q) || p.abandoned {
 		return closedChan
 	}
 	if p.drained == nil {

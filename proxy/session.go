@@ -291,6 +291,7 @@ func (s *session) relay() error {
 		s.server.Close()
 		s.client.Close()
 		close(s.stopped) // a client side held waits no more
+		s.pipe.abandon()
 		<-cerr
 		return end
 	}
@@ -356,7 +357,7 @@ func (s *session) clientToServer() error {
 		if err != nil {
 			return framingError(err)
 		}
-		if s.c.hold != nil && (typ == 'Q' || typ == 'P') {
+		if s.c.held && (typ == 'Q' || typ == 'P') {
 			if err := s.sw.Flush(); err != nil {
 				return err
 			}

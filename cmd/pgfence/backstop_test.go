@@ -10,8 +10,10 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/pgfence/pgfence/internal/pgserver"
+	"github.com/pgfence/pgfence/internal/pgtest"
 	"github.com/pgfence/pgfence/sqlrewrite"
 )
 
@@ -368,6 +370,37 @@ func ddlRediscovery(t *testing.T, s *serveTest, goroutines bool) {
 		if got := tag(t, s.direct("3"), "UPDATE bs_renamed SET val = 'stale'"); got != "UPDATE 0" {
 			t.Fatalf("stale write to a renamed table, direct: %s", got)
 		}
+		// Pipelined: the write sent right behind the RENAME, without
+		// waiting for its reply, is still judged with the new name.
+		_, fe := pgtest.RawSession(t, inst.Addr())
+		fe.Send(&pgproto3.Query{String: "SET fence.token = '3'"})
+		fe.Send(&pgproto3.Query{String: "ALTER TABLE bs_renamed RENAME TO bs_piped"})
+		fe.Send(&pgproto3.Query{String: "UPDATE bs_piped SET val = 'stale'"})
+		if err := fe.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		var tags []string
+		for ready := 0; ready < 3; {
+			m, err := fe.Receive()
+			if err != nil {
+				t.Fatal(err)
+			}
+			switch m := m.(type) {
+			case *pgproto3.ReadyForQuery:
+				ready++
+			case *pgproto3.CommandComplete:
+				tags = append(tags, string(m.CommandTag))
+			case *pgproto3.ErrorResponse:
+				t.Fatalf("pipelined rename and write: %s %s", m.Code, m.Message)
+			}
+		}
+		if len(tags) != 3 || tags[2] != "UPDATE 0" {
+			t.Fatalf("pipelined rename and stale write: %q", tags)
+		}
+		if v := scrape(t, inst, `fencing_reject_total{kind="row",mode="enforce",table="public.bs_piped",via="rewrite"}`); v != "1" {
+			t.Fatalf("rewrite reject on the table renamed in the pipeline = %q, want 1", v)
+		}
+		t.Cleanup(func() { s.exec("DROP TABLE IF EXISTS bs_piped") })
 		// DDL in a transaction block is seen once the block commits.
 		tx := s.client(inst, "7")
 		tag(t, tx, "BEGIN")
