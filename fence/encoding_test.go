@@ -264,21 +264,9 @@ func TestEncodingPipelinedBehindSet(t *testing.T) {
 			t.Fatal(err)
 		}
 		var got *pgproto3.ErrorResponse
-		var tags []string
-		for ready := 0; ready < 3; {
-			m, err := fe.Receive()
-			if err != nil {
-				t.Fatalf("extended %v: %v", extended, err)
-			}
-			switch m := m.(type) {
-			case *pgproto3.ReadyForQuery:
-				ready++
-			case *pgproto3.ErrorResponse:
-				e := *m
-				got = &e
-			case *pgproto3.CommandComplete:
-				tags = append(tags, string(m.CommandTag))
-			}
+		tags, errs := pgtest.Replies(t, fe, 3)
+		if len(errs) > 0 {
+			got = &errs[len(errs)-1]
 		}
 		if got == nil || got.Code != "0A000" || !strings.Contains(got.Message, "LATIN1") {
 			t.Fatalf("extended %v: the pipelined write got %v, tags %q; want pgfence's 0A000 client_encoding refusal", extended, got, tags)
@@ -302,18 +290,8 @@ func TestStandardStringsPipelinedBehindSet(t *testing.T) {
 		t.Fatal(err)
 	}
 	var got *pgproto3.ErrorResponse
-	for ready := 0; ready < 3; {
-		m, err := fe.Receive()
-		if err != nil {
-			t.Fatal(err)
-		}
-		switch m := m.(type) {
-		case *pgproto3.ReadyForQuery:
-			ready++
-		case *pgproto3.ErrorResponse:
-			e := *m
-			got = &e
-		}
+	if _, errs := pgtest.Replies(t, fe, 3); len(errs) > 0 {
+		got = &errs[len(errs)-1]
 	}
 	if got == nil || got.Code != "0A000" || !strings.Contains(got.Message, "standard_conforming_strings") {
 		t.Fatalf("the write pipelined behind SET standard_conforming_strings = off got %v; want pgfence's 0A000 refusal", got)

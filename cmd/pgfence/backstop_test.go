@@ -379,20 +379,9 @@ func ddlRediscovery(t *testing.T, s *serveTest, goroutines bool) {
 		if err := fe.Flush(); err != nil {
 			t.Fatal(err)
 		}
-		var tags []string
-		for ready := 0; ready < 3; {
-			m, err := fe.Receive()
-			if err != nil {
-				t.Fatal(err)
-			}
-			switch m := m.(type) {
-			case *pgproto3.ReadyForQuery:
-				ready++
-			case *pgproto3.CommandComplete:
-				tags = append(tags, string(m.CommandTag))
-			case *pgproto3.ErrorResponse:
-				t.Fatalf("pipelined rename and write: %s %s", m.Code, m.Message)
-			}
+		tags, errs := pgtest.Replies(t, fe, 3)
+		if len(errs) > 0 {
+			t.Fatalf("pipelined rename and write: %s %s", errs[0].Code, errs[0].Message)
 		}
 		if len(tags) != 3 || tags[2] != "UPDATE 0" {
 			t.Fatalf("pipelined rename and stale write: %q", tags)

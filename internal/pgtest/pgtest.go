@@ -283,3 +283,24 @@ func RawSession(t testing.TB, addr string) (net.Conn, *pgproto3.Frontend) {
 		}
 	}
 }
+
+// Replies reads a raw session's replies up to its readies-th
+// ReadyForQuery, and returns the command tags and errors among them.
+func Replies(t testing.TB, fe *pgproto3.Frontend, readies int) (tags []string, errs []pgproto3.ErrorResponse) {
+	t.Helper()
+	for ready := 0; ready < readies; {
+		m, err := fe.Receive()
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch m := m.(type) {
+		case *pgproto3.ReadyForQuery:
+			ready++
+		case *pgproto3.CommandComplete:
+			tags = append(tags, string(m.CommandTag))
+		case *pgproto3.ErrorResponse:
+			errs = append(errs, *m)
+		}
+	}
+	return tags, errs
+}
