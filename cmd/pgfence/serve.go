@@ -401,7 +401,7 @@ func (i *instance) reload(ctx context.Context, o serveOptions) {
 		i.setStatus(fmt.Sprintf("catalog: last read failed (%v); guarding the tables of the last good read", err))
 	case err != nil:
 		i.metrics.DiscoveryOK(false)
-		i.log.Error("cannot read the catalog, and it never has been: only --guard tables are guarded until it works (they match their name in every schema, partitions included); retrying",
+		i.log.Error("cannot read the catalog, and it never has been: only --guard tables are guarded until it works (by name, in every schema; their partitions and the tables only discovery finds are not); retrying",
 			"upstream", i.upstream, "err", err)
 		i.setStatus(fmt.Sprintf("catalog: never read (%v); guarding only --guard tables", err))
 	default:
