@@ -34,7 +34,13 @@ DECLARE
   cfg record;
   t record;
 BEGIN
-  SELECT * INTO cfg FROM pgfence.ddl_backstop;
+  BEGIN
+    SELECT * INTO cfg FROM pgfence.ddl_backstop;
+  EXCEPTION WHEN OTHERS THEN
+    RAISE WARNING 'pgfence: cannot read pgfence.ddl_backstop: %', SQLERRM
+      USING HINT = 'tables this DDL gave the epoch column get the backstop at pgfence''s next discovery';
+    RETURN;
+  END;
   IF NOT FOUND THEN
     RETURN;
   END IF;

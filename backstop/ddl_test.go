@@ -110,3 +110,27 @@ func TestEventTriggerNeedsSuperuser(t *testing.T) {
 		t.Fatalf("Install as a role that is not a superuser: %v %q", r.WatchingDDL, r.NotWatchingDDL)
 	}
 }
+
+// A role that may not read pgfence's configuration still runs its DDL.
+func TestEventTriggerNeverFailsDDL(t *testing.T) {
+	db := pgtest.Direct(t)
+	t.Cleanup(func() {
+		c := pgtest.Direct(t)
+		pgtest.Exec(t, c, "GRANT USAGE ON SCHEMA pgfence TO PUBLIC")
+		pgtest.Exec(t, c, "DROP EVENT TRIGGER IF EXISTS "+backstop.EventTrigger)
+		pgtest.Exec(t, c, "DELETE FROM pgfence.ddl_backstop")
+	})
+	discovered := sqlrewrite.Guard{Column: "fence_epoch"}
+	if _, err := backstop.Reconcile(ctx, db, nil, backstop.Options{Discovered: &discovered}, backstop.Install); err != nil {
+		t.Fatal(err)
+	}
+	app := newRole(t, baseName(t)+"_app", "")
+	pgtest.Exec(t, db, "GRANT CREATE ON SCHEMA public TO "+app)
+	pgtest.Exec(t, db, "REVOKE USAGE ON SCHEMA pgfence FROM PUBLIC")
+	c := pgtest.Connect(t, roleURL(app))
+	name := tableName(t, "")
+	t.Cleanup(func() { pgtest.Exec(t, pgtest.Direct(t), "DROP TABLE IF EXISTS "+name) })
+	if _, err := c.Exec(ctx, "CREATE TABLE "+name+" (id int, fence_epoch bigint NOT NULL DEFAULT 0)"); err != nil {
+		t.Fatalf("DDL by a role that cannot reach pgfence's schema: %v", err)
+	}
+}
