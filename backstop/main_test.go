@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -91,5 +90,3 @@ func code(err error) string {
 	}
 	return ""
 }
-
-var _ = time.Second

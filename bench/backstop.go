@@ -35,7 +35,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
@@ -334,20 +333,7 @@ func (r *runner) benchBackstopOnly() error {
 	if err != nil {
 		return err
 	}
-	m := machineInfo()
-	var b strings.Builder
-	fmt.Fprintf(&b, "## Results (BENCH_ONLY=backstop)\n\nRun %s, took %s. pgbench -c %d -j %d -T %d per run, %d interleaved rounds; "+
-		"medians (ratios: median of the per-round ratios). Load average before %s, after %s.\n\n",
-		time.Now().Format("2006-01-02 15:04 MST"), time.Since(start).Round(time.Second), r.clients, r.threads, r.seconds, r.rounds, load, loadAvg())
-	fmt.Fprintf(&b, "Machine: %d CPUs (%s), %s RAM, %s; %s; %s.\n\npgfence: %s.\n\n", m.nproc, m.cpu, m.mem, m.kernel,
-		firstLine(exec.Command(filepath.Join(r.pg.BinDir, "postgres"), "--version")),
-		firstLine(exec.Command(r.pgbenchBin, "--version")), pgfenceVersion(r.pgfenceBin))
-	b.WriteString(renderBackstop(res))
-	text := b.String()
-	fmt.Println(text)
-	if err := os.WriteFile(filepath.Join("bench", "last-run-backstop.md"), []byte(text), 0o644); err != nil {
-		logf("writing bench/last-run-backstop.md: %v", err)
-	}
+	r.sectionReport("backstop", fmt.Sprintf("pgbench -c %d -j %d -T %d per run", r.clients, r.threads, r.seconds), start, load, renderBackstop(res))
 	return nil
 }
 

@@ -121,21 +121,28 @@ func (r *runner) benchDomainOnly() error {
 	if err != nil {
 		return err
 	}
+	r.sectionReport("domain", fmt.Sprintf("pgbench -T %d per run", r.seconds), start, load, renderDomain(res))
+	return nil
+}
+
+// sectionReport prints a section run alone (BENCH_ONLY=name) with when,
+// where and how it ran, and writes it to bench/last-run-<name>.md.
+func (r *runner) sectionReport(name, runs string, start time.Time, load, body string) {
 	m := machineInfo()
 	var b strings.Builder
-	fmt.Fprintf(&b, "## Results (BENCH_ONLY=domain)\n\nRun %s, took %s. pgbench -T %d per run, %d interleaved rounds; "+
+	fmt.Fprintf(&b, "## Results (BENCH_ONLY=%s)\n\nRun %s, took %s. %s, %d interleaved rounds; "+
 		"medians (ratios: median of the per-round ratios). Load average before %s, after %s.\n\n",
-		time.Now().Format("2006-01-02 15:04 MST"), time.Since(start).Round(time.Second), r.seconds, r.rounds, load, loadAvg())
+		name, time.Now().Format("2006-01-02 15:04 MST"), time.Since(start).Round(time.Second), runs, r.rounds, load, loadAvg())
 	fmt.Fprintf(&b, "Machine: %d CPUs (%s), %s RAM, %s; %s; %s.\n\npgfence: %s.\n\n", m.nproc, m.cpu, m.mem, m.kernel,
 		firstLine(exec.Command(filepath.Join(r.pg.BinDir, "postgres"), "--version")),
 		firstLine(exec.Command(r.pgbenchBin, "--version")), pgfenceVersion(r.pgfenceBin))
-	b.WriteString(renderDomain(res))
+	b.WriteString(body)
 	text := b.String()
 	fmt.Println(text)
-	if err := os.WriteFile(filepath.Join("bench", "last-run-domain.md"), []byte(text), 0o644); err != nil {
-		logf("writing bench/last-run-domain.md: %v", err)
+	file := filepath.Join("bench", "last-run-"+name+".md")
+	if err := os.WriteFile(file, []byte(text), 0o644); err != nil {
+		logf("writing %s: %v", file, err)
 	}
-	return nil
 }
 
 func renderDomain(res map[string]map[string]series) string {
