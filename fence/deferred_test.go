@@ -51,6 +51,17 @@ func lastQuery(t *testing.T, pid uint32) string {
 	return q
 }
 
+// forgetSet creates pg_temp.forget(), which deallocates pgfence's own
+// set_config statement (pgfence.set.<session>) out of pgfence's sight; the
+// goroutine relay has none.
+const forgetSet = `CREATE FUNCTION pg_temp.forget() RETURNS void LANGUAGE plpgsql AS $$
+	DECLARE r record;
+	BEGIN
+		FOR r IN SELECT name FROM pg_prepared_statements WHERE name LIKE 'pgfence.set.%' LOOP
+			EXECUTE 'DEALLOCATE ' || quote_ident(r.name);
+		END LOOP;
+	END$$`
+
 // setWays are the ways drivers send a SET: name and a function that sends
 // sql on c that way, returning its command tag.
 var setWays = []struct {
@@ -208,10 +219,7 @@ func TestDeferredTokenFailsClosed(t *testing.T) {
 	tbl := table(t, [3]any{1, "v", 0})
 	p := pgtest.StartProxy(t, []string{tbl})
 	c := p.Connect(t)
-	exec(t, c, simple, `CREATE FUNCTION pg_temp.forget() RETURNS int LANGUAGE plpgsql AS $$
-		BEGIN EXECUTE 'DEALLOCATE "pgfence.set"'; RETURN 1;
-		EXCEPTION WHEN invalid_sql_statement_name THEN RETURN 0; -- the goroutine relay has none
-		END$$`)
+	exec(t, c, simple, forgetSet)
 	exec(t, c, simple, "SET fence.token = '6'")
 	exec(t, c, simple, "UPDATE "+tbl+" SET val = 'six' WHERE id = 1") // pgfence prepares set_config here
 	if v, e := row(t, tbl, 1); v != "six" || e != 6 {
@@ -442,7 +450,7 @@ func TestDeferredTokenFailsInBlock(t *testing.T) {
 	tbl := table(t, [3]any{1, "v", 0})
 	p := pgtest.StartProxy(t, []string{tbl})
 	c := p.Connect(t)
-	exec(t, c, simple, `CREATE FUNCTION pg_temp.forget() RETURNS void LANGUAGE sql AS 'DEALLOCATE "pgfence.set"'`)
+	exec(t, c, simple, forgetSet)
 	exec(t, c, simple, "SET fence.token = '5'")
 	exec(t, c, simple, "SELECT 1") // pgfence prepares set_config here
 

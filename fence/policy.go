@@ -37,6 +37,12 @@ type Config struct {
 	// whole texts of those; 0 means 4096, a negative number disables the
 	// caches.
 	CacheSize int
+	// TransactionPooling says a transaction pooler stands between pgfence
+	// and Postgres (see proxy.Config.TransactionPooling): plans say which
+	// texts need the session's token (proxy.Plan.NeedsToken), and a text
+	// that would change a token setting for the session where the proxy
+	// cannot follow is refused.
+	TransactionPooling bool
 }
 
 // codeStaleDomain is the SQLSTATE of a stale INSERT into a table of a lock
@@ -80,6 +86,8 @@ type state struct {
 	// tokens recognizes a plain SET of a token setting, which the proxy
 	// may answer itself.
 	tokens sqlrewrite.TokenSettings
+	// tokenLower is the token setting in lower case.
+	tokenLower string
 	// nonASCIINames is set when a guarded table or its schema has a name
 	// that is not ASCII, which the name prefilter may then miss, and
 	// nonASCIISpliced when one of those or an epoch column has, which a
@@ -141,7 +149,8 @@ func (p *Policy) Reload(cfg Config) error {
 			domains = append(domains, g.Domain)
 		}
 	}
-	st := &state{cfg: cfg, rw: rw, tokens: sqlrewrite.NewTokenSettings(cfg.TokenSetting, domains)}
+	st := &state{cfg: cfg, rw: rw, tokens: sqlrewrite.NewTokenSettings(cfg.TokenSetting, domains),
+		tokenLower: strings.ToLower(cfg.TokenSetting)}
 	for _, g := range cfg.Guards {
 		if !isASCII(g.Table) || !isASCII(g.Schema) {
 			st.nonASCIINames = true
@@ -205,6 +214,13 @@ func (p *Policy) Parse(c *proxy.Client, sql string) proxy.Plan {
 
 func (p *Policy) plan(c *proxy.Client, sql string, mode sqlrewrite.Mode) proxy.Plan {
 	st := p.state.Load()
+	if st.cfg.TransactionPooling {
+		return p.pooledPlan(st, c, sql, mode)
+	}
+	return p.planIn(st, c, sql, mode)
+}
+
+func (p *Policy) planIn(st *state, c *proxy.Client, sql string, mode sqlrewrite.Mode) proxy.Plan {
 	sess := sessionOf(c)
 	// The name prefilter, and the memo of the last text it passed, compare
 	// the guarded names' bytes with the client's: when the server may read

@@ -55,10 +55,10 @@ func (s *session) setting(set sqlrewrite.TokenSet) *proxy.Setting {
 	if set.Local {
 		last = &s.lastSet[1]
 	}
-	if l := *last; l != nil && l.Name == set.Name && l.Value == set.Value {
+	if l := *last; l != nil && l.Name == set.Name && l.Value == set.Value && l.Reset == set.Reset {
 		return l
 	}
-	*last = &proxy.Setting{Name: set.Name, Value: strings.Clone(set.Value), Local: set.Local}
+	*last = &proxy.Setting{Name: set.Name, Value: strings.Clone(set.Value), Local: set.Local, Reset: set.Reset}
 	return *last
 }
 

@@ -90,6 +90,11 @@ type Plan struct {
 	// placeholder setting, such as the fencing token), and only with SQL
 	// "" and no Probes.
 	Setting *Setting
+	// NeedsToken says that, under Config.TransactionPooling, the text may
+	// need the session's token settings in its transaction: it may write,
+	// or it reads or sets a token setting itself. The proxy then sets them
+	// ahead of it (see pooled.go). Ignored otherwise.
+	NeedsToken bool
 }
 
 // Setting is a session setting and its value, as set_config takes them.
@@ -98,6 +103,9 @@ type Setting struct {
 	// Local is set for SET LOCAL: the value lasts until the transaction
 	// ends, so the proxy answers it only inside a transaction block.
 	Local bool
+	// Reset is set for a RESET of the setting (Value ""), which only a
+	// session under Config.TransactionPooling answers.
+	Reset bool
 }
 
 // Origin maps where Postgres says an error is in a Plan's SQL to the same
@@ -136,7 +144,10 @@ type Probe struct {
 	sql     string
 	prepare []byte // Close and Parse of the probe's statement, pre-encoded
 	run     []byte // Bind, Execute and Close of its portal, pre-encoded
-	done    ProbeFunc
+	bindLen int    // run's Bind
+	// closeStmt closes the statement, under transaction pooling.
+	closeStmt []byte
+	done      ProbeFunc
 }
 
 // ProbeFunc receives a probe's row: its text values, nil for NULL, valid
@@ -154,16 +165,18 @@ var probeIDs atomic.Uint64
 // and then only binds and executes it, so a fenced write costs Postgres no
 // extra parse.
 func NewProbe(sql string, done ProbeFunc) *Probe {
-	name := fmt.Sprintf("pgfence.probe.%d", probeIDs.Add(1))
+	name := fmt.Sprintf("pgfence.probe.%s.%d", instanceTag, probeIDs.Add(1))
 	var prep, run []byte
 	// Close first: re-preparing after the client may have deallocated it
 	// must not fail on a statement that still exists.
 	prep, _ = (&pgproto3.Close{ObjectType: 'S', Name: name}).Encode(prep)
 	prep, _ = (&pgproto3.Parse{Name: name, Query: sql}).Encode(prep)
 	run, _ = (&pgproto3.Bind{DestinationPortal: name, PreparedStatement: name}).Encode(run)
+	bindLen := len(run)
 	run, _ = (&pgproto3.Execute{Portal: name}).Encode(run)
 	run, _ = (&pgproto3.Close{ObjectType: 'P', Name: name}).Encode(run)
-	return &Probe{sql: sql, prepare: prep, run: run, done: done}
+	closeStmt, _ := (&pgproto3.Close{ObjectType: 'S', Name: name}).Encode(nil)
+	return &Probe{sql: sql, prepare: prep, run: run, bindLen: bindLen, closeStmt: closeStmt, done: done}
 }
 
 // Replies to an injected probe: BindComplete, DataRow, CommandComplete and

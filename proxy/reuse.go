@@ -26,8 +26,13 @@ const maxReused = 100
 
 // reusePrefix starts the names of the statements the proxy prepares for
 // reuse. Postgres takes any name; a client would have to pick this one on
-// purpose.
+// purpose. The rest is the session's tag (see names.go) and a number.
 const reusePrefix = "pgfence.s."
+
+// reusedName names the session's latest statement prepared for reuse.
+func (s *session) reusedName() string {
+	return reusePrefix + s.tag + "." + strconv.Itoa(s.reuses)
+}
 
 // States of a serverStmt.
 const (
@@ -109,7 +114,7 @@ func (s *session) parseReused(plan Plan, params []byte) error {
 		return s.parseAs("", sql, params, s.unnamedParseWait(plan))
 	default:
 		s.reuses++
-		ss = &serverStmt{name: reusePrefix + strconv.Itoa(s.reuses), params: bytes.Clone(params)}
+		ss = &serverStmt{name: s.reusedName(), params: bytes.Clone(params)}
 		if s.reused == nil {
 			s.reused = make(map[string]*serverStmt)
 		}
@@ -302,13 +307,13 @@ func (s *session) queryBound(plan Plan) error {
 	switch {
 	case ss != nil && ss.state.Load() == stmtReady:
 		name, swallow.want = ss.name, 1
-	case ss != nil && ss.state.Load() == stmtPending, ss == nil && s.reuses == maxReused, s.blockMayHaveFailed():
+	case ss != nil && ss.state.Load() == stmtPending, ss == nil && s.reuses == maxReused, s.blockMayHaveFailed(), s.txPool():
 		// Parse it unnamed: the pending Parse may yet fail, or the session
 		// prepared all it may, or a named Parse might meet a failed block.
 	default:
 		if ss == nil {
 			s.reuses++
-			ss = &serverStmt{name: reusePrefix + strconv.Itoa(s.reuses), params: bytes.Clone(plan.ParamTypes)}
+			ss = &serverStmt{name: s.reusedName(), params: bytes.Clone(plan.ParamTypes)}
 			if s.reused == nil {
 				s.reused = make(map[string]*serverStmt)
 			}

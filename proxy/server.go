@@ -62,6 +62,20 @@ type Config struct {
 	// token costs no round trip to Postgres of its own (see settings.go).
 	// Event-loop sessions only.
 	ForwardSettings bool
+	// TransactionPooling says a transaction pooler (PgBouncer with
+	// pool_mode = transaction) stands between the proxy and Postgres, so
+	// the server connection behind a session may serve other clients
+	// between its transactions: the proxy then leaves nothing on it past
+	// a transaction, and sets the session's token settings, TokenSetting
+	// among them, in each transaction that may need them (see pooled.go).
+	// It needs the event loop and answered settings (not GoroutineRelay
+	// or ForwardSettings).
+	TransactionPooling bool
+	TokenSetting       string
+	// Admit, if set, is asked before each client session is connected to
+	// Postgres; an error refuses the session with FATAL 08004 and the
+	// error's text.
+	Admit func() error
 }
 
 // Server accepts clients and relays each to its own Postgres connection.
@@ -85,6 +99,14 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.Upstream == "" {
 		return nil, errors.New("proxy: Config.Upstream is required")
+	}
+	if cfg.TransactionPooling {
+		switch {
+		case cfg.TokenSetting == "":
+			return nil, errors.New("proxy: Config.TransactionPooling needs Config.TokenSetting")
+		case cfg.GoroutineRelay || cfg.ForwardSettings || eventLoop() == nil:
+			return nil, errors.New("proxy: Config.TransactionPooling needs the event loop (Linux, no GoroutineRelay) and answered settings (no ForwardSettings)")
+		}
 	}
 	if cfg.UpstreamNetwork == "" {
 		cfg.UpstreamNetwork = "tcp"
@@ -254,13 +276,22 @@ func (s *Server) handle(conn net.Conn) {
 	c := &Client{ID: id, RemoteAddr: conn.RemoteAddr().String(), User: startup.Parameters["user"], Database: startup.Parameters["database"]}
 	c.setApplicationName(startup.Parameters["application_name"])
 	c.TLS = cc.tls
-	sess := &session{srv: s, c: c, log: log, client: cc.Conn, cr: cc.r, cw: cc.w}
+	sess := &session{srv: s, c: c, log: log, client: cc.Conn, cr: cc.r, cw: cc.w, tag: sessionTag(id)}
 	c.answered = sess.pipe.whenDrained
+	sess.startPooled()
 	if !s.admit(conn, sess) {
 		log.Warn("client refused: too many client connections", "max_client_conns", s.cfg.MaxClientConns)
 		writeError(cw, "FATAL", codeTooManyConnections, fmt.Sprintf("too many client connections: pgfence allows %d at once", s.cfg.MaxClientConns), "try again later, or raise --max-client-conns")
 		cw.Flush()
 		return
+	}
+	if s.cfg.Admit != nil {
+		if err := s.cfg.Admit(); err != nil {
+			log.Warn("client refused", "err", err)
+			writeError(cw, "FATAL", codeRejected, err.Error(), "")
+			cw.Flush()
+			return
+		}
 	}
 	ic := s.cfg.Interceptor
 	ic.SessionStart(c)

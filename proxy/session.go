@@ -48,6 +48,9 @@ type session struct {
 	sr   msgReader
 	sw   msgWriter
 	pipe pipeline
+	// tag is in the names of the proxy's statements on the server (see
+	// names.go).
+	tag string
 	// stopped is closed when the goroutine relay's server side has ended,
 	// for a client side held (see Client.HoldNextStatement).
 	stopped chan struct{}
@@ -146,8 +149,11 @@ type session struct {
 	// deferBlock says deferred were answered inside a transaction block
 	// (see Deferred settings).
 	deferBlock bool
-	// setReady is set once the backend has the proxy's setStmt.
+	// setReady is set once the backend has the proxy's setStmt, whose
+	// Close and Parse setPrep holds.
 	setReady bool
+	setPrep  []byte
+	setNm    string
 	// setRetry follows a retry of deferred settings that failed on their
 	// own (see heldFailed): retryNone, retryOwed or retrySent.
 	setRetry uint8
@@ -195,6 +201,8 @@ type prepared struct {
 	// fail there if it is gone.
 	parsed *serverStmt
 	gen    uint64 // the Interceptor generation it was planned under
+	// token is the plan's NeedsToken (see pooled.go).
+	token bool
 	// again is set while the statement must be prepared again before its
 	// next Bind or Describe: the proxy's own statement the client's
 	// unnamed one stood for was forgotten (see forgetReused), or replan
@@ -397,7 +405,7 @@ func (s *session) clientMessage(typ byte, n int) error {
 			return err
 		}
 	}
-	if len(s.deferred) > 0 && s.applyNow(typ, !s.c.midBatch) {
+	if len(s.deferred) > 0 && !s.txPool() && s.applyNow(typ, !s.c.midBatch) {
 		if err := s.applyDeferred(typ, n); err != nil {
 			return err
 		}
@@ -466,6 +474,15 @@ func (s *session) query(n int) error {
 	if apply {
 		if err := s.applyPlanned(&plan, false, nil); err != nil {
 			return err
+		}
+	}
+	if s.txPool() && plan.NeedsToken {
+		if plan.ParamTypes != nil {
+			if err := s.sendDeferred(false); err != nil {
+				return err
+			}
+		} else {
+			s.pooledQuery(&plan, text)
 		}
 	}
 	if plan.Forget || s.lostStatements() {
@@ -547,6 +564,11 @@ func (s *session) parse(n int) error {
 			return err
 		}
 	}
+	if s.txPool() && plan.NeedsToken {
+		if err := s.sendDeferred(false); err != nil {
+			return err
+		}
+	}
 	if plan.Forget || s.lostStatements() {
 		s.forgetProbes()
 		s.forgetReused()
@@ -559,6 +581,7 @@ func (s *session) parse(n int) error {
 		s.changing = true
 	}
 	st.sent, st.probe, st.setting, st.gen, st.again = plan.SQL, plan.probe(), plan.Setting, gen, nil
+	st.token = plan.NeedsToken
 	if plan.Setting == nil {
 		st.parsed = nil
 	}
@@ -566,7 +589,7 @@ func (s *session) parse(n int) error {
 	if len(name) == 0 {
 		// In a failed transaction block Postgres refuses the Parse (and
 		// the stand-in): send the text itself, to be refused.
-		reuse := plan.Reuse && plan.SQL != "" && !plan.Forget && !s.failed.Load()
+		reuse := plan.Reuse && plan.SQL != "" && !plan.Forget && !s.failed.Load() && !s.txPool()
 		if reuse || s.unnamed != nil || s.unnamedSeq != 0 {
 			s.parses++
 			s.unnamedSeq = s.parses
@@ -632,6 +655,11 @@ func (s *session) peek(n int) ([]byte, error) {
 
 // bind forwards a Bind, after what the proxy sends before it, if anything.
 func (s *session) bind(n int) error {
+	if s.txPool() {
+		if err := s.pooledBind(n); err != nil {
+			return err
+		}
+	}
 	err := s.bindAs(n)
 	s.pipe.loose++ // after the proxy's own: its reply comes after theirs
 	return err
@@ -856,13 +884,20 @@ func (s *session) injectProbe(p *Probe) error {
 	// Prepared again also while a text that may have deallocated it is
 	// yet to make the session forget it (see settled): Postgres may have
 	// confirmed the prepare after the text was planned.
-	if !ready.Load() || s.lost.Load() {
+	if !ready.Load() || s.lost.Load() || s.txPool() {
 		w.want += probePrepareReplies
 		if _, err := s.sw.Write(p.prepare); err != nil {
 			return err
 		}
 	}
 	s.pipe.push(w)
+	if s.txPool() {
+		// Closed once bound, so that it does not outlive the transaction.
+		w.want++
+		s.out = append(append(append(s.out[:0], p.run[:p.bindLen]...), p.closeStmt...), p.run[p.bindLen:]...)
+		_, err := s.sw.Write(s.out)
+		return err
+	}
 	_, err := s.sw.Write(p.run)
 	return err
 }
@@ -1373,6 +1408,7 @@ const (
 	codeConnectionFailure    = "08006"
 	codeCannotConnect        = "08001"
 	codeTooManyConnections   = "53300"
+	codeRejected             = "08004" // sqlserver_rejected_establishment_of_sqlconnection
 	codeAdminShutdown        = "57P01"
 	codeInvalidAuthorization = "28000"
 	codeUndefinedStatement   = "26000" // invalid_sql_statement_name: "prepared statement ... does not exist"

@@ -37,19 +37,32 @@ import (
 // it failed ahead of a write, the block failed with the write, and the
 // client can only roll back past the SET; it is dropped.
 
-// setStmt is the proxy's own statement that sets a deferred setting.
+// setStmt names the portal of the proxy's own statement that sets a
+// deferred setting; the statement is setStmt.<the session's tag> (see
+// names.go).
 const setStmt = "pgfence.set"
 
-var (
-	// setPrepare closes and prepares setStmt: Close first, so that
-	// preparing again after the client may have deallocated it does not
-	// fail on a statement that still exists.
-	setPrepare = func() []byte {
-		b, _ := (&pgproto3.Close{ObjectType: 'S', Name: setStmt}).Encode(nil)
-		b, _ = (&pgproto3.Parse{Name: setStmt, Query: "SELECT pg_catalog.set_config($1, $2, $3)",
+// setName names the session's statement that sets deferred settings.
+func (s *session) setName() string {
+	if s.setNm == "" {
+		s.setNm = setStmt + "." + s.tag
+	}
+	return s.setNm
+}
+
+// setPrepare closes and prepares the session's setStmt: Close first, so
+// that preparing again after the client may have deallocated it does not
+// fail on a statement that still exists.
+func (s *session) setPrepare() []byte {
+	if s.setPrep == nil {
+		b, _ := (&pgproto3.Close{ObjectType: 'S', Name: s.setName()}).Encode(nil)
+		s.setPrep, _ = (&pgproto3.Parse{Name: s.setName(), Query: "SELECT pg_catalog.set_config($1, $2, $3)",
 			ParameterOIDs: []uint32{25, 25, 16}}).Encode(b)
-		return b
-	}()
+	}
+	return s.setPrep
+}
+
+var (
 	// setRunTail executes and closes setStmt's portal, after its Bind.
 	setRunTail = func() []byte {
 		b, _ := (&pgproto3.Execute{Portal: setStmt}).Encode(nil)
@@ -72,6 +85,7 @@ var (
 	bindCompleteMessage  = []byte{'2', 0, 0, 0, 4}
 	noDataMessage        = []byte{'n', 0, 0, 0, 4}
 	setCompleteMessage   = []byte{'C', 0, 0, 0, 8, 'S', 'E', 'T', 0}
+	resetCompleteMessage = []byte{'C', 0, 0, 0, 10, 'R', 'E', 'S', 'E', 'T', 0}
 	readyIdleMessage     = []byte{'Z', 0, 0, 0, 5, 'I'}
 	readyBlockMessage    = []byte{'Z', 0, 0, 0, 5, 'T'}
 )
@@ -86,6 +100,11 @@ var (
 // them).
 func (s *session) mayAnswer(set *Setting) bool {
 	block := s.wasBlock
+	if s.txPool() && (block || set.Local) || set.Reset && !s.txPool() {
+		// Pooled, a setting answered in a block would have to follow
+		// the block's fate; a SET LOCAL runs on the server as sent.
+		return false
+	}
 	if !block && (!s.wasIdle || set.Local) {
 		return false
 	}
@@ -96,6 +115,11 @@ func (s *session) mayAnswer(set *Setting) bool {
 // deferSetting keeps set, answered by the proxy, for the server.
 func (s *session) deferSetting(set *Setting) {
 	s.srv.cfg.Interceptor.SettingAnswered(s.c, set)
+	if s.txPool() {
+		s.idle.Store(true)
+		s.keepPooled(set)
+		return
+	}
 	if s.setKept == s.deferredVer {
 		s.deferred = s.deferred[:0]
 	}
@@ -138,7 +162,7 @@ func (s *session) answered() error {
 // answerQuery answers a simple-protocol SET.
 func (s *session) answerQuery(set *Setting) error {
 	s.deferSetting(set)
-	s.cw.Write(setCompleteMessage)
+	s.cw.Write(completeMessage(set))
 	return s.answered()
 }
 
@@ -209,8 +233,16 @@ func (s *session) answerUnit(u unitMessages, parse bool, set *Setting) error {
 	if u.describe {
 		s.cw.Write(noDataMessage)
 	}
-	s.cw.Write(setCompleteMessage)
+	s.cw.Write(completeMessage(set))
 	return s.answered()
+}
+
+// completeMessage is the CommandComplete of set.
+func completeMessage(set *Setting) []byte {
+	if set.Reset {
+		return resetCompleteMessage
+	}
+	return setCompleteMessage
 }
 
 // answeredParse is prepared.parsed of a statement whose Parse the proxy
@@ -370,8 +402,8 @@ func (s *session) applyPlanned(plan *Plan, parse bool, name []byte) error {
 // deferredPending reports whether deferred settings are still to be set,
 // forgetting them once Postgres has kept them.
 func (s *session) deferredPending() bool {
-	if len(s.deferred) == 0 {
-		return false
+	if len(s.deferred) == 0 || s.txPool() {
+		return len(s.deferred) > 0
 	}
 	if s.setKept == s.deferredVer {
 		s.deferred = s.deferred[:0]
@@ -421,17 +453,20 @@ func (s *session) sendDeferred(sync bool) error {
 // deferred setting, after its Close and Parse unless the backend has it,
 // and sets the replies w, their wait, wants.
 func (s *session) writeDeferred(out msgWriter, w *wait) error {
+	if s.txPool() {
+		return s.writePooled(out, w)
+	}
 	w.want = setRunReplies * len(s.deferred)
 	if !s.setReady {
 		w.want += setPrepareReplies
-		if _, err := out.Write(setPrepare); err != nil {
+		if _, err := out.Write(s.setPrepare()); err != nil {
 			return err
 		}
 	}
 	for _, set := range s.deferred {
 		// Bind setStmt to its portal: the values in text, results in text.
 		s.out = append(append(s.out[:0], 'B', 0, 0, 0, 0), setStmt...)
-		s.out = append(append(s.out, 0), setStmt...)
+		s.out = append(append(s.out, 0), s.setName()...)
 		s.out = append(s.out, 0, 0, 0, 0, 3)
 		for _, v := range [3]string{set.Name, set.Value, boolText(set.Local)} {
 			s.out = binary.BigEndian.AppendUint32(s.out, uint32(len(v)))

@@ -48,6 +48,8 @@ type TokenSet struct {
 	// Local is set for SET LOCAL, which lasts until the transaction
 	// ends (and outside a block does nothing but warn).
 	Local bool
+	// Reset is set for a RESET (see MatchReset); Value is then "".
+	Reset bool
 }
 
 // Match reports whether sql is exactly one statement that sets one of the

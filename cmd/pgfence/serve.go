@@ -20,7 +20,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -49,6 +48,7 @@ type serveOptions struct {
 	maxClientConns   int
 	goroutineRelay   bool
 	forwardTokenSets bool
+	upstreamPooling  string
 	drainTimeout     time.Duration
 	tlsCert          string
 	tlsKey           string
@@ -74,6 +74,7 @@ func (o *serveOptions) addFlags(cmd *cobra.Command) {
 	f.IntVar(&o.maxClientConns, "max-client-conns", 1000, "client sessions open at once; more are refused with SQLSTATE 53300 (0: no limit)")
 	f.BoolVar(&o.goroutineRelay, "goroutine-relay", false, "relay every session with goroutines of its own instead of the event loop (slower; the event loop is Linux-only)")
 	f.BoolVar(&o.forwardTokenSets, "forward-token-sets", false, "send every SET of the fencing token to Postgres as the client sent it; by default pgfence answers a plain one at once and sets the token ahead of the next statement, in the same transaction when that is a fenced write (saves a round trip per transaction)")
+	f.StringVar(&o.upstreamPooling, "upstream-pooling", "none", "what stands at --upstream: none (Postgres itself; pgfence checks, and refuses clients if a pooler answers), session (a pooler that gives each session a server connection of its own, such as PgBouncer with pool_mode = session), or transaction (a pooler that shares server connections between transactions, such as PgBouncer with pool_mode = transaction: pgfence then sets the token in each transaction and leaves nothing on the server connection)")
 	f.BoolVar(&o.initDomains, "init-domains", true, "create the lock-domain table (pgfence.domains) and its rows when missing; false for teams that forbid runtime DDL (run 'pgfence init' instead)")
 	f.StringVar(&o.backstop, "backstop", "install", "the database backstop: triggers on every guarded table that enforce the fence inside Postgres, for writes pgfence cannot see (views, functions, cascades, direct connections): install (and keep it installed), verify (only check and report; install it with 'pgfence init'), or off")
 	f.StringArrayVar(&o.exemptRoles, "backstop-exempt-role", nil, "a role whose writes the backstop lets through unfenced (migrations), counted and logged in the server log (repeatable)")
@@ -226,6 +227,9 @@ type instance struct {
 	notWatching string
 	ddl         chan chan struct{} // DDL seen: read the catalog again, then close it
 	status      atomic.Pointer[string]
+	// pooler, when set, is why client sessions are refused: a pooler
+	// nobody told pgfence of answers at the upstream (see checkPooler).
+	pooler atomic.Pointer[string]
 
 	policy *fence.Policy
 	proxy  *proxy.Server
@@ -289,13 +293,18 @@ func start(o serveOptions, log *slog.Logger) (*instance, error) {
 	if err != nil {
 		return nil, err
 	}
-	cfg, _, err := o.policyOptions.config()
+	cfg, _, err := o.policyConfig()
 	if err != nil {
 		return nil, err
 	}
 	if _, _, err := backstopMode(o.backstop); err != nil {
 		return nil, err
 	}
+	txPool, err := o.transactionPooling()
+	if err != nil {
+		return nil, err
+	}
+	var inst *instance // for Admit, which runs only once sessions do
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := fence.NewMetrics(reg)
@@ -316,6 +325,9 @@ func start(o serveOptions, log *slog.Logger) (*instance, error) {
 		MaxClientConns:      o.maxClientConns,
 		GoroutineRelay:      o.goroutineRelay,
 		ForwardSettings:     o.forwardTokenSets,
+		TransactionPooling:  txPool,
+		TokenSetting:        cfg.TokenSetting,
+		Admit:               func() error { return inst.admit() },
 	})
 	if err != nil {
 		return nil, err
@@ -325,7 +337,7 @@ func start(o serveOptions, log *slog.Logger) (*instance, error) {
 		return nil, fmt.Errorf("--listen: %w", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	inst := &instance{
+	inst = &instance{
 		upstream: addr, upstreamURL: o.upstream,
 		log: log, metrics: metrics, policy: policy, proxy: srv, ln: ln,
 		served: make(chan struct{}), stop: cancel,
@@ -349,6 +361,10 @@ func start(o serveOptions, log *slog.Logger) (*instance, error) {
 			fmt.Fprintf(w, "ok: proxy up; Postgres at %s reachable\n", addr)
 		})
 		mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+			if why := inst.pooler.Load(); why != nil {
+				http.Error(w, "not ready: "+*why+"\n", http.StatusServiceUnavailable)
+				return
+			}
 			if err := srv.CheckUpstream(r.Context()); err != nil {
 				http.Error(w, fmt.Sprintf("not ready: Postgres at %s unreachable: %v\n", addr, err), http.StatusServiceUnavailable)
 				return
@@ -386,7 +402,7 @@ func (i *instance) reload(ctx context.Context, o serveOptions) {
 	i.mu.Lock()
 	defer i.mu.Unlock()
 	i.opts = o
-	cfg, apply, err := o.policyOptions.config()
+	cfg, apply, err := o.policyConfig()
 	if err != nil {
 		i.log.Error("configuration not reloaded", "err", err)
 		return
@@ -505,16 +521,19 @@ func (i *instance) statusLine() string {
 }
 
 func (i *instance) readCatalog(ctx context.Context, o serveOptions, explicit []sqlrewrite.Guard, apply func(sqlrewrite.Guard) sqlrewrite.Guard) (*catalogRead, error) {
-	if _, on, _ := backstopMode(o.backstop); !o.discover && len(explicit) == 0 && !on {
-		return &catalogRead{}, nil
-	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, i.upstreamURL)
+	conn, err := connectUpstream(ctx, i.upstreamURL, o.upstreamPooling)
 	if err != nil {
 		return nil, err
 	}
 	defer conn.Close(context.Background())
+	if err := i.checkPooler(ctx, conn, o.upstreamPooling); err != nil {
+		return nil, err
+	}
+	if _, on, _ := backstopMode(o.backstop); !o.discover && len(explicit) == 0 && !on {
+		return &catalogRead{}, nil
+	}
 	return readCatalog(ctx, conn, o.catalogOptions(), explicit, apply)
 }
 

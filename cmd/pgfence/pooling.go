@@ -1,0 +1,95 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgfence/pgfence/fence"
+	"github.com/pgfence/pgfence/sqlrewrite"
+)
+
+// What --upstream-pooling says stands at --upstream.
+const (
+	poolingNone        = "none"        // Postgres itself
+	poolingSession     = "session"     // a pooler that gives each session its own server connection
+	poolingTransaction = "transaction" // a pooler that shares server connections between transactions
+)
+
+// transactionPooling checks --upstream-pooling and reports whether it
+// says transaction.
+func (o serveOptions) transactionPooling() (bool, error) {
+	switch o.upstreamPooling {
+	case poolingNone, poolingSession:
+		return false, nil
+	case poolingTransaction:
+		if o.goroutineRelay || o.forwardTokenSets {
+			return false, errors.New("--upstream-pooling=transaction cannot go with --goroutine-relay or --forward-token-sets: pgfence must answer the token's SET itself to keep it off the shared server connection")
+		}
+		return true, nil
+	}
+	return false, fmt.Errorf("--upstream-pooling: %q is not none, session or transaction", o.upstreamPooling)
+}
+
+// policyConfig is the fencing policy the flags say.
+func (o serveOptions) policyConfig() (fence.Config, func(sqlrewrite.Guard) sqlrewrite.Guard, error) {
+	cfg, apply, err := o.policyOptions.config()
+	cfg.TransactionPooling = o.upstreamPooling == poolingTransaction
+	return cfg, apply, err
+}
+
+// connectUpstream opens pgfence's own connection for catalog reads. Behind
+// a transaction pooler it prepares no statements (pgx's exec mode, which
+// PgBouncer supports): a named one would stay on a server connection
+// other clients get.
+func connectUpstream(ctx context.Context, url, pooling string) (*pgx.Conn, error) {
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		return nil, err
+	}
+	if pooling == poolingTransaction {
+		cfg.DefaultQueryExecMode = pgx.QueryExecModeExec
+	}
+	return pgx.ConnectConfig(ctx, cfg)
+}
+
+// checkPooler finds out whether a pooler answers at the upstream when
+// --upstream-pooling says none: Postgres's BackendKeyData names the
+// backend's process, which pg_backend_pid() returns; a pooler hands out
+// keys of its own. Behind one nobody told pgfence of, a session's token
+// would stay on a server connection that other clients get next (and a
+// transaction pooler gives the session's next transaction another one),
+// so client sessions are refused until it is gone or the flag says so.
+func (i *instance) checkPooler(ctx context.Context, conn *pgx.Conn, pooling string) error {
+	if pooling != poolingNone {
+		return nil
+	}
+	var pid uint32
+	if err := conn.QueryRow(ctx, "SELECT pg_catalog.pg_backend_pid()").Scan(&pid); err != nil {
+		return err
+	}
+	if key := conn.PgConn().PID(); key != pid {
+		why := fmt.Sprintf("a connection pooler answers at %s (its cancel key names process %d, the server process is %d), and --upstream-pooling says none: "+
+			"a session's fencing token would stay on a server connection other clients get; with PgBouncer in pool_mode = transaction run pgfence with --upstream-pooling=transaction, in pool_mode = session with --upstream-pooling=session",
+			i.upstream, key, pid)
+		if old := i.pooler.Swap(&why); old == nil {
+			i.log.Error("refusing client sessions", "why", why)
+		}
+		return errors.New(why)
+	}
+	if i.pooler.Swap(nil) != nil {
+		i.log.Info("the upstream is Postgres itself again: serving client sessions")
+	}
+	return nil
+}
+
+// admit is proxy.Config.Admit: a session is refused while a pooler nobody
+// told pgfence of answers at the upstream.
+func (i *instance) admit() error {
+	if why := i.pooler.Load(); why != nil {
+		return errors.New("pgfence: " + *why)
+	}
+	return nil
+}

@@ -1,0 +1,58 @@
+package fence
+
+import (
+	"github.com/pgfence/pgfence/proxy"
+	"github.com/pgfence/pgfence/sqlrewrite"
+)
+
+// pooledPlan is plan behind a transaction pooler (Config.TransactionPooling),
+// where the proxy keeps the session's token settings and sets them for
+// each transaction that may need them (see proxy/pooled.go). It only knows
+// them from a plain SET or RESET outside a transaction block, which the
+// proxy answers; every other way to change one for the session is refused
+// here, as the server connection would keep that change for the next
+// client while pgfence went on with its own value.
+func (p *Policy) pooledPlan(st *state, c *proxy.Client, sql string, mode sqlrewrite.Mode) proxy.Plan {
+	sess := sessionOf(c)
+	set, ok := st.tokens.Match(sql)
+	if !ok {
+		set, ok = st.tokens.MatchReset(sql)
+	}
+	if ok {
+		p.m.passthrough.Inc()
+		plan := proxy.Plan{Setting: sess.setting(set)}
+		if set.Local {
+			// Runs on the server as sent, after the session's values.
+			plan.NeedsToken = true
+			return plan
+		}
+		// Answered by the proxy when it may; else refused, as it would
+		// stay on the server connection.
+		form := "SET "
+		if set.Reset {
+			form = "RESET "
+		}
+		plan.SQL = p.pooledRefusal(st, sql, form+set.Name+", pipelined behind another statement or inside a transaction block,").plan.SQL
+		return plan
+	}
+	if form, ok := st.tokens.SessionChange(sql); ok {
+		pl := p.pooledRefusal(st, sql, form)
+		p.m.refused.Inc()
+		p.log.Info("statement refused", "code", pl.res.Refusal.Code, "reason", pl.res.Refusal.Message,
+			"client", c.RemoteAddr, "application_name", c.ApplicationName())
+		return pl.plan
+	}
+	plan := p.planIn(st, c, sql, mode)
+	plan.NeedsToken = plan.SQL != "" || len(plan.Probes) > 0 || !sqlrewrite.WritesNothing(sql) ||
+		containsFold(sql, st.tokenLower)
+	return plan
+}
+
+// pooledRefusal is the plan that refuses sql, which would change a token
+// setting for the session (form says how) behind a transaction pooler.
+func (p *Policy) pooledRefusal(st *state, sql, form string) *planned {
+	return p.newPlanned(st, sql, sqlrewrite.Refuse(&sqlrewrite.Refusal{Code: "0A000",
+		Message: "pgfence: " + form + " would change the fencing token for the session on a server connection that a transaction pooler shares " +
+			"(--upstream-pooling=transaction); pgfence follows the token only through a plain SET or RESET of it sent on its own outside a transaction block",
+		Hint: "send SET " + st.cfg.TokenSetting + " = '<token>' on its own outside a transaction block, or SET LOCAL / set_config(..., true) inside one"}))
+}

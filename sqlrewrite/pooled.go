@@ -1,0 +1,205 @@
+package sqlrewrite
+
+import (
+	"strings"
+
+	pg_query "github.com/pganalyze/pg_query_go/v6"
+	"google.golang.org/protobuf/proto"
+)
+
+// Behind a transaction pooler a session's settings stay on a server
+// connection that other clients use next, so pgfence keeps the session's
+// token itself and sets it anew, for the transaction only, in each
+// transaction that may need it. That holds only while pgfence sees every
+// change of the token the session makes: a plain SET or RESET of it
+// (Match, MatchReset). SessionChange finds the statements that would change
+// it, or every setting, for the session where pgfence cannot follow.
+
+// MatchReset reports whether sql is exactly one RESET of a token setting,
+//
+//	RESET <name> [;]
+//
+// and if so which setting (Value is "", Reset is set).
+func (ts TokenSettings) MatchReset(sql string) (TokenSet, bool) {
+	i := space(sql, 0)
+	if !word(sql, i, "reset") {
+		return TokenSet{}, false
+	}
+	i = space(sql, i+len("reset"))
+	start := i
+	for i < len(sql) && (isIdentCont(sql[i]) || sql[i] == '.') {
+		i++
+	}
+	name := sql[start:i]
+	i = space(sql, i)
+	if i < len(sql) && sql[i] == ';' {
+		i = space(sql, i+1)
+	}
+	if i != len(sql) {
+		return TokenSet{}, false
+	}
+	for _, n := range ts.names {
+		if isWord(name, n) {
+			return TokenSet{Name: n, Reset: true}, true
+		}
+	}
+	return TokenSet{}, false
+}
+
+// SessionChange reports whether sql may change a token setting for the
+// session rather than for its transaction, in a way other than the one
+// plain SET or RESET that Match and MatchReset read, and if so names the
+// form: a SET or RESET of it among other statements or not plain, RESET
+// ALL, DISCARD ALL, or set_config on it (or on a name it computes) whose
+// third argument is not the constant true. SET LOCAL and set_config(...,
+// true) last until the transaction ends and are no such change. A text
+// that names neither a token setting, set_config, RESET nor DISCARD is
+// cleared without parsing.
+func (ts TokenSettings) SessionChange(sql string) (form string, ok bool) {
+	if len(ts.names) == 0 || !mayChangeSession(sql, ts.names[0]) {
+		return "", false
+	}
+	tree, err := pg_query.Parse(sql)
+	if err != nil {
+		return "", false // Postgres refuses it too
+	}
+	for _, raw := range tree.Stmts {
+		eachMessage(raw.ProtoReflect(), func(m proto.Message) {
+			if ok {
+				return
+			}
+			form, ok = ts.sessionChange(m)
+		})
+		if ok {
+			return form, true
+		}
+	}
+	return "", false
+}
+
+func (ts TokenSettings) sessionChange(m proto.Message) (string, bool) {
+	switch n := m.(type) {
+	case *pg_query.VariableSetStmt:
+		switch {
+		case n.Kind == pg_query.VariableSetKind_VAR_RESET_ALL:
+			return "RESET ALL", true
+		case n.IsLocal || !ts.has(n.Name):
+			return "", false
+		case n.Kind == pg_query.VariableSetKind_VAR_RESET:
+			return "RESET " + n.Name, true
+		}
+		return "SET " + n.Name, true
+	case *pg_query.DiscardStmt:
+		if n.Target == pg_query.DiscardMode_DISCARD_ALL {
+			return "DISCARD ALL", true
+		}
+	case *pg_query.FuncCall:
+		if len(n.Funcname) == 0 || n.Funcname[len(n.Funcname)-1].GetString_().GetSval() != "set_config" || len(n.Args) != 3 {
+			return "", false
+		}
+		if c := n.Args[2].GetAConst(); c != nil && c.GetBoolval() != nil && c.GetBoolval().Boolval {
+			return "", false // is_local: the transaction's only
+		}
+		if c := n.Args[0].GetAConst(); c != nil && c.GetSval() != nil && !ts.has(asciiLower(c.GetSval().Sval)) {
+			return "", false // another setting
+		}
+		return "set_config(..., false)", true
+	}
+	return "", false
+}
+
+// has reports whether name (as Postgres folded it) is a token setting.
+func (ts TokenSettings) has(name string) bool {
+	for _, n := range ts.names {
+		if n == name {
+			return true
+		}
+	}
+	return false
+}
+
+// mayChangeSession is SessionChange's prefilter: sql spells the token
+// setting (every lock domain's starts with it), set_config, RESET or
+// DISCARD, ignoring ASCII case.
+func mayChangeSession(sql, token string) bool {
+	lower := strings.ToLower(sql)
+	return strings.Contains(lower, token) || strings.Contains(lower, "set_config") ||
+		strings.Contains(lower, "reset") || strings.Contains(lower, "discard")
+}
+
+// WritesNothing reports whether sql is one statement that can run none of
+// the user's SQL, and so write nothing and read no token: transaction
+// control, SET, SHOW, LISTEN and the like, and the maintenance commands
+// Postgres refuses to run inside a transaction block or a pipeline
+// (VACUUM, CREATE INDEX CONCURRENTLY, CREATE DATABASE, ALTER SYSTEM...),
+// which a statement of pgfence's ahead of them in their transaction would
+// make fail. It looks at the first words only, after comments, and says
+// false for anything it does not know or for more than one statement.
+func WritesNothing(sql string) bool {
+	i := skipLeading(sql)
+	first := leadWord(sql, i)
+	if first == "" || !oneStatement(sql) {
+		return false
+	}
+	second := leadWord(sql, skipLeading2(sql, i+len(first)))
+	switch first {
+	case "begin", "start", "commit", "end", "rollback", "abort", "savepoint", "release",
+		"show", "reset", "discard", "deallocate", "listen", "unlisten", "notify",
+		"vacuum", "analyze", "analyse", "checkpoint", "cluster", "load", "close", "lock", "reindex":
+		return true
+	case "set":
+		return !strings.Contains(strings.ToLower(sql), "set_config")
+	case "create", "drop", "alter":
+		switch second {
+		case "database", "tablespace", "system", "subscription":
+			return true
+		}
+		return strings.Contains(strings.ToLower(sql), "concurrently") && (second == "index" || second == "unique")
+	}
+	return false
+}
+
+// skipLeading skips white space and comments from i.
+func skipLeading(sql string) int { return skipLeading2(sql, 0) }
+
+func skipLeading2(sql string, i int) int {
+	for {
+		i = space(sql, i)
+		switch {
+		case strings.HasPrefix(sql[i:], "--"):
+			j := strings.IndexByte(sql[i:], '\n')
+			if j < 0 {
+				return len(sql)
+			}
+			i += j + 1
+		case strings.HasPrefix(sql[i:], "/*"):
+			j := strings.Index(sql[i+2:], "*/") // nested comments: then not known, which is safe
+			if j < 0 || strings.Contains(sql[i+2:i+2+j], "/*") {
+				return len(sql)
+			}
+			i += j + 4
+		default:
+			return i
+		}
+	}
+}
+
+// leadWord returns the ASCII word at sql[i:], lower case.
+func leadWord(sql string, i int) string {
+	j := i
+	for j < len(sql) && (sql[j]|0x20 >= 'a' && sql[j]|0x20 <= 'z') {
+		j++
+	}
+	if j < len(sql) && isIdentCont(sql[j]) {
+		return "" // part of a longer name
+	}
+	return asciiLower(sql[i:j])
+}
+
+// oneStatement reports whether sql has no semicolon but, at most, a last
+// one followed by white space: a semicolon in a string counts, which errs
+// towards "more than one".
+func oneStatement(sql string) bool {
+	k := strings.IndexByte(sql, ';')
+	return k < 0 || space(sql, k+1) == len(sql)
+}
