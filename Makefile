@@ -25,6 +25,7 @@ ensure-postgres:
 	bash scripts/ensure-postgres.sh
 
 test: ensure-postgres
+	bash scripts/ensure-pgbouncer.sh
 	$(GO) vet ./...
 	$(GO) test -count=1 -timeout 20m ./...
 	# The same protocol tests again on the goroutine relay (the event loop's fallback).

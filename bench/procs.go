@@ -18,7 +18,6 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -27,6 +26,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgfence/pgfence/internal/pgbouncer"
 	"github.com/pgfence/pgfence/internal/pgserver"
 )
 
@@ -134,18 +134,7 @@ func freePort() (int, error) {
 
 // postgresCred is the postgres OS user, which PgBouncer runs as when we are
 // root (it refuses to run as root, like Postgres).
-func postgresCred() (*syscall.Credential, error) {
-	if os.Geteuid() != 0 {
-		return nil, nil
-	}
-	u, err := user.Lookup("postgres")
-	if err != nil {
-		return nil, fmt.Errorf("running as root needs the postgres OS user for PgBouncer: %w", err)
-	}
-	uid, _ := strconv.Atoi(u.Uid)
-	gid, _ := strconv.Atoi(u.Gid)
-	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
-}
+func postgresCred() (*syscall.Credential, error) { return pgbouncer.Credential() }
 
 // startPostgres starts a throwaway cluster sized for 1000+ connections.
 func (r *runner) startPostgres() error {
@@ -168,18 +157,7 @@ func (r *runner) startPostgres() error {
 // ensurePgBouncer returns the pgbouncer binary, installing the Debian
 // package when it is missing and we are root.
 func ensurePgBouncer() (string, error) {
-	find := func() (string, error) {
-		if p, err := exec.LookPath("pgbouncer"); err == nil {
-			return p, nil
-		}
-		for _, p := range []string{"/usr/sbin/pgbouncer", "/usr/bin/pgbouncer"} {
-			if _, err := os.Stat(p); err == nil {
-				return p, nil
-			}
-		}
-		return "", fmt.Errorf("pgbouncer not found")
-	}
-	if p, err := find(); err == nil {
+	if p, err := pgbouncer.Binary(); err == nil {
 		return p, nil
 	}
 	if os.Geteuid() != 0 {
@@ -191,7 +169,7 @@ func ensurePgBouncer() (string, error) {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("apt-get install -y pgbouncer: %v\n%s", err, out)
 	}
-	return find()
+	return pgbouncer.Binary()
 }
 
 // startPgBouncer runs PgBouncer in session mode in front of Postgres, with
