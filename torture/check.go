@@ -18,7 +18,8 @@ type result struct {
 	Mode           mode
 	Elapsed        time.Duration
 	Faults         map[string]int
-	PgfenceRejects float64 // fencing_reject_total; -1 in the direct run
+	PgfenceRejects float64   // fencing_reject_total; -1 in the direct run
+	RejectsEach    []float64 // fencing_reject_total of each pgfence instance
 
 	LeasesGranted, LeasesLost int
 	TokenMin, TokenMax        int64

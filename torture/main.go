@@ -48,6 +48,7 @@ func cliMain(args []string, out io.Writer) int {
 	fs.DurationVar(&cfg.Duration, "duration", cfg.Duration, "how long the pgfence run injects faults (longer for a soak)")
 	fs.DurationVar(&cfg.DirectDuration, "direct-duration", cfg.DirectDuration, "how long the direct run (no pgfence) injects faults; it only has to show violations")
 	fs.IntVar(&cfg.Writers, "writers", cfg.Writers, "writer processes")
+	fs.IntVar(&cfg.Pgfences, "pgfences", cfg.Pgfences, "pgfence instances in front of the one Postgres in the pgfence run; the writers are spread over them")
 	fs.IntVar(&cfg.Rows, "rows", cfg.Rows, "rows in the guarded table")
 	fs.IntVar(&cfg.RowsPerTx, "rows-per-tx", cfg.RowsPerTx, "rows each transaction reads and writes")
 	fs.DurationVar(&cfg.TTL, "ttl", cfg.TTL, "etcd lease TTL (whole seconds)")
@@ -109,7 +110,7 @@ func session(ctx context.Context, cfg config) (fenced, direct *result, err error
 		fmt.Fprintf(out, "logs: %s\n", e.dir)
 	}
 
-	fmt.Fprintf(out, "\n== run 1: writers -> relay -> pgfence -> Postgres, %v ==\n", cfg.Duration)
+	fmt.Fprintf(out, "\n== run 1: writers -> relay -> pgfence ×%d -> Postgres, %v ==\n", max(cfg.Pgfences, 1), cfg.Duration)
 	if fenced, err = e.run(ctx, modePgfence, cfg.Duration); err != nil {
 		return nil, nil, fmt.Errorf("pgfence run: %w", err)
 	}
@@ -134,7 +135,7 @@ func report(out io.Writer, r *result) {
 		r.Stale, r.StaleRejected, r.StaleLanded, r.StaleFailed, r.StaleRolledBack)
 	fmt.Fprintf(out, "  sent after the writer checked its lease and found it valid: %d; its lease was past its deadline when sent: %d\n", r.StaleBelieved, r.StaleExpired)
 	if r.PgfenceRejects >= 0 {
-		fmt.Fprintf(out, "pgfence fencing_reject_total: %.0f\n", r.PgfenceRejects)
+		fmt.Fprintf(out, "pgfence fencing_reject_total: %.0f (by instance: %v)\n", r.PgfenceRejects, r.RejectsEach)
 	}
 	if r.LostIncrements > 0 {
 		fmt.Fprintf(out, "note: %d counter increments lost (a write that landed on a value another holder had changed since it was read; not a token violation)\n", r.LostIncrements)

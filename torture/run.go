@@ -28,6 +28,7 @@ type config struct {
 	Duration       time.Duration // the pgfence run
 	DirectDuration time.Duration // the direct run
 	Writers        int
+	Pgfences       int // pgfence instances in the pgfence run, writers spread over them
 	Rows           int
 	RowsPerTx      int
 	TxPerHold      int
@@ -52,6 +53,7 @@ func defaultConfig() config {
 		Duration:       60 * time.Second,
 		DirectDuration: 30 * time.Second,
 		Writers:        8,
+		Pgfences:       2,
 		Rows:           10,
 		RowsPerTx:      3,
 		TxPerHold:      3,
@@ -148,8 +150,8 @@ type run struct {
 	mode    mode
 	table   string
 	prefix  string
-	pf      *pgfence
-	relay   *leasetest.Relay
+	pfs     []*pgfence         // the pgfence run's instances, each in front of the same Postgres
+	relays  []*leasetest.Relay // one per instance (or one to Postgres): the slow link
 	procs   []*writerProc
 	rng     *rand.Rand
 	armed   atomic.Bool
@@ -171,24 +173,32 @@ func (e *env) run(ctx context.Context, m mode, d time.Duration) (*result, error)
 	if err := r.createTable(ctx); err != nil {
 		return nil, err
 	}
-	target := e.pg.Addr()
+	targets := []string{e.pg.Addr()}
 	if m == modePgfence {
-		logf, err := os.Create(filepath.Join(e.dir, "pgfence.log"))
+		targets = targets[:0]
+		for i := range max(e.cfg.Pgfences, 1) {
+			logf, err := os.Create(filepath.Join(e.dir, fmt.Sprintf("pgfence-%d.log", i+1)))
+			if err != nil {
+				return nil, err
+			}
+			defer logf.Close()
+			pf, err := startPgfence(e.pg.Addr(), r.table, logf)
+			if err != nil {
+				return nil, err
+			}
+			defer pf.stop(time.Second)
+			r.pfs = append(r.pfs, pf)
+			targets = append(targets, pf.Addr())
+		}
+	}
+	for _, target := range targets {
+		relay, err := leasetest.NewRelay(target)
 		if err != nil {
 			return nil, err
 		}
-		defer logf.Close()
-		if r.pf, err = startPgfence(e.pg.Addr(), r.table, logf); err != nil {
-			return nil, err
-		}
-		defer r.pf.stop(time.Second)
-		target = r.pf.Addr()
+		defer relay.Close()
+		r.relays = append(r.relays, relay)
 	}
-	var err error
-	if r.relay, err = leasetest.NewRelay(target); err != nil {
-		return nil, err
-	}
-	defer r.relay.Close()
 
 	if err := r.startWriters(); err != nil {
 		r.stopWriters()
@@ -199,16 +209,21 @@ func (e *env) run(ctx context.Context, m mode, d time.Duration) (*result, error)
 	r.stopWriters()
 	elapsed := time.Since(r.start)
 	rejects := -1.0
-	if r.pf != nil {
-		r.pf.stop(time.Second)
-		rejects = r.pf.rejects()
+	var each []float64
+	if len(r.pfs) > 0 {
+		rejects = 0
+		for _, pf := range r.pfs {
+			pf.stop(time.Second)
+			each = append(each, pf.rejects())
+			rejects += each[len(each)-1]
+		}
 	}
 
 	res, err := r.check(ctx)
 	if err != nil {
 		return nil, err
 	}
-	res.Mode, res.Elapsed, res.Faults, res.PgfenceRejects = m, elapsed, r.faults, rejects
+	res.Mode, res.Elapsed, res.Faults, res.PgfenceRejects, res.RejectsEach = m, elapsed, r.faults, rejects, each
 	return res, nil
 }
 
@@ -237,7 +252,7 @@ func (r *run) startWriters() error {
 			ID:         i,
 			Endpoints:  r.etcd.Endpoints(),
 			Prefix:     r.prefix,
-			PGURL:      "postgres://postgres@" + r.relay.Addr() + "/postgres?sslmode=disable&application_name=torture-writer",
+			PGURL:      "postgres://postgres@" + r.relays[i%len(r.relays)].Addr() + "/postgres?sslmode=disable&application_name=torture-writer",
 			Table:      r.table,
 			Rows:       r.cfg.Rows,
 			RowsPerTx:  r.cfg.RowsPerTx,
@@ -343,7 +358,7 @@ func (r *run) nemesis(ctx context.Context, d time.Duration) {
 	}
 	for i := 0; ctx.Err() == nil; i++ {
 		f := rotation[i%len(rotation)]
-		if f == "restart-pgfence" && r.pf == nil {
+		if f == "restart-pgfence" && len(r.pfs) == 0 {
 			continue // nothing to restart in the direct run
 		}
 		at := time.Since(r.start).Round(10 * time.Millisecond)
@@ -379,19 +394,20 @@ func (r *run) nemesis(ctx context.Context, d time.Duration) {
 			p.thaw()
 		case "slow-link":
 			r.logf("[%8v] %s: +%v per chunk for %v", at, f, r.cfg.SlowDelay, r.cfg.SlowFor)
-			r.relay.SetDelay(r.cfg.SlowDelay)
+			r.setDelay(r.cfg.SlowDelay)
 			slow.Add(1)
 			go func() {
 				defer slow.Done()
 				time.Sleep(r.cfg.SlowFor)
-				r.relay.SetDelay(0)
+				r.setDelay(0)
 			}()
 		case "restart-pgfence":
 			start := time.Now()
-			if err := r.pf.restart(300 * time.Millisecond); err != nil {
-				r.logf("[%8v] %s failed: %v", at, f, err)
+			k := r.faults[f] % len(r.pfs) // each instance in turn
+			if err := r.pfs[k].restart(300 * time.Millisecond); err != nil {
+				r.logf("[%8v] %s %d failed: %v", at, f, k+1, err)
 			}
-			r.logf("[%8v] %s: down %v", at, f, time.Since(start).Round(time.Millisecond))
+			r.logf("[%8v] %s %d: down %v", at, f, k+1, time.Since(start).Round(time.Millisecond))
 		case "restart-postgres":
 			start := time.Now()
 			rctx, c := context.WithTimeout(context.Background(), time.Minute)
@@ -414,6 +430,13 @@ func (r *run) nemesis(ctx context.Context, d time.Duration) {
 		if !sleep(ctx, r.cfg.Gap/2+jitter) {
 			return
 		}
+	}
+}
+
+// setDelay slows (or, with 0, restores) every link to the database.
+func (r *run) setDelay(d time.Duration) {
+	for _, relay := range r.relays {
+		relay.SetDelay(d)
 	}
 }
 
