@@ -76,6 +76,11 @@ type Config struct {
 	// Postgres; an error refuses the session with FATAL 08004 and the
 	// error's text.
 	Admit func() error
+	// RequirePrimary ends a session whose server says it is a standby
+	// (ParameterStatus in_hot_standby = on, Postgres 14 and later), as
+	// libpq's target_session_attrs=read-write would not use it: after a
+	// failover the address pgfence was given may be a standby for a while.
+	RequirePrimary bool
 }
 
 // Server accepts clients and relays each to its own Postgres connection.
@@ -90,6 +95,7 @@ type Server struct {
 	closed   bool
 	draining atomic.Bool
 	wg       sync.WaitGroup
+	up       atomic.Pointer[Upstream] // where new sessions connect (see SetUpstream)
 }
 
 // New returns a Server for cfg.
@@ -124,7 +130,40 @@ func New(cfg Config) (*Server, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Server{cfg: cfg, log: log, conns: make(map[net.Conn]*session)}, nil
+	srv := &Server{cfg: cfg, log: log, conns: make(map[net.Conn]*session)}
+	srv.up.Store(&Upstream{Network: cfg.UpstreamNetwork, Addr: cfg.Upstream, TLS: cfg.UpstreamTLS, TLSRequired: cfg.UpstreamTLSRequired})
+	return srv, nil
+}
+
+// Upstream is where new sessions connect to Postgres, and how.
+type Upstream struct {
+	Network, Addr string // as net.Dial takes them
+	TLS           *tls.Config
+	TLSRequired   bool
+}
+
+// Upstream returns where new sessions connect.
+func (s *Server) Upstream() Upstream { return *s.up.Load() }
+
+// SetUpstream has new sessions connect to up, as after a failover. When its
+// address is another, the sessions connected elsewhere are ended, so that
+// their clients reconnect to up rather than go on writing to a server
+// that is no longer the one pgfence was told is the primary.
+func (s *Server) SetUpstream(up Upstream) {
+	old := s.up.Swap(&up)
+	if old.Addr == up.Addr {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ended := 0
+	for _, sess := range s.conns {
+		if sess != nil && sess.upstream != "" && sess.upstream != up.Addr {
+			sess.closeServer()
+			ended++
+		}
+	}
+	s.log.Warn("upstream moved: new sessions go to the new one; sessions on the old one were ended", "from", old.Addr, "to", up.Addr, "sessions_ended", ended)
 }
 
 // Serve accepts connections on ln until ln is closed or Close is called.
@@ -296,23 +335,27 @@ func (s *Server) handle(conn net.Conn) {
 	ic := s.cfg.Interceptor
 	ic.SessionStart(c)
 
-	server, err := s.dialUpstream()
+	up := s.up.Load()
+	server, err := s.dialUpstream(up)
 	if err != nil {
-		log.Warn("cannot reach Postgres", "upstream", s.cfg.Upstream, "err", err)
-		writeFatal(cw, codeCannotConnect, fmt.Sprintf("cannot connect to Postgres at %s: %v", s.cfg.Upstream, err), "check that Postgres is running and --upstream is right; try again")
+		log.Warn("cannot reach Postgres", "upstream", up.Addr, "err", err)
+		writeFatal(cw, codeCannotConnect, fmt.Sprintf("cannot connect to Postgres at %s: %v", up.Addr, err), "check that Postgres is running and --upstream is right; try again")
 		cw.Flush()
 		ic.SessionEnd(c, err)
 		return
 	}
 	defer server.Close()
 	if _, err := server.Write(packet); err != nil {
-		writeFatal(cw, codeConnectionFailure, fmt.Sprintf("lost the connection to Postgres at %s during startup: %v", s.cfg.Upstream, err), "")
+		writeFatal(cw, codeConnectionFailure, fmt.Sprintf("lost the connection to Postgres at %s during startup: %v", up.Addr, err), "")
 		cw.Flush()
 		ic.SessionEnd(c, err)
 		return
 	}
 	conn.SetDeadline(time.Time{})
 
+	s.mu.Lock()
+	sess.upstream = up.Addr
+	s.mu.Unlock()
 	sess.setServer(server)
 	err = sess.relay()
 	if err != nil {
@@ -330,12 +373,12 @@ type clientConn struct {
 }
 
 // dialUpstream connects to Postgres, over TLS when configured.
-func (s *Server) dialUpstream() (net.Conn, error) {
+func (s *Server) dialUpstream(up *Upstream) (net.Conn, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.DialTimeout)
 	defer cancel()
 	var d net.Dialer
-	conn, err := d.DialContext(ctx, s.cfg.UpstreamNetwork, s.cfg.Upstream)
-	if err != nil || s.cfg.UpstreamTLS == nil {
+	conn, err := d.DialContext(ctx, up.Network, up.Addr)
+	if err != nil || up.TLS == nil {
 		return conn, err
 	}
 	deadline, _ := ctx.Deadline()
@@ -353,14 +396,14 @@ func (s *Server) dialUpstream() (net.Conn, error) {
 	}
 	switch answer[0] {
 	case 'S':
-		tc := tls.Client(tlsBase(conn), s.cfg.UpstreamTLS)
+		tc := tls.Client(tlsBase(conn), up.TLS)
 		if err := tc.HandshakeContext(ctx); err != nil {
 			conn.Close()
 			return nil, fmt.Errorf("TLS handshake with Postgres: %w", err)
 		}
 		return tc, nil
 	case 'N':
-		if s.cfg.UpstreamTLSRequired {
+		if up.TLSRequired {
 			conn.Close()
 			return nil, errors.New("Postgres does not accept TLS, and the --upstream URL's sslmode requires it")
 		}
@@ -454,7 +497,8 @@ func (s *Server) forwardCancel(packet []byte) {
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.DialTimeout)
 	defer cancel()
 	var d net.Dialer
-	c, err := d.DialContext(ctx, s.cfg.UpstreamNetwork, s.cfg.Upstream)
+	up := s.up.Load()
+	c, err := d.DialContext(ctx, up.Network, up.Addr)
 	if err != nil {
 		s.log.Warn("cannot forward cancel request", "err", err)
 		return
@@ -472,7 +516,8 @@ func (s *Server) CheckUpstream(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.DialTimeout)
 	defer cancel()
 	var d net.Dialer
-	c, err := d.DialContext(ctx, s.cfg.UpstreamNetwork, s.cfg.Upstream)
+	up := s.up.Load()
+	c, err := d.DialContext(ctx, up.Network, up.Addr)
 	if err != nil {
 		return err
 	}

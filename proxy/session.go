@@ -51,6 +51,9 @@ type session struct {
 	// tag is in the names of the proxy's statements on the server (see
 	// names.go).
 	tag string
+	// upstream is the address of the server the session is connected to
+	// (set before the relay starts; read under Server.mu).
+	upstream string
 	// stopped is closed when the goroutine relay's server side has ended,
 	// for a client side held (see Client.HoldNextStatement).
 	stopped chan struct{}
@@ -810,7 +813,7 @@ func (s *session) replan(stmt []byte, st *prepared) error {
 		return nil
 	}
 	plan := ic.Parse(s.c, st.text)
-	st.gen, st.probe, st.setting = gen, plan.probe(), plan.Setting
+	st.gen, st.probe, st.setting, st.token = gen, plan.probe(), plan.Setting, plan.NeedsToken
 	if plan.SQL == st.sent && !redo {
 		return nil
 	}
@@ -1217,6 +1220,9 @@ func (s *session) parameterStatus(n int) error {
 	}
 	if name, rest, err := cstring(b); err == nil {
 		if v, _, err := cstring(rest); err == nil {
+			if s.srv.cfg.RequirePrimary && string(name) == "in_hot_standby" && string(v) == "on" {
+				return s.standby()
+			}
 			s.c.serverParam(string(name), string(v))
 		}
 	}
@@ -1409,6 +1415,7 @@ const (
 	codeCannotConnect        = "08001"
 	codeTooManyConnections   = "53300"
 	codeRejected             = "08004" // sqlserver_rejected_establishment_of_sqlconnection
+	codeReadOnly             = "25006" // read_only_sql_transaction
 	codeAdminShutdown        = "57P01"
 	codeInvalidAuthorization = "28000"
 	codeUndefinedStatement   = "26000" // invalid_sql_statement_name: "prepared statement ... does not exist"
@@ -1416,6 +1423,16 @@ const (
 
 // sendFatal tells the client why its session ends. Only called once the
 // server-to-client goroutine has stopped writing.
+// standby ends a session whose server is a standby (see
+// Config.RequirePrimary).
+func (s *session) standby() error {
+	writeFatal(s.cw, codeReadOnly, fmt.Sprintf("the server at %s is a standby (in_hot_standby = on), and --upstream asks for a writable primary (target_session_attrs=read-write)", s.upstream),
+		"the primary has moved (a failover); reconnect, and pgfence connects you to the new primary once it has found it")
+	s.fatal = true
+	s.log.Warn("session ended: its server is a standby", "client", s.c.RemoteAddr, "upstream", s.upstream)
+	return errors.New("the server is a standby")
+}
+
 func (s *session) sendFatal(code, msg, hint string) {
 	writeFatal(s.cw, code, msg, hint)
 	s.cw.Flush()

@@ -22,7 +22,7 @@ const (
 // says transaction.
 func (o serveOptions) transactionPooling() (bool, error) {
 	switch o.upstreamPooling {
-	case poolingNone, poolingSession:
+	case "", poolingNone, poolingSession:
 		return false, nil
 	case poolingTransaction:
 		if o.goroutineRelay || o.forwardTokenSets {
@@ -63,7 +63,7 @@ func connectUpstream(ctx context.Context, url, pooling string) (*pgx.Conn, error
 // transaction pooler gives the session's next transaction another one),
 // so client sessions are refused until it is gone or the flag says so.
 func (i *instance) checkPooler(ctx context.Context, conn *pgx.Conn, pooling string) error {
-	if pooling != poolingNone {
+	if pooling != poolingNone && pooling != "" {
 		return nil
 	}
 	var pid uint32

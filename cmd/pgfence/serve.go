@@ -11,16 +11,13 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"reflect"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -230,6 +227,9 @@ type instance struct {
 	// pooler, when set, is why client sessions are refused: a pooler
 	// nobody told pgfence of answers at the upstream (see checkPooler).
 	pooler atomic.Pointer[string]
+	// hosts are --upstream's hosts; with more than one, sessions go to
+	// the writable primary among them (see followPrimary).
+	hosts []upstreamHost
 
 	policy *fence.Policy
 	proxy  *proxy.Server
@@ -237,33 +237,6 @@ type instance struct {
 	httpLn net.Listener
 	http   *http.Server
 	served chan struct{} // closed when Serve returns
-}
-
-// upstream is where and how pgfence reaches Postgres.
-type upstream struct {
-	network, addr string
-	tls           *tls.Config // nil: plain
-	tlsRequired   bool        // sslmode require/verify-*: no plain-text fallback
-}
-
-// parseUpstream reads a postgres:// URL (or key=value string), with
-// sslmode, sslrootcert and friends meaning what they mean to libpq.
-func parseUpstream(url string) (upstream, error) {
-	cfg, err := pgconn.ParseConfig(url)
-	if err != nil {
-		return upstream{}, fmt.Errorf("--upstream: %w", err)
-	}
-	port := strconv.Itoa(int(cfg.Port))
-	if strings.HasPrefix(cfg.Host, "/") {
-		return upstream{network: "unix", addr: filepath.Join(cfg.Host, ".s.PGSQL."+port)}, nil
-	}
-	u := upstream{network: "tcp", addr: net.JoinHostPort(cfg.Host, port), tls: cfg.TLSConfig, tlsRequired: cfg.TLSConfig != nil}
-	for _, fb := range cfg.Fallbacks {
-		if fb.TLSConfig == nil {
-			u.tlsRequired = false // sslmode=prefer or allow
-		}
-	}
-	return u, nil
 }
 
 // clientTLS loads --tls-cert and --tls-key.
@@ -284,11 +257,12 @@ func clientTLS(certFile, keyFile string) (*tls.Config, error) {
 // start builds and starts the proxy and its metrics endpoint, and reads the
 // catalog (then every --discover-interval) in the background.
 func start(o serveOptions, log *slog.Logger) (*instance, error) {
-	up, err := parseUpstream(o.upstream)
+	ups, err := parseUpstream(o.upstream)
 	if err != nil {
 		return nil, err
 	}
-	addr := up.addr
+	up := ups.hosts[0].up
+	addr := up.Addr
 	serverTLS, err := clientTLS(o.tlsCert, o.tlsKey)
 	if err != nil {
 		return nil, err
@@ -314,9 +288,10 @@ func start(o serveOptions, log *slog.Logger) (*instance, error) {
 	}
 	srv, err := proxy.New(proxy.Config{
 		Upstream:            addr,
-		UpstreamNetwork:     up.network,
-		UpstreamTLS:         up.tls,
-		UpstreamTLSRequired: up.tlsRequired,
+		UpstreamNetwork:     up.Network,
+		UpstreamTLS:         up.TLS,
+		UpstreamTLSRequired: up.TLSRequired,
+		RequirePrimary:      ups.requirePrimary,
 		TLS:                 serverTLS,
 		Interceptor:         policy,
 		Logger:              log,
@@ -352,27 +327,37 @@ func start(o serveOptions, log *slog.Logger) (*instance, error) {
 		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 		// /healthz is liveness: the proxy answers, whatever Postgres does
 		// (restarting a sidecar because Postgres is down helps nobody).
-		// /readyz is readiness: Postgres accepts connections.
 		mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+			addr := srv.Upstream().Addr
 			if err := srv.CheckUpstream(r.Context()); err != nil {
 				fmt.Fprintf(w, "ok: proxy up; Postgres at %s unreachable: %v\n", addr, err)
 				return
 			}
 			fmt.Fprintf(w, "ok: proxy up; Postgres at %s reachable\n", addr)
 		})
+		// /readyz is readiness: the upstream sessions go to is a writable
+		// primary that answers pgfence's role, and no undeclared pooler
+		// stands in front of it.
 		mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 			if why := inst.pooler.Load(); why != nil {
 				http.Error(w, "not ready: "+*why+"\n", http.StatusServiceUnavailable)
 				return
 			}
-			if err := srv.CheckUpstream(r.Context()); err != nil {
-				http.Error(w, fmt.Sprintf("not ready: Postgres at %s unreachable: %v\n", addr, err), http.StatusServiceUnavailable)
+			ok, what := inst.readiness(r.Context())
+			if !ok {
+				http.Error(w, "not ready: "+what+"\n"+inst.statusLine()+"\n", http.StatusServiceUnavailable)
 				return
 			}
-			fmt.Fprintf(w, "ready: Postgres at %s reachable\n%s\n", addr, inst.statusLine())
+			fmt.Fprintf(w, "ready: %s\n%s\n", what, inst.statusLine())
 		})
 		inst.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 		go inst.http.Serve(inst.httpLn)
+	}
+	inst.hosts = ups.hosts
+	if len(inst.hosts) > 1 {
+		// Find the primary before the first client, then follow it.
+		inst.pickPrimary(ctx)
+		go inst.followPrimary(ctx, time.Second)
 	}
 	// The catalog is read before clients are served, so discovered tables
 	// are guarded from the first statement when Postgres is up.

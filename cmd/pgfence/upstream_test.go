@@ -1,0 +1,123 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgfence/pgfence/internal/pgserver"
+)
+
+func TestParseUpstreamHosts(t *testing.T) {
+	for _, tc := range []struct {
+		in      string
+		addrs   []string
+		primary bool
+		err     string
+	}{
+		{in: "postgres://u@a:5432/db", addrs: []string{"a:5432"}},
+		{in: "postgres://u@a:5432,b:5433/db?target_session_attrs=read-write", addrs: []string{"a:5432", "b:5433"}, primary: true},
+		{in: "postgres://u@a:5432,b:5433/db?sslmode=prefer&target_session_attrs=primary", addrs: []string{"a:5432", "b:5433"}, primary: true},
+		{in: "host=a,b port=1,2 user=u target_session_attrs=read-write", addrs: []string{"a:1", "b:2"}, primary: true},
+		{in: "host=/run/postgresql port=5432", addrs: []string{"/run/postgresql/.s.PGSQL.5432"}},
+		{in: "postgres://u@a,b/db?target_session_attrs=standby", err: "writable primary"},
+	} {
+		u, err := parseUpstream(tc.in)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("%s: %v, want an error saying %q", tc.in, err, tc.err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%s: %v", tc.in, err)
+			continue
+		}
+		var addrs []string
+		for _, h := range u.hosts {
+			addrs = append(addrs, h.up.Addr)
+		}
+		if fmt.Sprint(addrs) != fmt.Sprint(tc.addrs) || u.requirePrimary != tc.primary {
+			t.Errorf("%s: hosts %v, requirePrimary %v; want %v, %v", tc.in, addrs, u.requirePrimary, tc.addrs, tc.primary)
+		}
+	}
+}
+
+// With two hosts and target_session_attrs=read-write, sessions go to the
+// one that takes writes; when the other takes over, pgfence follows it,
+// ends the sessions on the old one, and /readyz names the new one.
+// (Here a server that refuses writes is made so with
+// default_transaction_read_only, which is what libpq's read-write check
+// reads too; the torture check fails over a real streaming standby.)
+func TestServeFollowsPrimary(t *testing.T) {
+	bg := context.Background()
+	var servers [2]*pgserver.Server
+	for k := range servers {
+		pg, err := pgserver.Start(bg, pgserver.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { pg.Stop() })
+		servers[k] = pg
+	}
+	readOnly := func(pg *pgserver.Server, on bool) {
+		t.Helper()
+		c, err := pgx.Connect(bg, pg.URL("postgres"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close(bg)
+		if _, err := c.Exec(bg, fmt.Sprintf("ALTER SYSTEM SET default_transaction_read_only = %v", on)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Exec(bg, "SELECT pg_reload_conf()"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a, b := servers[0], servers[1]
+	readOnly(a, true)
+
+	s := &serveTest{t: t, pg: a}
+	up := fmt.Sprintf("postgres://postgres@%s,%s/postgres?sslmode=disable&target_session_attrs=read-write", a.Addr(), b.Addr())
+	inst := s.serve(serveOptions{upstream: up, backstop: "off"})
+	if got := inst.proxy.Upstream().Addr; got != b.Addr() {
+		t.Fatalf("sessions go to %s, want the writable %s", got, b.Addr())
+	}
+	if code, body := readyz(t, inst); code != http.StatusOK || !strings.Contains(body, b.Addr()+" is a writable primary") {
+		t.Fatalf("/readyz: %d %q", code, body)
+	}
+	c := s.client(inst, "")
+	if got := tag(t, c, "CREATE TABLE follow (id int)"); got != "CREATE TABLE" {
+		t.Fatal(got)
+	}
+
+	readOnly(b, true)
+	readOnly(a, false)
+	deadline := time.Now().Add(10 * time.Second)
+	for inst.proxy.Upstream().Addr != a.Addr() {
+		if time.Now().After(deadline) {
+			t.Fatalf("pgfence did not follow the primary to %s", a.Addr())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if _, err := c.Exec(bg, "SELECT 1"); err == nil {
+		t.Fatal("a session on the old primary goes on after pgfence moved to the new one")
+	}
+	if got := tag(t, s.client(inst, ""), "CREATE TABLE follow (id int)"); got != "CREATE TABLE" {
+		t.Fatalf("a new session after the move: %s", got)
+	}
+	if code, body := readyz(t, inst); code != http.StatusOK || !strings.Contains(body, a.Addr()) {
+		t.Fatalf("/readyz after the move: %d %q", code, body)
+	}
+
+	// Neither takes writes: not ready, and says why.
+	readOnly(a, true)
+	if code, body := readyz(t, inst); code != http.StatusServiceUnavailable || !strings.Contains(body, "read-only") {
+		t.Fatalf("/readyz with no writable host: %d %q", code, body)
+	}
+}
