@@ -323,3 +323,56 @@ func TestPooledSettingForms(t *testing.T) {
 	exec(t, c, simple, "VACUUM "+tbl)
 	exec(t, c, simple, "CREATE INDEX CONCURRENTLY ON "+tbl+" (val)")
 }
+
+// PgBouncer in session mode in front of pgfence: each client's session
+// gets a pgfence session of its own for as long as it lasts, so tokens
+// stay with their clients; when a client leaves, PgBouncer's DISCARD ALL
+// resets the session for the next one, which must not inherit the token.
+func TestBouncerInFrontSessionMode(t *testing.T) {
+	tbl := table(t, [3]any{1, "a", 5})
+	p := pgtest.StartProxy(t, []string{tbl})
+	ctx2, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	host, _, _ := strings.Cut(p.Addr, ":")
+	if host != "127.0.0.1" {
+		t.Fatalf("proxy address %s", p.Addr)
+	}
+	b, err := pgbouncer.Start(ctx2, pgbouncer.Options{Upstream: p.Addr, PoolMode: "session", PoolSize: 1,
+		Extra: []string{"server_tls_sslmode = " + map[bool]string{true: "require", false: "disable"}[pgtest.TLS()]}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Stop)
+	connect := func() *pgx.Conn {
+		t.Helper()
+		c, err := pgx.Connect(ctx, fmt.Sprintf("postgres://postgres@%s/postgres?sslmode=disable", b.Addr()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	c := connect()
+	exec(t, c, simple, "SET fence.token = '3'")
+	if tag := exec(t, c, simple, "UPDATE "+tbl+" SET val = 'stale' WHERE id = 1"); tag != "UPDATE 0" {
+		t.Fatalf("a stale write through PgBouncer and pgfence: %s", tag)
+	}
+	exec(t, c, simple, "SET fence.token = '9'")
+	if tag := exec(t, c, pgx.QueryExecModeExec, "UPDATE "+tbl+" SET val = 'fresh' WHERE id = 1"); tag != "UPDATE 1" {
+		t.Fatalf("a fresh write through PgBouncer and pgfence: %s", tag)
+	}
+	c.Close(ctx)
+	// The pool's one server connection (one pgfence session) is the next
+	// client's, after PgBouncer's DISCARD ALL.
+	c = connect()
+	defer c.Close(ctx)
+	if got := show(t, c); got != "" && got != "<unset>" {
+		t.Fatalf("the next client of the same pgfence session reads token %q, want none", got)
+	}
+	_, err = c.Exec(ctx, "UPDATE "+tbl+" SET val = 'inherited' WHERE id = 1", simple)
+	if pe := pgErr(t, err); pe.Code != "55000" {
+		t.Fatalf("a write by the next client without a token: %s %s, want 55000", pe.Code, pe.Message)
+	}
+	if v, e := row(t, tbl, 1); v != "fresh" || e != 9 {
+		t.Fatalf("row is (%s, %d), want (fresh, 9)", v, e)
+	}
+}
