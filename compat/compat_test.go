@@ -27,7 +27,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgfence/pgfence/fence"
 	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/proxy"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -85,7 +87,7 @@ var answeredChecks = []string{checkTokenSet, checkTokenLocal}
 // newFixture creates compat_NAME (guarded, rows 1..10 with val 'init' at
 // epoch 0) and compat_NAME_plain straight on Postgres, and starts a proxy
 // guarding compat_NAME.
-func newFixture(t *testing.T, name string) *fixture {
+func newFixture(t *testing.T, name string, edit ...func(*proxy.Config, *fence.Config)) *fixture {
 	t.Helper()
 	f := &fixture{
 		Name:              name,
@@ -104,7 +106,7 @@ func newFixture(t *testing.T, name string) *fixture {
 		fence_epoch bigint NOT NULL DEFAULT 0)`, f.Table))
 	pgtest.Exec(t, db, fmt.Sprintf(`INSERT INTO %s (id, val) SELECT i, 'init' FROM generate_series(1, 10) i`, f.Table))
 	pgtest.Exec(t, db, fmt.Sprintf(`CREATE TABLE %s (id int, val text)`, f.Plain))
-	f.Proxy = pgtest.StartProxy(t, []string{f.Table})
+	f.Proxy = pgtest.StartProxy(t, []string{f.Table}, edit...)
 	return f
 }
 

@@ -1,14 +1,19 @@
 package compat
 
 import (
+	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/pgfence/pgfence/fence"
+	"github.com/pgfence/pgfence/internal/pgbouncer"
 	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/proxy"
 )
 
 func TestPsycopg2(t *testing.T) {
@@ -122,4 +127,40 @@ func TestPsql(t *testing.T) {
 	bash := requireCommand(t, "bash", "apt-get install bash")
 	f := newFixture(t, "psql")
 	f.runScript(t, psqlChecks, bash, "psql/psql_compat.sh")
+}
+
+// psycopg 3 through pgfence behind a transaction-pooling PgBouncer with
+// one server connection (see python/psycopg3_pooled.py).
+func TestPsycopg3TransactionPooling(t *testing.T) {
+	t.Parallel()
+	py := python(t, "psycopg", "python3-psycopg")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	b, err := pgbouncer.Start(ctx, pgbouncer.Options{Upstream: pgtest.Server().Addr(), PoolMode: "transaction", PoolSize: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Stop)
+	f := newFixture(t, "psycopg3_pooled", func(pc *proxy.Config, fc *fence.Config) {
+		pc.Upstream, pc.UpstreamTLS = b.Addr(), nil
+		pc.GoroutineRelay = false // transaction pooling needs the event loop
+		pc.TransactionPooling, pc.TokenSetting = true, "fence.token"
+		fc.TransactionPooling = true
+	})
+	f.runOnly(t, []string{"pooled_interleaved", "pooled_set_local", "pooled_no_token"}, py, "python/psycopg3_pooled.py")
+	db := pgtest.Direct(t)
+	for _, want := range []struct {
+		id    int
+		val   string
+		epoch int64
+	}{{1, "a4", 30}, {2, "b4", 25}, {3, "local", 40}, {4, "init", 0}} {
+		var val string
+		var epoch int64
+		if err := db.QueryRow(context.Background(), "SELECT val, fence_epoch FROM "+f.Table+" WHERE id = $1", want.id).Scan(&val, &epoch); err != nil {
+			t.Fatal(err)
+		}
+		if val != want.val || epoch != want.epoch {
+			t.Errorf("row %d is (%q, %d), want (%q, %d)", want.id, val, epoch, want.val, want.epoch)
+		}
+	}
 }
