@@ -28,6 +28,7 @@ import (
 	"github.com/pgfence/pgfence/fence"
 	"github.com/pgfence/pgfence/proxy"
 	"github.com/pgfence/pgfence/sqlrewrite"
+	"github.com/pgfence/pgfence/upstream"
 )
 
 // serveOptions are the flags of 'pgfence serve' (and keys of its YAML file).
@@ -229,7 +230,7 @@ type instance struct {
 	pooler atomic.Pointer[string]
 	// hosts are --upstream's hosts; with more than one, sessions go to
 	// the writable primary among them (see followPrimary).
-	hosts []upstreamHost
+	hosts []upstream.Host
 
 	policy *fence.Policy
 	proxy  *proxy.Server
@@ -261,7 +262,7 @@ func start(o serveOptions, log *slog.Logger) (*instance, error) {
 	if err != nil {
 		return nil, err
 	}
-	up := ups.hosts[0].up
+	up := ups.List[0].Upstream
 	addr := up.Addr
 	serverTLS, err := clientTLS(o.tlsCert, o.tlsKey)
 	if err != nil {
@@ -291,7 +292,7 @@ func start(o serveOptions, log *slog.Logger) (*instance, error) {
 		UpstreamNetwork:     up.Network,
 		UpstreamTLS:         up.TLS,
 		UpstreamTLSRequired: up.TLSRequired,
-		RequirePrimary:      ups.requirePrimary,
+		RequirePrimary:      ups.RequirePrimary,
 		TLS:                 serverTLS,
 		Interceptor:         policy,
 		Logger:              log,
@@ -353,11 +354,9 @@ func start(o serveOptions, log *slog.Logger) (*instance, error) {
 		inst.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 		go inst.http.Serve(inst.httpLn)
 	}
-	inst.hosts = ups.hosts
+	inst.hosts = ups.List
 	if len(inst.hosts) > 1 {
-		// Find the primary before the first client, then follow it.
-		inst.pickPrimary(ctx)
-		go inst.followPrimary(ctx, time.Second)
+		inst.followPrimary(ctx, time.Second)
 	}
 	// The catalog is read before clients are served, so discovered tables
 	// are guarded from the first statement when Postgres is up.

@@ -13,41 +13,6 @@ import (
 	"github.com/pgfence/pgfence/internal/pgserver"
 )
 
-func TestParseUpstreamHosts(t *testing.T) {
-	for _, tc := range []struct {
-		in      string
-		addrs   []string
-		primary bool
-		err     string
-	}{
-		{in: "postgres://u@a:5432/db", addrs: []string{"a:5432"}},
-		{in: "postgres://u@a:5432,b:5433/db?target_session_attrs=read-write", addrs: []string{"a:5432", "b:5433"}, primary: true},
-		{in: "postgres://u@a:5432,b:5433/db?sslmode=prefer&target_session_attrs=primary", addrs: []string{"a:5432", "b:5433"}, primary: true},
-		{in: "host=a,b port=1,2 user=u target_session_attrs=read-write", addrs: []string{"a:1", "b:2"}, primary: true},
-		{in: "host=/run/postgresql port=5432", addrs: []string{"/run/postgresql/.s.PGSQL.5432"}},
-		{in: "postgres://u@a,b/db?target_session_attrs=standby", err: "writable primary"},
-	} {
-		u, err := parseUpstream(tc.in)
-		if tc.err != "" {
-			if err == nil || !strings.Contains(err.Error(), tc.err) {
-				t.Errorf("%s: %v, want an error saying %q", tc.in, err, tc.err)
-			}
-			continue
-		}
-		if err != nil {
-			t.Errorf("%s: %v", tc.in, err)
-			continue
-		}
-		var addrs []string
-		for _, h := range u.hosts {
-			addrs = append(addrs, h.up.Addr)
-		}
-		if fmt.Sprint(addrs) != fmt.Sprint(tc.addrs) || u.requirePrimary != tc.primary {
-			t.Errorf("%s: hosts %v, requirePrimary %v; want %v, %v", tc.in, addrs, u.requirePrimary, tc.addrs, tc.primary)
-		}
-	}
-}
-
 // With two hosts and target_session_attrs=read-write, sessions go to the
 // one that takes writes; when the other takes over, pgfence follows it,
 // ends the sessions on the old one, and /readyz names the new one.
