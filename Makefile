@@ -6,9 +6,11 @@
 #   make fuzz   30 s of fuzzing sqlrewrite's FuzzRewrite
 #   make compat install the client drivers (scripts/install-compat-deps.sh),
 #               then run the driver compatibility suite (compat/)
-#   make torture install etcd and ZooKeeper (scripts/install-lease-deps.sh),
-#               then run the Jepsen-style check (torture/): ~90 s of faults,
-#               through pgfence and straight to Postgres; TORTURE_FLAGS=-duration=10m
+#   make torture install etcd, ZooKeeper and Patroni (scripts/install-lease-deps.sh,
+#               scripts/install-patroni.sh), then run the Jepsen-style check
+#               (torture/): ~3 min of faults, through two pgfence instances and
+#               straight to Postgres, then across Patroni failovers with
+#               synchronous and asynchronous replication; TORTURE_FLAGS=-duration=10m
 #               for a soak
 #   make bench  pgfence vs Postgres and PgBouncer under pgbench, 1000 idle
 #               connections, rewriter benchmarks, the database backstop's cost (~14 min; see BENCHMARKS.md)
@@ -52,6 +54,7 @@ bench: ensure-postgres build
 
 torture: ensure-postgres
 	bash scripts/install-lease-deps.sh
+	bash scripts/install-patroni.sh
 	$(GO) run ./torture $(TORTURE_FLAGS)
 
 fuzz:

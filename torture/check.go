@@ -42,6 +42,16 @@ type result struct {
 	ViolationExamples []string
 	Mismatches        int // logs and database disagree
 	MismatchExamples  []string
+	// LostCommitted, in a failover run, is writes whose COMMIT the
+	// database acknowledged and the final primary does not have: lost in
+	// a failover. LandedBelowLost is writes that landed with a token
+	// below such a lost write's on the same row, sent after it was
+	// acknowledged: stale writes the fence would have stopped had the
+	// failover kept the epoch.
+	LostCommitted   int
+	LandedBelowLost int
+	LostExamples    []string
+
 	// LostIncrements is landed writes minus the counters' values, for
 	// information. Without pgfence, zombies' writes lose increments.
 	// Through pgfence a zombie can still land a write on a row between a
@@ -147,6 +157,12 @@ func (r *run) check(ctx context.Context) (*result, error) {
 	}
 
 	// 2. The logs against the database.
+	type lostWrite struct {
+		tok  int64
+		done int64
+		op   string
+	}
+	lost := map[int][]lostWrite{}
 	logged := map[string]bool{}
 	for _, w := range writes {
 		res.Attempts++
@@ -162,10 +178,18 @@ func (r *run) check(ctx context.Context) (*result, error) {
 			res.Fenced++
 		case inDB:
 			res.Landed++
+		case w.Commit == "committed" && r.mode.failover():
+			// acknowledged, then lost in a failover: counted below
 		default:
 			res.RolledBack++
 		}
 		switch {
+		case w.Rows == 1 && w.Commit == "committed" && !inDB && r.mode.failover():
+			res.LostCommitted++
+			lost[w.Row] = append(lost[w.Row], lostWrite{tok: w.Token, done: w.Done, op: w.Tx})
+			if len(res.LostExamples) < 5 {
+				res.LostExamples = append(res.LostExamples, fmt.Sprintf("row %d: token %d (%s) acknowledged, then lost in the failover", w.Row, w.Token, w.Tx))
+			}
 		case w.Rows == 1 && w.Commit == "committed" && !inDB:
 			res.mismatch("writer %d's %s on row %d committed but is not in the row's history", w.Writer, w.Tx, w.Row)
 		case inDB && w.Commit == "rolled_back":
@@ -192,6 +216,20 @@ func (r *run) check(ctx context.Context) (*result, error) {
 			}
 		}
 	}
+	for _, w := range writes {
+		if !landed[key(w.Tx, w.Row)] {
+			continue
+		}
+		for _, l := range lost[w.Row] {
+			if l.done < w.Sent && w.Token < l.tok {
+				res.LandedBelowLost++
+				if len(res.LostExamples) < 10 {
+					res.LostExamples = append(res.LostExamples, fmt.Sprintf("row %d: token %d (%s) landed after token %d (%s) had been acknowledged and lost", w.Row, w.Token, w.Tx, l.tok, l.op))
+				}
+				break
+			}
+		}
+	}
 	for k := range landed {
 		if !logged[k] {
 			res.mismatch("%s is in the database but no writer logged it as written", k)
@@ -210,7 +248,7 @@ func (res *result) mismatch(format string, args ...any) {
 func key(op string, row int) string { return fmt.Sprintf("%s/row%d", op, row) }
 
 func (r *run) readTable(ctx context.Context) (map[int][]entry, map[int]int64, error) {
-	c, err := pgx.Connect(ctx, r.pg.URL("postgres"))
+	c, err := pgx.Connect(ctx, r.dbURL())
 	if err != nil {
 		return nil, nil, err
 	}

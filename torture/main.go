@@ -47,6 +47,7 @@ func cliMain(args []string, out io.Writer) int {
 	fs := flag.NewFlagSet("torture", flag.ContinueOnError)
 	fs.DurationVar(&cfg.Duration, "duration", cfg.Duration, "how long the pgfence run injects faults (longer for a soak)")
 	fs.DurationVar(&cfg.DirectDuration, "direct-duration", cfg.DirectDuration, "how long the direct run (no pgfence) injects faults; it only has to show violations")
+	fs.DurationVar(&cfg.FailoverDuration, "failover-duration", cfg.FailoverDuration, "how long each failover run (a Patroni primary and standby, synchronous then asynchronous replication) injects faults; 0 skips them")
 	fs.IntVar(&cfg.Writers, "writers", cfg.Writers, "writer processes")
 	fs.IntVar(&cfg.Pgfences, "pgfences", cfg.Pgfences, "pgfence instances in front of the one Postgres in the pgfence run; the writers are spread over them")
 	fs.IntVar(&cfg.Rows, "rows", cfg.Rows, "rows in the guarded table")
@@ -82,20 +83,25 @@ func cliMain(args []string, out io.Writer) int {
 	}
 	cfg.Exe = exe
 
-	fenced, direct, err := session(context.Background(), cfg)
+	rs, err := session(context.Background(), cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "torture:", err)
 		return 1
 	}
-	if ok, _ := verdict(fenced, direct); !ok {
+	if ok, _ := verdict(rs); !ok {
 		return 1
 	}
 	return 0
 }
 
-// session sets up Postgres and etcd and does both runs, printing each
+// runs are a session's results; a failover run is nil when skipped.
+type runs struct {
+	fenced, direct, sync, async *result
+}
+
+// session sets up Postgres and etcd and does the runs, printing each
 // run's report as it ends.
-func session(ctx context.Context, cfg config) (fenced, direct *result, err error) {
+func session(ctx context.Context, cfg config) (rs runs, err error) {
 	out := cfg.Out
 	fmt.Fprintf(out, "pgfence torture: %d writer processes, %d rows (%d per transaction), etcd lease TTL %v (safety margin %v), freezes of %v, seed %d\n",
 		cfg.Writers, cfg.Rows, cfg.RowsPerTx, cfg.TTL, cfg.Margin, cfg.Freeze, cfg.Seed)
@@ -103,7 +109,7 @@ func session(ctx context.Context, cfg config) (fenced, direct *result, err error
 	e, err := setup(sctx, cfg)
 	cancel()
 	if err != nil {
-		return nil, nil, err
+		return rs, err
 	}
 	defer e.close()
 	if cfg.Keep {
@@ -111,20 +117,33 @@ func session(ctx context.Context, cfg config) (fenced, direct *result, err error
 	}
 
 	fmt.Fprintf(out, "\n== run 1: writers -> relay -> pgfence ×%d -> Postgres, %v ==\n", max(cfg.Pgfences, 1), cfg.Duration)
-	if fenced, err = e.run(ctx, modePgfence, cfg.Duration); err != nil {
-		return nil, nil, fmt.Errorf("pgfence run: %w", err)
+	if rs.fenced, err = e.run(ctx, modePgfence, cfg.Duration); err != nil {
+		return rs, fmt.Errorf("pgfence run: %w", err)
 	}
-	report(out, fenced)
+	report(out, rs.fenced)
 
 	fmt.Fprintf(out, "\n== run 2: writers -> relay -> Postgres (no pgfence), %v ==\n", cfg.DirectDuration)
-	if direct, err = e.run(ctx, modeDirect, cfg.DirectDuration); err != nil {
-		return nil, nil, fmt.Errorf("direct run: %w", err)
+	if rs.direct, err = e.run(ctx, modeDirect, cfg.DirectDuration); err != nil {
+		return rs, fmt.Errorf("direct run: %w", err)
 	}
-	report(out, direct)
+	report(out, rs.direct)
 
-	_, text := verdict(fenced, direct)
+	if cfg.FailoverDuration > 0 {
+		fmt.Fprintf(out, "\n== run 3: writers -> relay -> pgfence ×%d -> Patroni primary + standby, synchronous replication, failovers, %v ==\n", max(cfg.Pgfences, 1), cfg.FailoverDuration)
+		if rs.sync, err = e.run(ctx, modeSync, cfg.FailoverDuration); err != nil {
+			return rs, fmt.Errorf("failover run (synchronous): %w", err)
+		}
+		report(out, rs.sync)
+		fmt.Fprintf(out, "\n== run 4: the same with asynchronous replication, %v ==\n", cfg.FailoverDuration)
+		if rs.async, err = e.run(ctx, modeAsync, cfg.FailoverDuration); err != nil {
+			return rs, fmt.Errorf("failover run (asynchronous): %w", err)
+		}
+		report(out, rs.async)
+	}
+
+	_, text := verdict(rs)
 	fmt.Fprintf(out, "\n%s\n", text)
-	return fenced, direct, nil
+	return rs, nil
 }
 
 func report(out io.Writer, r *result) {
@@ -140,6 +159,12 @@ func report(out io.Writer, r *result) {
 	if r.LostIncrements > 0 {
 		fmt.Fprintf(out, "note: %d counter increments lost (a write that landed on a value another holder had changed since it was read; not a token violation)\n", r.LostIncrements)
 	}
+	if r.Mode.failover() {
+		fmt.Fprintf(out, "acknowledged writes lost in failovers: %d; writes that then landed below a lost token: %d\n", r.LostCommitted, r.LandedBelowLost)
+		for _, ex := range r.LostExamples {
+			fmt.Fprintf(out, "  %s\n", ex)
+		}
+	}
 	fmt.Fprintf(out, "violations (a row accepted a token below one it had already accepted): %d\n", r.Violations)
 	for _, ex := range r.ViolationExamples {
 		fmt.Fprintf(out, "  %s\n", ex)
@@ -151,6 +176,15 @@ func report(out io.Writer, r *result) {
 		}
 	}
 	switch {
+	case r.Mode == modeAsync && r.LostCommitted+r.LandedBelowLost > 0:
+		fmt.Fprintf(out, "verdict: as expected without synchronous replication, the failover lost %d acknowledged writes, and with them the epochs that fence later writes\n", r.LostCommitted)
+	case r.Mode == modeAsync:
+		fmt.Fprintln(out, "verdict: this failover happened to lose nothing; asynchronous replication does not promise that")
+	case r.Mode == modeSync && r.failoverSafe():
+		fmt.Fprintf(out, "verdict: PASS — %d stale writes, all kept out; no acknowledged write lost; 0 violations\n", r.Stale)
+	case r.Mode == modeSync:
+		fmt.Fprintf(out, "verdict: FAIL — %d violations, %d stale writes landed, %d acknowledged writes lost, %d landed below a lost token, %d mismatches\n",
+			r.Violations, r.StaleLanded, r.LostCommitted, r.LandedBelowLost, r.Mismatches)
 	case r.Mode == modePgfence && r.Violations == 0 && r.StaleLanded == 0 && r.Mismatches == 0 && r.StaleRejected > 0:
 		fmt.Fprintf(out, "verdict: PASS — %d stale writes, all kept out; 0 violations\n", r.Stale)
 	case r.Mode == modePgfence && r.Violations == 0 && r.StaleLanded == 0 && r.Mismatches == 0:
@@ -164,9 +198,19 @@ func report(out io.Writer, r *result) {
 	}
 }
 
+// failoverSafe reports whether a failover run kept the fence: nothing
+// acknowledged was lost, no stale write landed, the logs agree.
+func (r *result) failoverSafe() bool {
+	return r.Violations == 0 && r.StaleLanded == 0 && r.LostCommitted == 0 && r.LandedBelowLost == 0 && r.Mismatches == 0
+}
+
 // verdict is the session's outcome: the pgfence run has no violations and
-// rejected stale writes, and the direct run has violations.
-func verdict(fenced, direct *result) (bool, string) {
+// rejected stale writes, the direct run has violations, and the failover
+// run with synchronous replication (if any) kept the fence. The
+// asynchronous one is reported, not judged: it shows what such a failover
+// can lose.
+func verdict(rs runs) (bool, string) {
+	fenced, direct := rs.fenced, rs.direct
 	var problems []string
 	if fenced.Violations > 0 {
 		problems = append(problems, fmt.Sprintf("pgfence run: %d violations", fenced.Violations))
@@ -183,9 +227,18 @@ func verdict(fenced, direct *result) (bool, string) {
 	if direct.Violations == 0 {
 		problems = append(problems, "direct run: no violations (the check did not show it can fail)")
 	}
+	if rs.sync != nil && !rs.sync.failoverSafe() {
+		problems = append(problems, fmt.Sprintf("synchronous failover run: %d violations, %d stale landed, %d acknowledged writes lost, %d landed below a lost token, %d mismatches",
+			rs.sync.Violations, rs.sync.StaleLanded, rs.sync.LostCommitted, rs.sync.LandedBelowLost, rs.sync.Mismatches))
+	}
 	if len(problems) > 0 {
 		return false, "RESULT: FAIL: " + strings.Join(problems, "; ")
 	}
-	return true, fmt.Sprintf("RESULT: PASS: through pgfence %d writes, %d stale, all rejected, 0 violations; without pgfence %d violations in %d writes",
+	text := fmt.Sprintf("RESULT: PASS: through pgfence %d writes, %d stale, all rejected, 0 violations; without pgfence %d violations in %d writes",
 		fenced.Attempts, fenced.Stale, direct.Violations, direct.Attempts)
+	if rs.sync != nil {
+		text += fmt.Sprintf("; synchronous failovers: %d writes, %d stale, all rejected, nothing acknowledged lost; asynchronous failovers: %d acknowledged writes lost, %d stale writes landed below them",
+			rs.sync.Attempts, rs.sync.Stale, rs.async.LostCommitted, rs.async.LandedBelowLost)
+	}
+	return true, text
 }

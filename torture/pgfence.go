@@ -14,17 +14,21 @@ import (
 	"github.com/pgfence/pgfence/fence"
 	"github.com/pgfence/pgfence/proxy"
 	"github.com/pgfence/pgfence/sqlrewrite"
+	"github.com/pgfence/pgfence/upstream"
 )
 
 // pgfence is pgfence serving in this process (the proxy and fence
 // packages, as `pgfence serve` wires them), restartable on the same
-// address.
+// address. With several upstream hosts it follows the writable primary
+// among them, as serve does.
 type pgfence struct {
-	upstream string
-	guard    sqlrewrite.Guard
-	log      *slog.Logger
+	hosts      upstream.Hosts
+	guard      sqlrewrite.Guard
+	log        *slog.Logger
+	stopFollow context.CancelFunc
 
 	mu       sync.Mutex
+	up       proxy.Upstream // where sessions go: the primary last found
 	addr     string
 	ln       net.Listener
 	srv      *proxy.Server
@@ -32,19 +36,37 @@ type pgfence struct {
 	registry []*prometheus.Registry // one per start, for the reject count
 }
 
-func startPgfence(upstream, table string, logw io.Writer) (*pgfence, error) {
+// startPgfence starts pgfence in front of upstreamURL (one host or
+// several), guarding table.
+func startPgfence(upstreamURL, table string, logw io.Writer) (*pgfence, error) {
 	g, err := sqlrewrite.ParseGuard(table)
 	if err != nil {
 		return nil, err
 	}
+	hosts, err := upstream.Parse(upstreamURL)
+	if err != nil {
+		return nil, err
+	}
 	p := &pgfence{
-		upstream: upstream,
-		guard:    g,
-		log:      slog.New(slog.NewTextHandler(logw, &slog.HandlerOptions{Level: slog.LevelInfo})),
-		addr:     "127.0.0.1:0",
+		hosts: hosts,
+		guard: g,
+		log:   slog.New(slog.NewTextHandler(logw, &slog.HandlerOptions{Level: slog.LevelInfo})),
+		addr:  "127.0.0.1:0",
 	}
 	if err := p.start(); err != nil {
 		return nil, err
+	}
+	if len(hosts.List) > 1 {
+		ctx, cancel := context.WithCancel(context.Background())
+		p.stopFollow = cancel
+		go upstream.Follow(ctx, hosts.List, 500*time.Millisecond, "", func(h upstream.Host) {
+			p.mu.Lock()
+			p.up = h.Upstream
+			if p.srv != nil {
+				p.srv.SetUpstream(h.Upstream)
+			}
+			p.mu.Unlock()
+		})
 	}
 	return p, nil
 }
@@ -57,7 +79,11 @@ func (p *pgfence) start() error {
 	if err != nil {
 		return err
 	}
-	srv, err := proxy.New(proxy.Config{Upstream: p.upstream, Interceptor: policy, Logger: p.log})
+	if p.up.Addr == "" {
+		p.up = p.hosts.List[0].Upstream
+	}
+	srv, err := proxy.New(proxy.Config{Upstream: p.up.Addr, UpstreamNetwork: p.up.Network, RequirePrimary: p.hosts.RequirePrimary,
+		Interceptor: policy, Logger: p.log})
 	if err != nil {
 		return err
 	}
@@ -99,6 +125,14 @@ func (p *pgfence) stop(drain time.Duration) {
 	p.srv.Close()
 	<-p.served
 	p.ln = nil
+}
+
+// close stops pgfence for good, and its following of the primary.
+func (p *pgfence) close(drain time.Duration) {
+	if p.stopFollow != nil {
+		p.stopFollow()
+	}
+	p.stop(drain)
 }
 
 // restart stops pgfence, leaves it down for down, and starts it again on

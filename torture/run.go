@@ -19,6 +19,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgfence/pgfence/internal/patroni"
 	"github.com/pgfence/pgfence/internal/pgserver"
 	"github.com/pgfence/pgfence/lease/leasetest"
 )
@@ -27,45 +28,51 @@ import (
 type config struct {
 	Duration       time.Duration // the pgfence run
 	DirectDuration time.Duration // the direct run
-	Writers        int
-	Pgfences       int // pgfence instances in the pgfence run, writers spread over them
-	Rows           int
-	RowsPerTx      int
-	TxPerHold      int
-	TTL            time.Duration
-	Margin         time.Duration
-	Freeze         time.Duration
-	ComputeMin     time.Duration
-	ComputeMax     time.Duration
-	SlowDelay      time.Duration
-	SlowFor        time.Duration
-	Gap            time.Duration // between faults
-	Seed           uint64
-	Verbose        bool
-	Dir            string // logs; "" means a temporary directory
-	Keep           bool   // keep Dir
-	Out            io.Writer
-	Exe            string // this binary, re-executed as the writers
+	// FailoverDuration is how long each failover run (synchronous, then
+	// asynchronous replication) injects faults; 0 skips them.
+	FailoverDuration time.Duration
+	Writers          int
+	Pgfences         int // pgfence instances in the pgfence run, writers spread over them
+	Rows             int
+	RowsPerTx        int
+	TxPerHold        int
+	TTL              time.Duration
+	Margin           time.Duration
+	Freeze           time.Duration
+	ComputeMin       time.Duration
+	ComputeMax       time.Duration
+	SlowDelay        time.Duration
+	SlowFor          time.Duration
+	Gap              time.Duration // between faults
+	PartitionFor     time.Duration // kill-leader: how long the standby gets no WAL before the leader dies
+	Seed             uint64
+	Verbose          bool
+	Dir              string // logs; "" means a temporary directory
+	Keep             bool   // keep Dir
+	Out              io.Writer
+	Exe              string // this binary, re-executed as the writers
 }
 
 func defaultConfig() config {
 	return config{
-		Duration:       60 * time.Second,
-		DirectDuration: 30 * time.Second,
-		Writers:        8,
-		Pgfences:       2,
-		Rows:           10,
-		RowsPerTx:      3,
-		TxPerHold:      3,
-		TTL:            2 * time.Second,
-		Margin:         500 * time.Millisecond,
-		Freeze:         4 * time.Second,
-		ComputeMin:     50 * time.Millisecond,
-		ComputeMax:     150 * time.Millisecond,
-		SlowDelay:      25 * time.Millisecond,
-		SlowFor:        4 * time.Second,
-		Gap:            time.Second,
-		Out:            os.Stdout,
+		Duration:         60 * time.Second,
+		DirectDuration:   30 * time.Second,
+		FailoverDuration: 45 * time.Second,
+		Writers:          8,
+		Pgfences:         2,
+		Rows:             10,
+		RowsPerTx:        3,
+		TxPerHold:        3,
+		TTL:              2 * time.Second,
+		Margin:           500 * time.Millisecond,
+		Freeze:           4 * time.Second,
+		ComputeMin:       50 * time.Millisecond,
+		ComputeMax:       150 * time.Millisecond,
+		SlowDelay:        25 * time.Millisecond,
+		SlowFor:          4 * time.Second,
+		Gap:              time.Second,
+		PartitionFor:     1500 * time.Millisecond,
+		Out:              os.Stdout,
 	}
 }
 
@@ -74,7 +81,15 @@ type mode string
 const (
 	modePgfence mode = "pgfence"
 	modeDirect  mode = "direct"
+	// Through pgfence to a Patroni cluster (a primary and a streaming
+	// standby) that fails over mid-run, with synchronous or asynchronous
+	// replication.
+	modeSync  mode = "failover-sync"
+	modeAsync mode = "failover-async"
 )
+
+// failover reports whether m runs against a Patroni cluster.
+func (m mode) failover() bool { return m == modeSync || m == modeAsync }
 
 // env is what both runs share: Postgres and etcd.
 type env struct {
@@ -151,6 +166,7 @@ type run struct {
 	table   string
 	prefix  string
 	pfs     []*pgfence         // the pgfence run's instances, each in front of the same Postgres
+	cluster *patroni.Cluster   // a failover run's Postgres
 	relays  []*leasetest.Relay // one per instance (or one to Postgres): the slow link
 	procs   []*writerProc
 	rng     *rand.Rand
@@ -164,29 +180,41 @@ func (e *env) run(ctx context.Context, m mode, d time.Duration) (*result, error)
 	r := &run{
 		env:     e,
 		mode:    m,
-		table:   "torture_" + string(m),
+		table:   "torture_" + strings.ReplaceAll(string(m), "-", "_"),
 		prefix:  "/torture/" + string(m),
 		rng:     rand.New(rand.NewPCG(e.cfg.Seed, uint64(len(m)))),
 		trigger: make(chan *writerProc, 1),
 		faults:  map[string]int{},
 	}
+	upstreamURL := e.pg.URL("postgres")
+	if m.failover() {
+		cctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+		c, err := patroni.Start(cctx, e.etcd.Endpoints(), patroni.Options{Synchronous: m == modeSync, ReplicationLink: true})
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+		defer c.Stop()
+		r.cluster = c
+		upstreamURL = c.HostsURL("postgres")
+	}
 	if err := r.createTable(ctx); err != nil {
 		return nil, err
 	}
 	targets := []string{e.pg.Addr()}
-	if m == modePgfence {
+	if m == modePgfence || m.failover() {
 		targets = targets[:0]
 		for i := range max(e.cfg.Pgfences, 1) {
-			logf, err := os.Create(filepath.Join(e.dir, fmt.Sprintf("pgfence-%d.log", i+1)))
+			logf, err := os.Create(filepath.Join(e.dir, fmt.Sprintf("%s-pgfence-%d.log", m, i+1)))
 			if err != nil {
 				return nil, err
 			}
 			defer logf.Close()
-			pf, err := startPgfence(e.pg.Addr(), r.table, logf)
+			pf, err := startPgfence(upstreamURL, r.table, logf)
 			if err != nil {
 				return nil, err
 			}
-			defer pf.stop(time.Second)
+			defer pf.close(time.Second)
 			r.pfs = append(r.pfs, pf)
 			targets = append(targets, pf.Addr())
 		}
@@ -213,7 +241,7 @@ func (e *env) run(ctx context.Context, m mode, d time.Duration) (*result, error)
 	if len(r.pfs) > 0 {
 		rejects = 0
 		for _, pf := range r.pfs {
-			pf.stop(time.Second)
+			pf.close(time.Second)
 			each = append(each, pf.rejects())
 			rejects += each[len(each)-1]
 		}
@@ -227,8 +255,17 @@ func (e *env) run(ctx context.Context, m mode, d time.Duration) (*result, error)
 	return res, nil
 }
 
+// dbURL connects straight to the run's Postgres: its primary now, in a
+// failover run.
+func (r *run) dbURL() string {
+	if r.cluster != nil {
+		return r.cluster.HostsURL("postgres")
+	}
+	return r.pg.URL("postgres")
+}
+
 func (r *run) createTable(ctx context.Context) error {
-	c, err := pgx.Connect(ctx, r.pg.URL("postgres"))
+	c, err := pgx.Connect(ctx, r.dbURL())
 	if err != nil {
 		return err
 	}
@@ -351,6 +388,10 @@ func (r *run) nemesis(ctx context.Context, d time.Duration) {
 	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	rotation := []string{"freeze-holder", "restart-pgfence", "slow-link", "restart-etcd", "freeze-holder", "restart-postgres", "freeze-holder", "freeze-random"}
+	if r.mode.failover() {
+		// etcd is Patroni's too, and Postgres restarts are failovers here.
+		rotation = []string{"freeze-holder", "kill-leader", "freeze-holder", "switchover", "freeze-random", "restart-pgfence", "slow-link"}
+	}
 	var slow sync.WaitGroup
 	defer slow.Wait()
 	if !sleep(ctx, r.cfg.Gap) {
@@ -416,6 +457,31 @@ func (r *run) nemesis(ctx context.Context, d time.Duration) {
 			}
 			c()
 			r.logf("[%8v] %s: down %v", at, f, time.Since(start).Round(time.Millisecond))
+		case "switchover":
+			start := time.Now()
+			fctx, c := context.WithTimeout(context.Background(), 2*time.Minute)
+			leader, err := r.cluster.Failover(fctx)
+			c()
+			if err != nil {
+				r.logf("[%8v] %s failed: %v", at, f, err)
+			} else {
+				r.logf("[%8v] %s: %s leads after %v", at, f, leader, time.Since(start).Round(time.Millisecond))
+			}
+		case "kill-leader":
+			// The standby stops getting WAL, writes go on for a moment
+			// (with synchronous replication their commits wait instead),
+			// then the leader dies: what it had not sent is gone.
+			start := time.Now()
+			r.cluster.PartitionReplication()
+			sleep(context.Background(), r.cfg.PartitionFor)
+			fctx, c := context.WithTimeout(context.Background(), 2*time.Minute)
+			leader, err := r.cluster.KillLeader(fctx)
+			c()
+			if err != nil {
+				r.logf("[%8v] %s failed: %v", at, f, err)
+			} else {
+				r.logf("[%8v] %s: replication cut for %v, leader killed; %s leads after %v", at, f, r.cfg.PartitionFor, leader, time.Since(start).Round(time.Millisecond))
+			}
 		case "restart-etcd":
 			start := time.Now()
 			rctx, c := context.WithTimeout(context.Background(), time.Minute)
