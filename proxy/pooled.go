@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"strconv"
 	"strings"
 	"sync"
 	"unicode/utf8"
@@ -51,7 +52,7 @@ func pooledSQL(n int) string {
 	var b strings.Builder
 	b.WriteString("SELECT ")
 	for i := range n {
-		name, value := "$"+itoa(2*i+1), "$"+itoa(2*i+2)
+		name, value := "$"+strconv.Itoa(2*i+1), "$"+strconv.Itoa(2*i+2)
 		if i > 0 {
 			b.WriteString(", ")
 		}
@@ -70,13 +71,6 @@ func pooledSet(name, value string) string {
 	marker := "'" + markerPrefix + "' OPERATOR(pg_catalog.||) " + name
 	return "CASE WHEN COALESCE(pg_catalog.current_setting(" + marker + ", true), '') OPERATOR(pg_catalog.<>) 'y' THEN " +
 		"pg_catalog.set_config(" + name + ", " + value + ", true) OPERATOR(pg_catalog.||) pg_catalog.set_config(" + marker + ", 'y', true) END"
-}
-
-func itoa(i int) string {
-	if i < 10 {
-		return string(rune('0' + i))
-	}
-	return itoa(i/10) + string(rune('0'+i%10))
 }
 
 // Replies to writePooled: CloseComplete and ParseComplete, BindComplete,

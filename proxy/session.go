@@ -1421,18 +1421,18 @@ const (
 	codeUndefinedStatement   = "26000" // invalid_sql_statement_name: "prepared statement ... does not exist"
 )
 
-// sendFatal tells the client why its session ends. Only called once the
-// server-to-client goroutine has stopped writing.
 // standby ends a session whose server is a standby (see
 // Config.RequirePrimary).
 func (s *session) standby() error {
-	writeFatal(s.cw, codeReadOnly, fmt.Sprintf("the server at %s is a standby (in_hot_standby = on), and --upstream asks for a writable primary (target_session_attrs=read-write)", s.upstream),
+	writeFatal(s.cw, codeReadOnly, fmt.Sprintf("the server at %s is a standby (in_hot_standby = on), and pgfence was asked for a writable primary (target_session_attrs=read-write)", s.upstream),
 		"the primary has moved (a failover); reconnect, and pgfence connects you to the new primary once it has found it")
 	s.fatal = true
 	s.log.Warn("session ended: its server is a standby", "client", s.c.RemoteAddr, "upstream", s.upstream)
 	return errors.New("the server is a standby")
 }
 
+// sendFatal tells the client why its session ends. Only called once the
+// server-to-client goroutine has stopped writing.
 func (s *session) sendFatal(code, msg, hint string) {
 	writeFatal(s.cw, code, msg, hint)
 	s.cw.Flush()

@@ -118,13 +118,12 @@ func (ts TokenSettings) has(name string) bool {
 	return false
 }
 
-// mayChangeSession is SessionChange's prefilter: sql spells the token
-// setting (every lock domain's starts with it), set_config, RESET or
-// DISCARD, ignoring ASCII case.
+// mayChangeSession is SessionChange's prefilter, allocation-free: sql
+// spells the token setting (every lock domain's starts with it),
+// set_config, RESET or DISCARD, ignoring ASCII case.
 func mayChangeSession(sql, token string) bool {
-	lower := strings.ToLower(sql)
-	return strings.Contains(lower, token) || strings.Contains(lower, "set_config") ||
-		strings.Contains(lower, "reset") || strings.Contains(lower, "discard")
+	return containsFold(sql, token) || containsFold(sql, "set_config") ||
+		containsFold(sql, "reset") || containsFold(sql, "discard")
 }
 
 // WritesNothing reports whether sql is one statement that can run none of
@@ -148,13 +147,13 @@ func WritesNothing(sql string) bool {
 		"vacuum", "analyze", "analyse", "checkpoint", "cluster", "load", "close", "lock", "reindex":
 		return true
 	case "set":
-		return !strings.Contains(strings.ToLower(sql), "set_config")
+		return !containsFold(sql, "set_config")
 	case "create", "drop", "alter":
 		switch second {
 		case "database", "tablespace", "system", "subscription":
 			return true
 		}
-		return strings.Contains(strings.ToLower(sql), "concurrently") && (second == "index" || second == "unique")
+		return containsFold(sql, "concurrently") && (second == "index" || second == "unique")
 	}
 	return false
 }
