@@ -7,7 +7,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
 
 	"github.com/pgfence/pgfence/backstop"
@@ -21,6 +20,7 @@ type initOptions struct {
 	discover       bool
 	discoverColumn string
 	exemptRoles    []string
+	pooling        string
 }
 
 func initCmd() *cobra.Command {
@@ -58,7 +58,7 @@ domain's row.`,
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), time.Minute)
 			defer cancel()
-			conn, err := pgx.Connect(ctx, o.upstream)
+			conn, err := connectUpstream(ctx, o.upstream, o.pooling)
 			if err != nil {
 				return fmt.Errorf("connecting to --upstream %s: %w", redact(o.upstream), err)
 			}
@@ -107,6 +107,7 @@ domain's row.`,
 	f := cmd.Flags()
 	f.StringVar(&o.upstream, "upstream", "", "postgres:// URL of the database (a role that owns the guarded tables and may create the pgfence schema)")
 	o.policyOptions.addFlags(cmd)
+	f.StringVar(&o.pooling, "upstream-pooling", "none", "what answers at --upstream, as for serve: none, session or transaction (a transaction pooler: pgfence then prepares no statements)")
 	f.BoolVar(&o.discover, "discover", true, "also install on every table that has a bigint --discover-column, as serve guards them")
 	f.StringVar(&o.discoverColumn, "discover-column", "fence_epoch", "epoch column name that discovery looks for")
 	f.StringArrayVar(&o.exemptRoles, "backstop-exempt-role", nil, "a role whose writes the backstop lets through unfenced (migrations), counted and logged in the server log (repeatable)")

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -71,8 +72,16 @@ func TestServeTransactionPooling(t *testing.T) {
 	s.exec("CREATE TABLE accounts (id int PRIMARY KEY, val text, fence_epoch bigint NOT NULL DEFAULT 0)")
 	s.exec("INSERT INTO accounts VALUES (1, 'a', 0)")
 	b := s.bouncer("transaction")
-	inst := s.serve(serveOptions{upstream: "postgres://postgres@" + b.Addr() + "/postgres?sslmode=disable",
-		upstreamPooling: poolingTransaction, discover: true, backstop: "install"})
+	through := "postgres://postgres@" + b.Addr() + "/postgres?sslmode=disable"
+	// pgfence init works through the pooler too.
+	var out bytes.Buffer
+	cmd := rootCmd()
+	cmd.SetOut(&out)
+	cmd.SetArgs([]string{"init", "--upstream", through, "--upstream-pooling", "transaction", "--guard", "public.accounts"})
+	if err := cmd.Execute(); err != nil || !strings.Contains(out.String(), "public.accounts: backstop created") {
+		t.Fatalf("init through the pooler: %v\n%s", err, out.String())
+	}
+	inst := s.serve(serveOptions{upstream: through, upstreamPooling: poolingTransaction, discover: true, backstop: "install"})
 	if got := scrape(t, inst, "pgfence_discovery_ok"); got != "1" {
 		t.Fatalf("pgfence_discovery_ok = %q through the pooler, want 1", got)
 	}
