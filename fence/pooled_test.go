@@ -376,3 +376,31 @@ func TestBouncerInFrontSessionMode(t *testing.T) {
 		t.Fatalf("row is (%s, %d), want (fresh, 9)", v, e)
 	}
 }
+
+// COPY in and out through a transaction pooler: the statement pgfence
+// puts in front of the COPY's Query does not get in the way of its data.
+func TestPooledCopy(t *testing.T) {
+	tbl := table(t)
+	plain := tbl + "_plain"
+	pgtest.Exec(t, pgtest.Direct(t), "CREATE TABLE "+plain+" (id int, val text)")
+	t.Cleanup(func() { pgtest.Exec(t, pgtest.Direct(t), "DROP TABLE "+plain) })
+	p, _ := pooledProxy(t, 1, tbl)
+	c := pooledConn(t, p)
+	exec(t, c, simple, "SET fence.token = '4'")
+	n, err := c.CopyFrom(ctx, pgx.Identifier{plain}, []string{"id", "val"}, pgx.CopyFromRows([][]any{{1, "a"}, {2, "b"}, {3, "c"}}))
+	if err != nil || n != 3 {
+		t.Fatalf("COPY FROM through the pooler: %d rows, %v", n, err)
+	}
+	var sum int
+	if err := c.QueryRow(ctx, "SELECT sum(id) FROM "+plain).Scan(&sum); err != nil || sum != 6 {
+		t.Fatalf("after COPY: sum %d, %v", sum, err)
+	}
+	res, err := c.PgConn().CopyTo(ctx, discard{}, "COPY "+plain+" TO STDOUT")
+	if err != nil || res.RowsAffected() != 3 {
+		t.Fatalf("COPY TO through the pooler: %v, %v", res, err)
+	}
+}
+
+type discard struct{}
+
+func (discard) Write(p []byte) (int, error) { return len(p), nil }
