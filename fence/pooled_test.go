@@ -404,3 +404,55 @@ func TestPooledCopy(t *testing.T) {
 type discard struct{}
 
 func (discard) Write(p []byte) (int, error) { return len(p), nil }
+
+// Behind a transaction pooler nobody told pgfence of (no TransactionPooling
+// here, and the serve-level check bypassed), a session whose next
+// transaction lands on another server connection is ended, naming the
+// flag, the moment its token is set there: the write that went with it
+// carried its own token, and nothing runs after.
+func TestUndeclaredPoolerEndsSession(t *testing.T) {
+	if !answersSets() {
+		t.Skip("the goroutine relay answers no SET: nothing is deferred")
+	}
+	tbl := table(t, [3]any{1, "a", 0}, [3]any{2, "b", 0})
+	b := startBouncer(t, "transaction", 2)
+	p := pgtest.StartProxy(t, []string{tbl}, func(pc *proxy.Config, fc *fence.Config) {
+		pc.Upstream, pc.UpstreamTLS = b.Addr(), nil
+	})
+	a := pooledConn(t, p)
+	exec(t, a, simple, "SET fence.token = '5'")
+	exec(t, a, simple, "UPDATE "+tbl+" SET val = 'x' WHERE id = 1") // server connection X
+	// Another client holds X in a transaction; a's next one gets Y.
+	other := bouncerConn(t, b)
+	tx, err := other.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	var busy uint32
+	if err := tx.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&busy); err != nil {
+		t.Fatal(err)
+	}
+	// On Y the session's own set statement does not exist (its name is
+	// the session's alone): the write fails with 26000 and does not run.
+	// pgfence prepares it again for the next, which tells it the server
+	// process changed.
+	exec(t, a, simple, "SET fence.token = '6'")
+	_, err = a.Exec(ctx, "UPDATE "+tbl+" SET val = 'y' WHERE id = 2", simple)
+	if pe := pgErr(t, err); pe.Code != "26000" || !strings.Contains(pe.Message, "pgfence.set.") {
+		t.Fatalf("a write on another server connection: %s %q, want 26000 naming pgfence's statement", pe.Code, pe.Message)
+	}
+	if v, _ := row(t, tbl, 2); v != "b" {
+		t.Fatalf("the write behind the failed SET ran: row 2 is %q", v)
+	}
+	_, err = a.Exec(ctx, "UPDATE "+tbl+" SET val = 'z' WHERE id = 2", simple)
+	if err == nil {
+		_, err = a.Exec(ctx, "SELECT 1", simple)
+	}
+	if pe := pgErr(t, err); pe.Code != "08006" || !strings.Contains(pe.Hint, "--upstream-pooling=transaction") {
+		t.Fatalf("a session moved to another server connection: %s %q (hint %q), want 08006 naming --upstream-pooling=transaction", pe.Code, pe.Message, pe.Hint)
+	}
+	if v, e := row(t, tbl, 2); v != "b" && e != 6 {
+		t.Fatalf("a write landed with epoch %d", e)
+	}
+}

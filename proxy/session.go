@@ -157,6 +157,9 @@ type session struct {
 	setReady bool
 	setPrep  []byte
 	setNm    string
+	// backendPID is the server process that ran the session's first
+	// deferred setting (see checkBackend); written by the server side.
+	backendPID string
 	// setRetry follows a retry of deferred settings that failed on their
 	// own (see heldFailed): retryNone, retryOwed or retrySent.
 	setRetry uint8

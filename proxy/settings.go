@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -56,7 +57,7 @@ func (s *session) setName() string {
 func (s *session) setPrepare() []byte {
 	if s.setPrep == nil {
 		b, _ := (&pgproto3.Close{ObjectType: 'S', Name: s.setName()}).Encode(nil)
-		s.setPrep, _ = (&pgproto3.Parse{Name: s.setName(), Query: "SELECT pg_catalog.set_config($1, $2, $3)",
+		s.setPrep, _ = (&pgproto3.Parse{Name: s.setName(), Query: "SELECT pg_catalog.set_config($1, $2, $3), pg_catalog.pg_backend_pid()",
 			ParameterOIDs: []uint32{25, 25, 16}}).Encode(b)
 	}
 	return s.setPrep
@@ -495,7 +496,15 @@ func (s *session) setReply(w *wait, typ byte, n int) error {
 	switch typ {
 	case '1': // ParseComplete: the backend has setStmt now
 		s.setReady = true
-	case '2', 'D', 'C', '3':
+	case '2', 'C', '3':
+	case 'D':
+		if !s.txPool() {
+			if err := s.checkBackend(n); err != nil {
+				return err
+			}
+			s.setSeen(w)
+			return nil
+		}
 	case 'E':
 		s.setReady = false // prepare it again next time, whatever went wrong
 		if w.held {
@@ -509,6 +518,12 @@ func (s *session) setReply(w *wait, typ byte, n int) error {
 	default:
 		return s.reply(w, typ, n)
 	}
+	s.setSeen(w)
+	return skip(s.sr, n)
+}
+
+// setSeen counts a reply to deferred settings, done with them at the last.
+func (s *session) setSeen(w *wait) {
 	if w.seen++; w.seen == w.want {
 		// Nothing is answered while w is in flight, so deferBlock is
 		// still what it was when the settings were sent.
@@ -518,7 +533,50 @@ func (s *session) setReply(w *wait, typ byte, n int) error {
 		}
 		s.pipe.pop()
 	}
-	return skip(s.sr, n)
+}
+
+// checkBackend reads the DataRow (n bytes) of a deferred setting, which
+// says which server process ran it, and ends the session if that is not
+// the one that ran the session's first: a transaction pooler nobody told
+// pgfence of (see Config.TransactionPooling) gave the session another
+// server connection between transactions, where the settings it made on
+// the first stay for other clients and its own are missing.
+func (s *session) checkBackend(n int) error {
+	b, err := body(s.sr, n, &s.sbuf)
+	if err != nil {
+		return err
+	}
+	// Two columns: the setting's value, then the process id.
+	if len(b) < 2 || binary.BigEndian.Uint16(b) != 2 {
+		return nil
+	}
+	b = b[2:]
+	for range 2 {
+		if len(b) < 4 {
+			return nil
+		}
+		l := int(int32(binary.BigEndian.Uint32(b)))
+		if l < 0 || len(b) < 4+l {
+			return nil
+		}
+		if len(b) == 4+l { // the last column: the process id
+			pid := b[4:]
+			if s.backendPID == "" {
+				s.backendPID = string(pid)
+				return nil
+			}
+			if string(pid) == s.backendPID {
+				return nil
+			}
+			writeFatal(s.cw, codeConnectionFailure, fmt.Sprintf("the server process behind this session changed between transactions (%s, then %s): a transaction pooler stands between pgfence and Postgres", s.backendPID, pid),
+				"run pgfence with transaction pooling declared (pgfence serve --upstream-pooling=transaction), or connect it to Postgres directly")
+			s.fatal = true
+			s.log.Error("session ended: its server process changed between transactions; a transaction pooler is behind pgfence", "client", s.c.RemoteAddr, "first", s.backendPID, "now", string(pid))
+			return errors.New("the server process behind the session changed: a transaction pooler is behind pgfence")
+		}
+		b = b[4+l:]
+	}
+	return nil
 }
 
 // heldReady handles the ReadyForQuery of the proxy's own Sync after
