@@ -148,8 +148,10 @@ func main() {
 		err = r.benchDomainOnly()
 	case only == "backstop":
 		err = r.benchBackstopOnly()
+	case only == "pooling":
+		err = r.benchPoolingOnly()
 	case only != "":
-		err = fmt.Errorf("BENCH_ONLY=%q: the sections that run alone are domain and backstop", only)
+		err = fmt.Errorf("BENCH_ONLY=%q: the sections that run alone are domain, backstop and pooling", only)
 	default:
 		err = r.bench()
 	}

@@ -1,6 +1,8 @@
 package fence
 
 import (
+	"strings"
+
 	"github.com/pgfence/pgfence/proxy"
 	"github.com/pgfence/pgfence/sqlrewrite"
 )
@@ -43,9 +45,26 @@ func (p *Policy) pooledPlan(st *state, c *proxy.Client, sql string, mode sqlrewr
 		return pl.plan
 	}
 	plan := p.planIn(st, c, sql, mode)
-	plan.NeedsToken = plan.SQL != "" || len(plan.Probes) > 0 || !sqlrewrite.WritesNothing(sql) ||
-		containsFold(sql, st.tokenLower)
+	plan.NeedsToken = needsToken(st, sql, plan)
 	return plan
+}
+
+// needsToken reports whether, behind a transaction pooler, the session's
+// token must be set in sql's transaction ahead of it: sql is fenced here,
+// or reads or sets the token, or may write (a write keyword), or may call
+// a function (a parenthesis), which may write a guarded table that the
+// database backstop fences with the token. A text with none of these
+// (SELECT abalance FROM accounts WHERE id = $1, BEGIN, SHOW) runs without
+// it: should it write anyway (through an operator's function, say) the
+// backstop finds no token there and refuses, which fails closed.
+func needsToken(st *state, sql string, plan proxy.Plan) bool {
+	switch {
+	case plan.SQL != "" || len(plan.Probes) > 0 || containsFold(sql, st.tokenLower):
+		return true
+	case sqlrewrite.WritesNothing(sql):
+		return false
+	}
+	return sqlrewrite.MayWrite(sql) || strings.IndexByte(sql, '(') >= 0
 }
 
 // pooledRefusal is the plan that refuses sql, which would change a token

@@ -38,6 +38,9 @@ type PgBouncer struct {
 	done chan error
 }
 
+// PID is PgBouncer's process.
+func (b *PgBouncer) PID() int { return b.cmd.Process.Pid }
+
 // Addr is where clients connect.
 func (b *PgBouncer) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(b.Port)) }
 
