@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -9,8 +10,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgfence/pgfence/internal/patroni"
 	"github.com/pgfence/pgfence/internal/pgserver"
+	"github.com/pgfence/pgfence/lease/leasetest"
 )
 
 // With two hosts and target_session_attrs=read-write, sessions go to the
@@ -84,5 +88,40 @@ func TestServeFollowsPrimary(t *testing.T) {
 	readOnly(a, true)
 	if code, body := readyz(t, inst); code != http.StatusServiceUnavailable || !strings.Contains(body, "read-only") {
 		t.Fatalf("/readyz with no writable host: %d %q", code, body)
+	}
+}
+
+// Pointed at a real streaming standby (a Patroni cluster's), with
+// target_session_attrs=read-write, pgfence ends every session there with
+// 25006 (the standby says in_hot_standby = on), and /readyz says why it is
+// not ready.
+func TestServeRefusesStandby(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	etcd := leasetest.StartEtcdT(t)
+	c, err := patroni.Start(ctx, etcd.Endpoints(), patroni.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Stop)
+	leader, err := c.Leader(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var standby *patroni.Node
+	for _, n := range c.Nodes() {
+		if n != leader {
+			standby = n
+		}
+	}
+	s := &serveTest{t: t}
+	inst := s.serve(serveOptions{upstream: standby.URL("postgres") + "&target_session_attrs=read-write", backstop: "off"})
+	_, err = pgx.Connect(ctx, "postgres://postgres@"+inst.Addr()+"/postgres?sslmode=disable")
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) || pe.Code != "25006" || !strings.Contains(pe.Message, "standby") {
+		t.Fatalf("a session on a standby: %v, want FATAL 25006 saying the server is a standby", err)
+	}
+	if code, body := readyz(t, inst); code != http.StatusServiceUnavailable || !strings.Contains(body, "read-only") {
+		t.Fatalf("/readyz on a standby: %d %q", code, body)
 	}
 }
