@@ -317,7 +317,10 @@ func (l *loop) run() {
 				continue // its session ended earlier in this batch
 			}
 			x := l.sides[fd]
-			if ev&unix.EPOLLOUT != 0 && !x.flushed() {
+			if ev&unix.EPOLLOUT != 0 {
+				// x takes more. What was pending for it may have gone out
+				// since (written after reading x's own messages): its peer,
+				// paused while x was backed up, is resumed all the same.
 				l.writable(x)
 			}
 			if ev&(unix.EPOLLIN|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
@@ -577,9 +580,11 @@ func (l *loop) write(x *side) error {
 // writable continues writing to x once it takes more, and once all is
 // written resumes reading its peer.
 func (l *loop) writable(x *side) {
-	if err := l.write(x); err != nil {
-		l.end(x.ls, x.client, err)
-		return
+	if !x.flushed() {
+		if err := l.write(x); err != nil {
+			l.end(x.ls, x.client, err)
+			return
+		}
 	}
 	l.readable(x.peer)
 }
