@@ -377,7 +377,7 @@ func (p *Policy) rewrite(st *state, c *proxy.Client, sess *session, sql string, 
 			return pl, nil
 		}
 	}
-	if mode == sqlrewrite.Simple && st.bound != nil && !forget && !sess.mayExecute(sql) && !c.InExtendedBatch() {
+	if mode == sqlrewrite.Simple && st.bound != nil && !forget && !sess.mayExecute(sql) && !c.SimpleOnly() {
 		if pl, ok := st.texts.Get(sql); ok {
 			p.m.cacheHits.Inc()
 			return pl, pl.params

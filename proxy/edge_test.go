@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/pgfence/pgfence/internal/pgtest"
 )
@@ -71,5 +72,94 @@ func TestNoticeInsideCopyIn(t *testing.T) {
 	tag, err := c.PgConn().CopyFrom(ctx, strings.NewReader(b.String()), "COPY copy_notice FROM STDIN")
 	if err != nil || tag.RowsAffected() != 1000 {
 		t.Fatalf("COPY FROM with a NOTICE per row: %v %v", tag, err)
+	}
+}
+
+// Replication connections take only the simple protocol: through pgfence
+// a logical one (replication=database) runs replication commands, SQL and
+// fenced writes (rewritten in the text, not bound), with its SETs sent as
+// they are; a physical one streams WAL (CopyBoth) both ways.
+func TestReplicationConnections(t *testing.T) {
+	p := pgtest.StartProxy(t, []string{"repl_guarded"})
+	db := pgtest.Direct(t)
+	pgtest.Exec(t, db, `DROP TABLE IF EXISTS repl_guarded; CREATE TABLE repl_guarded (id int PRIMARY KEY, val text, fence_epoch bigint NOT NULL DEFAULT 0);
+		INSERT INTO repl_guarded VALUES (1, 'a', 5)`)
+	t.Cleanup(func() { pgtest.Exec(t, pgtest.Direct(t), "DROP TABLE IF EXISTS repl_guarded") })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	logical, err := pgconn.Connect(ctx, p.URL("replication=database"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logical.Close(ctx)
+	run := func(sql string) *pgconn.Result {
+		t.Helper()
+		res, err := logical.Exec(ctx, sql).ReadAll()
+		if err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+		return res[len(res)-1]
+	}
+	if r := run("IDENTIFY_SYSTEM"); len(r.Rows) != 1 {
+		t.Fatalf("IDENTIFY_SYSTEM: %d rows", len(r.Rows))
+	}
+	run("SET fence.token = '3'")
+	if r := run("UPDATE repl_guarded SET val = 'stale' WHERE id = 1"); r.CommandTag.String() != "UPDATE 0" {
+		t.Fatalf("a stale write on a replication connection: %s", r.CommandTag)
+	}
+	run("SET fence.token = '7'")
+	if r := run("UPDATE repl_guarded SET val = 'fresh' WHERE id = 1"); r.CommandTag.String() != "UPDATE 1" {
+		t.Fatalf("a fresh write on a replication connection: %s", r.CommandTag)
+	}
+	if r := run("SELECT val, fence_epoch FROM repl_guarded WHERE id = 1"); string(r.Rows[0][0]) != "fresh" || string(r.Rows[0][1]) != "7" {
+		t.Fatalf("row after the writes: %s", r.Rows[0])
+	}
+
+	physical, err := pgconn.Connect(ctx, p.URL("replication=true"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer physical.Close(ctx)
+	res, err := physical.Exec(ctx, "IDENTIFY_SYSTEM").ReadAll()
+	if err != nil {
+		t.Fatal(err)
+	}
+	lsn := string(res[0].Rows[0][2])
+	fe := physical.Frontend()
+	fe.Send(&pgproto3.Query{String: "START_REPLICATION " + lsn})
+	if err := fe.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	for !got["CopyBothResponse"] || !got["CopyData"] {
+		msg, err := fe.Receive()
+		if err != nil {
+			t.Fatalf("streaming WAL: %v (got %v)", err, got)
+		}
+		switch m := msg.(type) {
+		case *pgproto3.CopyBothResponse:
+			got["CopyBothResponse"] = true
+		case *pgproto3.CopyData:
+			got["CopyData"] = true
+		case *pgproto3.ErrorResponse:
+			t.Fatalf("START_REPLICATION: %s %s", m.Code, m.Message)
+		}
+		if got["CopyBothResponse"] && !got["CopyData"] {
+			pgtest.Exec(t, db, "SELECT pg_switch_wal()") // something to stream
+		}
+	}
+	fe.Send(&pgproto3.CopyDone{})
+	if err := fe.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		msg, err := fe.Receive()
+		if err != nil {
+			t.Fatalf("ending the stream: %v", err)
+		}
+		if _, ok := msg.(*pgproto3.ReadyForQuery); ok {
+			break
+		}
 	}
 }

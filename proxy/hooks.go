@@ -197,7 +197,12 @@ type Client struct {
 	User       string
 	Database   string
 	TLS        bool // the client connected to pgfence over TLS
-	appName    atomic.Pointer[string]
+	// Replication is set for a replication connection (the startup
+	// packet's replication parameter): Postgres takes only simple-protocol
+	// Queries there, so the proxy answers no SET and sends nothing in the
+	// extended protocol (a Plan with ParamTypes runs as its text).
+	Replication bool
+	appName     atomic.Pointer[string]
 	// What the server reported last; both change how SQL text must be read.
 	nonStandardStrings atomic.Bool            // standard_conforming_strings = off
 	encoding           atomic.Pointer[string] // client_encoding, if not UTF8
@@ -270,6 +275,11 @@ func (c *Client) takeHold() <-chan struct{} {
 // messages since its last Sync. A Query then runs inside that batch: a
 // plan for it with ParamTypes would end the batch at the proxy's Sync.
 func (c *Client) InExtendedBatch() bool { return c.midBatch }
+
+// SimpleOnly reports whether a Query's plan must not use the extended
+// protocol (ParamTypes): the client is InExtendedBatch, or its session is a
+// replication connection.
+func (c *Client) SimpleOnly() bool { return c.midBatch || c.Replication }
 
 // StandardConformingStrings reports whether backslashes in '...' literals
 // are plain characters in this session, as the parser assumes.

@@ -13,6 +13,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -312,7 +313,8 @@ func (s *Server) handle(conn net.Conn) {
 	if startup == nil { // a cancel request, already handled
 		return
 	}
-	c := &Client{ID: id, RemoteAddr: conn.RemoteAddr().String(), User: startup.Parameters["user"], Database: startup.Parameters["database"]}
+	c := &Client{ID: id, RemoteAddr: conn.RemoteAddr().String(), User: startup.Parameters["user"], Database: startup.Parameters["database"],
+		Replication: replication(startup.Parameters["replication"])}
 	c.setApplicationName(startup.Parameters["application_name"])
 	c.TLS = cc.tls
 	sess := &session{srv: s, c: c, log: log, client: cc.Conn, cr: cc.r, cw: cc.w, tag: sessionTag(id)}
@@ -362,6 +364,17 @@ func (s *Server) handle(conn net.Conn) {
 		log.Info("session ended", "err", err)
 	}
 	ic.SessionEnd(c, err)
+}
+
+// replication reports whether a startup packet's replication parameter
+// makes the session a replication connection (physical: true, on, yes, 1;
+// logical: database), which takes only the simple protocol.
+func replication(v string) bool {
+	switch strings.ToLower(v) {
+	case "true", "on", "yes", "1", "database":
+		return true
+	}
+	return false
 }
 
 // clientConn is a client connection during startup, which TLS may upgrade.

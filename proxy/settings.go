@@ -100,6 +100,9 @@ var (
 // it (it cannot be: the statement that opens or ends a block carries
 // them).
 func (s *session) mayAnswer(set *Setting) bool {
+	if s.c.Replication {
+		return false // the deferred set_config would need the extended protocol
+	}
 	block := s.wasBlock
 	if s.txPool() && (block || set.Local) || set.Reset && !s.txPool() {
 		// Pooled, a setting answered in a block would have to follow
