@@ -2,6 +2,7 @@ package proxy_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -161,5 +162,149 @@ func TestReplicationConnections(t *testing.T) {
 		if _, ok := msg.(*pgproto3.ReadyForQuery); ok {
 			break
 		}
+	}
+}
+
+// A client that reads a large result slowly holds back its own backend,
+// not pgfence: the result arrives whole, and another session is served
+// meanwhile (TestSlowReader checks pgfence's memory).
+func TestSlowReaderOthersServed(t *testing.T) {
+	p := pgtest.StartProxy(t, nil)
+	slow, other := p.Connect(t), p.Connect(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	rr := slow.PgConn().ExecParams(ctx, "SELECT g, repeat('x', 1000) FROM generate_series(1, 20000) g", nil, nil, nil, nil)
+	rows := 0
+	for rr.NextRow() {
+		rows++
+		if rows%2000 == 0 {
+			time.Sleep(50 * time.Millisecond)
+			start := time.Now()
+			if tag := pgtest.Exec(t, other, "SELECT 1"); tag != "SELECT 1" {
+				t.Fatal(tag)
+			}
+			if d := time.Since(start); d > 2*time.Second {
+				t.Fatalf("another session waited %v behind a slow reader", d)
+			}
+		}
+	}
+	if _, err := rr.Close(); err != nil || rows != 20000 {
+		t.Fatalf("slow read: %d rows, %v", rows, err)
+	}
+}
+
+// A cancel in the middle of a pipeline stops the statement running; the
+// rest of the batch is skipped as Postgres skips it, and the session goes
+// on.
+func TestCancelInsidePipeline(t *testing.T) {
+	p := pgtest.StartProxy(t, nil)
+	c := p.Connect(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pl := c.PgConn().StartPipeline(ctx)
+	for range 1000 {
+		pl.SendQueryParams("select 1", nil, nil, nil, nil)
+	}
+	pl.SendQueryParams("select pg_sleep(20)", nil, nil, nil, nil)
+	for range 1000 {
+		pl.SendQueryParams("select 2", nil, nil, nil, nil)
+	}
+	if err := pl.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		time.Sleep(500 * time.Millisecond)
+		c.PgConn().CancelRequest(context.Background())
+	}()
+	start := time.Now()
+	var canceled bool
+	for {
+		res, err := pl.GetResults()
+		if err != nil {
+			var pe *pgconn.PgError
+			if errors.As(err, &pe) && pe.Code == "57014" {
+				canceled = true
+				continue
+			}
+			t.Fatal(err)
+		}
+		if rr, ok := res.(*pgconn.ResultReader); ok {
+			if _, err := rr.Close(); err != nil {
+				var pe *pgconn.PgError
+				if errors.As(err, &pe) && pe.Code == "57014" {
+					canceled = true
+					continue
+				}
+				t.Fatal(err)
+			}
+			continue
+		}
+		if _, ok := res.(*pgconn.PipelineSync); ok {
+			break
+		}
+	}
+	if err := pl.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if !canceled || time.Since(start) > 15*time.Second {
+		t.Fatalf("cancel in a pipeline: canceled %v after %v", canceled, time.Since(start))
+	}
+	if tag := pgtest.Exec(t, c, "SELECT 1"); tag != "SELECT 1" {
+		t.Fatal(tag)
+	}
+}
+
+// A client that goes away in the middle of COPY FROM STDIN, or in the
+// middle of writing a large pipeline it never reads, ends its own session
+// only: its backend is released and pgfence serves the next.
+func TestTerminateMidStream(t *testing.T) {
+	p := pgtest.StartProxy(t, nil)
+	db := pgtest.Direct(t)
+	pgtest.Exec(t, db, "DROP TABLE IF EXISTS copy_gone; CREATE TABLE copy_gone (id int, s text)")
+	t.Cleanup(func() { pgtest.Exec(t, pgtest.Direct(t), "DROP TABLE IF EXISTS copy_gone") })
+	backends := func() int {
+		var n int
+		if err := db.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'midstream'").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	for _, how := range []string{"copy, Terminate", "copy, close", "pipeline, Terminate", "pipeline, close"} {
+		conn, fe := pgtest.RawSession(t, p.Addr)
+		fe.Send(&pgproto3.Query{String: "SET application_name = 'midstream'"})
+		fe.Flush()
+		pgtest.Replies(t, fe, 1)
+		if strings.HasPrefix(how, "copy") {
+			fe.Send(&pgproto3.Query{String: "COPY copy_gone FROM STDIN"})
+			for i := range 1000 {
+				fe.Send(&pgproto3.CopyData{Data: []byte(fmt.Sprintf("%d\t%s\n", i, strings.Repeat("y", 1000)))})
+			}
+		} else {
+			for range 20000 {
+				fe.Send(&pgproto3.Parse{Query: "select 1"})
+				fe.Send(&pgproto3.Bind{})
+				fe.Send(&pgproto3.Execute{})
+			}
+			fe.Send(&pgproto3.Sync{})
+		}
+		if strings.HasSuffix(how, "Terminate") {
+			fe.Send(&pgproto3.Terminate{})
+		}
+		fe.Flush()
+		conn.Close()
+		deadline := time.Now().Add(10 * time.Second)
+		for backends() > 0 {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: the backend is still there 10 s after the client left", how)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		if tag := pgtest.Exec(t, p.Connect(t), "SELECT 1"); tag != "SELECT 1" {
+			t.Fatalf("%s: the next session: %s", how, tag)
+		}
+	}
+	var n int
+	if err := db.QueryRow(ctx, "SELECT count(*) FROM copy_gone").Scan(&n); err != nil || n != 0 {
+		t.Fatalf("an abandoned COPY left %d rows (%v)", n, err)
 	}
 }
