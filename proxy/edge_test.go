@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,52 +18,65 @@ import (
 // A client that writes a very large pipelined batch before it reads any
 // reply (pgconn reads what arrives meanwhile into memory, as Postgres's
 // own clients do) gets every reply: pgfence never stops reading one side
-// while the other waits on it.
+// while the other waits on it. Three at once, so that the loop is busy
+// with others while each side's socket fills and drains.
 func TestHugePipeline(t *testing.T) {
 	p := pgtest.StartProxy(t, nil)
-	c := p.Connect(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	const n = 100000
-	pl := c.PgConn().StartPipeline(ctx)
+	const sessions, n = 3, 100000
+	errs := make(chan error, sessions)
+	for range sessions {
+		c := p.Connect(t)
+		go func() { errs <- hugePipeline(ctx, c.PgConn(), n) }()
+	}
+	for range sessions {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+func hugePipeline(ctx context.Context, c *pgconn.PgConn, n int) error {
+	pl := c.StartPipeline(ctx)
 	for i := range n {
 		pl.SendQueryParams("select $1::text", [][]byte{[]byte(fmt.Sprint(i))}, nil, nil, nil)
 	}
 	if err := pl.Sync(); err != nil {
-		t.Fatal(err)
+		return err
 	}
 	for i := range n {
 		res, err := pl.GetResults()
 		if err != nil {
-			t.Fatalf("result %d: %v", i, err)
+			return fmt.Errorf("result %d: %w", i, err)
 		}
 		rr, ok := res.(*pgconn.ResultReader)
 		if !ok {
-			t.Fatalf("result %d: %T", i, res)
+			return fmt.Errorf("result %d: %T", i, res)
 		}
-		if _, err := rr.Close(); err != nil {
-			t.Fatalf("result %d: %v", i, err)
+		if r := rr.Read(); r.Err != nil || len(r.Rows) != 1 || string(r.Rows[0][0]) != fmt.Sprint(i) {
+			return fmt.Errorf("result %d: %v %v", i, r.Rows, r.Err)
 		}
 	}
 	if res, err := pl.GetResults(); err != nil {
-		t.Fatal(err)
+		return err
 	} else if _, ok := res.(*pgconn.PipelineSync); !ok {
-		t.Fatalf("after the results: %T, want the Sync", res)
+		return fmt.Errorf("after the results: %T, want the Sync", res)
 	}
-	if err := pl.Close(); err != nil {
-		t.Fatal(err)
-	}
+	return pl.Close()
 }
 
 // A NoticeResponse in the middle of COPY FROM STDIN reaches the client,
-// and the COPY completes.
+// and the COPY completes: 1,000 rows of 10 KB, a NOTICE for each, three
+// sessions at once.
 func TestNoticeInsideCopyIn(t *testing.T) {
 	p := pgtest.StartProxy(t, nil)
-	c := p.Connect(t)
-	pgtest.Exec(t, c, `DROP TABLE IF EXISTS copy_notice; CREATE TABLE copy_notice (id int, s text);
-		CREATE FUNCTION pg_temp.noisy() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE NOTICE 'row %', NEW.id; RETURN NEW; END $$;
-		CREATE TRIGGER noisy BEFORE INSERT ON copy_notice FOR EACH ROW EXECUTE FUNCTION pg_temp.noisy()`)
-	t.Cleanup(func() { pgtest.Exec(t, pgtest.Direct(t), "DROP TABLE IF EXISTS copy_notice") })
+	pgtest.Exec(t, pgtest.Direct(t), `DROP TABLE IF EXISTS copy_notice; CREATE TABLE copy_notice (id int, s text);
+		CREATE OR REPLACE FUNCTION copy_noisy() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE NOTICE 'row %', NEW.id; RETURN NEW; END $$;
+		CREATE TRIGGER noisy BEFORE INSERT ON copy_notice FOR EACH ROW EXECUTE FUNCTION copy_noisy()`)
+	t.Cleanup(func() {
+		pgtest.Exec(t, pgtest.Direct(t), "DROP TABLE IF EXISTS copy_notice; DROP FUNCTION IF EXISTS copy_noisy()")
+	})
 	var b strings.Builder
 	big := strings.Repeat("x", 10000)
 	for i := range 1000 {
@@ -70,9 +84,41 @@ func TestNoticeInsideCopyIn(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	tag, err := c.PgConn().CopyFrom(ctx, strings.NewReader(b.String()), "COPY copy_notice FROM STDIN")
-	if err != nil || tag.RowsAffected() != 1000 {
-		t.Fatalf("COPY FROM with a NOTICE per row: %v %v", tag, err)
+	const sessions = 3
+	errs := make(chan error, sessions)
+	for range sessions {
+		cfg, err := pgconn.ParseConfig(p.URL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var notices atomic.Int64
+		cfg.OnNotice = func(*pgconn.PgConn, *pgconn.Notice) { notices.Add(1) }
+		c, err := pgconn.ConnectConfig(ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			cctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			c.Close(cctx)
+		})
+		go func() {
+			tag, err := c.CopyFrom(ctx, strings.NewReader(b.String()), "COPY copy_notice FROM STDIN")
+			if err == nil && (tag.RowsAffected() != 1000 || notices.Load() != 1000) {
+				err = fmt.Errorf("%s, %d notices", tag, notices.Load())
+			}
+			errs <- err
+		}()
+	}
+	for range sessions {
+		select {
+		case err := <-errs:
+			if err != nil {
+				t.Errorf("COPY FROM with a NOTICE per row: %v", err)
+			}
+		case <-time.After(70 * time.Second):
+			t.Fatal("COPY FROM with a NOTICE per row hung")
+		}
 	}
 }
 
@@ -306,5 +352,86 @@ func TestTerminateMidStream(t *testing.T) {
 	var n int
 	if err := db.QueryRow(ctx, "SELECT count(*) FROM copy_gone").Scan(&n); err != nil || n != 0 {
 		t.Fatalf("an abandoned COPY left %d rows (%v)", n, err)
+	}
+}
+
+// Asynchronous server messages inside a long pipeline: ParameterStatus
+// from a SET of a reported setting in its middle, and NotificationResponse
+// from another session between its Syncs, all reach the client in order
+// with every reply.
+func TestAsyncMessagesInsidePipeline(t *testing.T) {
+	p := pgtest.StartProxy(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cfg, err := pgconn.ParseConfig(p.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var notes atomic.Int64
+	cfg.OnNotification = func(*pgconn.PgConn, *pgconn.Notification) { notes.Add(1) }
+	c, err := pgconn.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(context.Background())
+	if _, err := c.Exec(ctx, "LISTEN pipeline_events").ReadAll(); err != nil {
+		t.Fatal(err)
+	}
+	other := p.Connect(t)
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(time.Millisecond):
+			}
+			pgtest.Exec(t, other, "NOTIFY pipeline_events")
+		}
+	}()
+	const batches, per = 50, 1000
+	pl := c.StartPipeline(ctx)
+	for b := range batches {
+		for i := range per {
+			if i == per/2 {
+				pl.SendQueryParams(fmt.Sprintf("SET application_name = 'batch%d'", b), nil, nil, nil, nil)
+			}
+			pl.SendQueryParams("select $1::int", [][]byte{[]byte(fmt.Sprint(i))}, nil, nil, nil)
+		}
+		if err := pl.Sync(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for b := range batches {
+		for i := range per + 1 {
+			res, err := pl.GetResults()
+			if err != nil {
+				t.Fatalf("batch %d, result %d: %v", b, i, err)
+			}
+			if r := res.(*pgconn.ResultReader).Read(); r.Err != nil {
+				t.Fatalf("batch %d, result %d: %v", b, i, r.Err)
+			}
+		}
+		if res, err := pl.GetResults(); err != nil {
+			t.Fatal(err)
+		} else if _, ok := res.(*pgconn.PipelineSync); !ok {
+			t.Fatalf("batch %d: %T, want its Sync", b, res)
+		}
+	}
+	if err := pl.Close(); err != nil {
+		t.Fatal(err)
+	}
+	close(stop)
+	<-done
+	if got := c.ParameterStatus("application_name"); got != fmt.Sprintf("batch%d", batches-1) {
+		t.Fatalf("application_name reported as %q", got)
+	}
+	if _, err := c.Exec(ctx, "SELECT 1").ReadAll(); err != nil {
+		t.Fatal(err)
+	}
+	if notes.Load() == 0 {
+		t.Fatal("no notification arrived")
 	}
 }
