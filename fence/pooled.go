@@ -37,8 +37,15 @@ func (p *Policy) pooledPlan(st *state, c *proxy.Client, sql string, mode sqlrewr
 		plan.SQL = p.pooledRefusal(st, sql, form+set.Name+", pipelined behind another statement or inside a transaction block,").plan.SQL
 		return plan
 	}
-	if form, ok := st.tokens.SessionChange(sql); ok {
-		pl := p.pooledRefusal(st, sql, form)
+	if form, ok, unread := st.tokens.SessionChange(sql); ok {
+		var pl *planned
+		if unread != nil {
+			// pgfence cannot read it, and the server may (see
+			// sqlrewrite/skew.go).
+			pl = p.newPlanned(st, sql, sqlrewrite.Refuse(unread))
+		} else {
+			pl = p.pooledRefusal(st, sql, form)
+		}
 		p.m.refused.Inc()
 		p.log.Info("statement refused", "code", pl.res.Refusal.Code, "reason", pl.res.Refusal.Message,
 			"client", c.RemoteAddr, "application_name", c.ApplicationName())
@@ -70,8 +77,5 @@ func needsToken(st *state, sql string, plan proxy.Plan) bool {
 // pooledRefusal is the plan that refuses sql, which would change a token
 // setting for the session (form says how) behind a transaction pooler.
 func (p *Policy) pooledRefusal(st *state, sql, form string) *planned {
-	return p.newPlanned(st, sql, sqlrewrite.Refuse(&sqlrewrite.Refusal{Code: "0A000",
-		Message: "pgfence: " + form + " would change the fencing token for the session on a server connection that a transaction pooler shares " +
-			"(--upstream-pooling=transaction); pgfence follows the token only through a plain SET or RESET of it sent on its own outside a transaction block",
-		Hint: "send SET " + st.cfg.TokenSetting + " = '<token>' on its own outside a transaction block, or SET LOCAL / set_config(..., true) inside one"}))
+	return p.newPlanned(st, sql, sqlrewrite.Refuse(sqlrewrite.PooledRefusal(form, st.cfg.TokenSetting)))
 }

@@ -15,6 +15,34 @@ import (
 // (Match, MatchReset). SessionChange finds the statements that would change
 // it, or every setting, for the session where pgfence cannot follow.
 
+// The parts of the refusal of a session-level change of the token behind a
+// transaction pooler (PooledRefusal), which pooledHint reads back.
+const (
+	pooledChange  = " would change the fencing token for the session on a server connection that a transaction pooler shares (--upstream-pooling=transaction); pgfence follows "
+	pooledFollows = " only through a plain SET or RESET of it sent on its own outside a transaction block"
+)
+
+// PooledRefusal refuses a text that would change the token setting for
+// the session behind a transaction pooler, in the way form says.
+func PooledRefusal(form, setting string) *Refusal {
+	msg := form + pooledChange + setting + pooledFollows
+	return &Refusal{Code: codeUnsupported, Message: "pgfence: " + msg, Hint: pooledHint(msg)}
+}
+
+// pooledHint is the hint of a PooledRefusal whose message (without
+// "pgfence: ") is text, "" for any other.
+func pooledHint(text string) string {
+	_, rest, ok := strings.Cut(text, pooledChange)
+	if !ok {
+		return ""
+	}
+	setting, _, ok := strings.Cut(rest, pooledFollows)
+	if !ok {
+		return ""
+	}
+	return "send SET " + setting + " = '<token>' on its own outside a transaction block, or use SET LOCAL (or set_config(..., true)) inside one"
+}
+
 // MatchReset reports whether sql is exactly one RESET of a token setting,
 //
 //	RESET <name> [;]
@@ -55,13 +83,21 @@ func (ts TokenSettings) MatchReset(sql string) (TokenSet, bool) {
 // true) last until the transaction ends and are no such change. A text
 // that names neither a token setting, set_config, RESET nor DISCARD is
 // cleared without parsing.
-func (ts TokenSettings) SessionChange(sql string) (form string, ok bool) {
+//
+// A text that may be such a change and that pgfence's parser cannot read
+// may still be one on the server, whose grammar may differ (see skew.go):
+// then ok is true, form is "a statement pgfence cannot read", and unread
+// is the refusal to send instead (42601, quoting the parser's error).
+func (ts TokenSettings) SessionChange(sql string) (form string, ok bool, unread *Refusal) {
 	if len(ts.names) == 0 || !mayChangeSession(sql, ts.names[0]) {
-		return "", false
+		return "", false, nil
 	}
 	tree, err := pg_query.Parse(sql)
 	if err != nil {
-		return "", false // Postgres refuses it too
+		if !ts.mayChangeUnread(sql) {
+			return "", false, nil
+		}
+		return "a statement pgfence cannot read", true, unparsableSessionChange(err)
 	}
 	for _, raw := range tree.Stmts {
 		eachMessage(raw.ProtoReflect(), func(m proto.Message) {
@@ -71,10 +107,30 @@ func (ts TokenSettings) SessionChange(sql string) (form string, ok bool) {
 			form, ok = ts.sessionChange(m)
 		})
 		if ok {
-			return form, true
+			return form, true, nil
 		}
 	}
-	return "", false
+	return "", false, nil
+}
+
+// mayChangeUnread is mayChangeSession for a text the parser rejected,
+// with the scanner's help: RESET and DISCARD only count as keywords (not
+// in reset_at, say), as they must be to change anything; a text the
+// scanner rejects too counts.
+func (ts TokenSettings) mayChangeUnread(sql string) bool {
+	if containsFold(sql, ts.names[0]) || containsFold(sql, "set_config") {
+		return true
+	}
+	scan, err := pg_query.Scan(sql)
+	if err != nil {
+		return true
+	}
+	for _, t := range scan.Tokens {
+		if t.Token == pg_query.Token_RESET || t.Token == pg_query.Token_DISCARD {
+			return true
+		}
+	}
+	return false
 }
 
 func (ts TokenSettings) sessionChange(m proto.Message) (string, bool) {
@@ -119,11 +175,14 @@ func (ts TokenSettings) has(name string) bool {
 }
 
 // mayChangeSession is SessionChange's prefilter, allocation-free: sql
-// spells the token setting (every lock domain's starts with it),
-// set_config, RESET or DISCARD, ignoring ASCII case.
+// spells the token setting's first part ("fence" of fence.token, which
+// every spelling of it and of every lock domain's has, quoted or spaced
+// out), set_config, RESET, DISCARD, or a Unicode escape (U&"...", which
+// could spell any of them), ignoring ASCII case.
 func mayChangeSession(sql, token string) bool {
-	return containsFold(sql, token) || containsFold(sql, "set_config") ||
-		containsFold(sql, "reset") || containsFold(sql, "discard")
+	first, _, _ := strings.Cut(token, ".")
+	return containsFold(sql, first) || containsFold(sql, "set_config") ||
+		containsFold(sql, "reset") || containsFold(sql, "discard") || containsFold(sql, "u&")
 }
 
 // WritesNothing reports whether sql is one statement that can run none of

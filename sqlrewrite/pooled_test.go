@@ -1,6 +1,9 @@
 package sqlrewrite
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 func TestWritesNothing(t *testing.T) {
 	for _, tc := range []struct {
@@ -63,14 +66,36 @@ func TestSessionChange(t *testing.T) {
 		{"SELECT set_config('work_mem', '1MB', false)", ""},
 		{"SELECT current_setting('fence.token')", ""},
 		{"UPDATE t SET fence_token = 1", ""},
-		{"not sql at all fence.token", ""}, // Postgres refuses it
+		{`SET "fence"."token" = '5'; SELECT 1`, "SET fence.token"},
+		{"SET fence . token = '5'; SELECT 1", "SET fence.token"},
+		{`SELECT U&"\0073et_config"('fence.token', '5', false)`, "set_config(..., false)"},
+		{`SET U&"\0066ence".token = '5'; SELECT 1`, "SET fence.token"},
+		// Texts pgfence's parser cannot read may be such changes on an
+		// older server (UPDATE ... SET system_user = ... runs on 15).
+		{"UPDATE t SET system_user = 'x'; SET fence.token = '9'", unreadForm},
+		{"UPDATE t SET system_user = 'x'; RESET ALL", unreadForm},
+		{"UPDATE t SET system_user = 'x'; DISCARD ALL", unreadForm},
+		{"UPDATE t SET system_user = 'x'; SELECT set_config('work_mem', '1MB', false)", unreadForm},
+		{"not sql at all fence.token", unreadForm},
+		{"UPDATE t SET reset_at = now(), system_user = 'it''s", unreadForm}, // the scanner fails too
+		// ... but not when they spell none of the words that could be.
+		{"UPDATE t SET system_user = 'x' WHERE reset_at IS NULL", ""},
+		{"UPDATE t SET system_user = 'reset' WHERE id = 1", ""},
+		{"UPDATE t SET system_user = 'x' /* discard */", ""},
 	} {
-		got, ok := ts.SessionChange(tc.sql)
-		if ok != (tc.want != "") || got != tc.want {
-			t.Errorf("SessionChange(%q) = %q, %v; want %q", tc.sql, got, ok, tc.want)
+		got, ok, unread := ts.SessionChange(tc.sql)
+		if ok != (tc.want != "") || got != tc.want || (unread != nil) != (tc.want == unreadForm) {
+			t.Errorf("SessionChange(%q) = %q, %v, %v; want %q", tc.sql, got, ok, unread, tc.want)
+		}
+		if unread != nil && (unread.Code != codeSyntax || !strings.Contains(unread.Message, "--upstream-pooling=transaction") ||
+			!strings.Contains(unread.Message, parserGrammar) || unread.Hint == "") {
+			t.Errorf("SessionChange(%q) refusal: %+v", tc.sql, unread)
 		}
 	}
 }
+
+// unreadForm is the form SessionChange gives a text it cannot read.
+const unreadForm = "a statement pgfence cannot read"
 
 func TestMatchReset(t *testing.T) {
 	ts := NewTokenSettings("fence.token", []string{"billing"})

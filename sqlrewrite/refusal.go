@@ -72,8 +72,9 @@ func storedWrite(kind string, stored proto.Message, g *guardInfo) *Refusal {
 		"the "+kind+" would run later without the fence; run it from the client instead")
 }
 
-// syntaxError refuses text the parser rejected. The parser's message may
-// quote invalid UTF-8 from the input, which the refusal must not repeat.
+// syntaxError refuses text pgfence rejects before parsing it (a NUL byte;
+// what the parser rejects, unparsable refuses). msg may quote invalid UTF-8
+// from the input, which the refusal must not repeat.
 func syntaxError(msg string) *Refusal {
 	return &Refusal{Code: codeSyntax, Message: "pgfence: " + strings.ToValidUTF8(msg, "\uFFFD")}
 }
@@ -160,11 +161,16 @@ func markerHint(code, text string) string {
 		if strings.HasPrefix(text, "MERGE on guarded table ") {
 			return hintMerge
 		}
+		if h := pooledHint(text); h != "" {
+			return h
+		}
 		return hintUnsupported
 	case codeReservedName:
 		return hintReservedName
 	case codeStaleDomain:
 		return hintStaleDomain
+	case codeSyntax:
+		return unparsableHint(text)
 	}
 	return ""
 }

@@ -63,7 +63,9 @@ func (r *Rewriter) Rewrite(sql string, mode Mode, s Session) (*Result, error) {
 	}
 	tree, err := pg_query.Parse(sql)
 	if err != nil {
-		return refused(syntaxError(err.Error())), nil
+		// The server's grammar may read it (see skew.go): fail closed, and
+		// say why.
+		return refused(unparsable(err)), nil
 	}
 	res := &Result{SQL: sql}
 	plans := make([]*plan, len(tree.Stmts))

@@ -1,0 +1,164 @@
+package fence_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgfence/pgfence/internal/pgtest"
+)
+
+// What pgfence, reading SQL with PostgreSQL 17's grammar, does with texts
+// the test server (PostgreSQL 15) reads otherwise (issue 27; see
+// sqlrewrite/skew.go): system_user is a plain column name on 15 and a
+// reserved word to pgfence's parser.
+func TestGrammarSkew(t *testing.T) {
+	tbl := table(t, [3]any{1, "init", 10})
+	plain := "plain_grammar_skew" // its name must not hold the guarded one
+	db := pgtest.Direct(t)
+	pgtest.Exec(t, db, "ALTER TABLE "+tbl+" ADD COLUMN system_user text")
+	pgtest.Exec(t, db, "DROP TABLE IF EXISTS "+plain+"; CREATE TABLE "+plain+" (id int PRIMARY KEY, system_user text); INSERT INTO "+plain+" VALUES (1, NULL)")
+	t.Cleanup(func() { pgtest.Exec(t, pgtest.Direct(t), "DROP TABLE IF EXISTS "+plain) })
+	p := pgtest.StartProxy(t, []string{tbl})
+
+	// guarded reads the guarded row straight from Postgres.
+	guarded := func(t *testing.T) (su *string, epoch int64) {
+		t.Helper()
+		if err := pgtest.Direct(t).QueryRow(ctx, "SELECT system_user, fence_epoch FROM "+tbl+" WHERE id = 1").Scan(&su, &epoch); err != nil {
+			t.Fatal(err)
+		}
+		return su, epoch
+	}
+	const (
+		message = `pgfence: cannot read this statement, which may write a guarded table, with pgfence's parser (PostgreSQL 17's grammar): ` +
+			`syntax error at or near "system_user"; the server may read it differently (a word that became a keyword in PostgreSQL 16 or 17, ` +
+			`such as system_user, is a plain name on older servers), but pgfence refuses what it cannot read rather than send it unfenced: ` +
+			`write such a name in double quotes ("system_user")`
+		hint = `if system_user is a name in this statement, write it in double quotes, "system_user", ` +
+			`which every PostgreSQL version reads as a name; if the statement is wrong on your server too, correct it`
+	)
+
+	for _, m := range []struct {
+		name string
+		mode pgx.QueryExecMode
+	}{{"simple", simple}, {"extended", prepared}} {
+		t.Run(m.name, func(t *testing.T) {
+			pgtest.Exec(t, pgtest.Direct(t), "UPDATE "+tbl+" SET system_user = NULL, fence_epoch = 10 WHERE id = 1")
+			c := p.Connect(t)
+			exec(t, c, simple, "SET fence.token = '10'")
+
+			// A guarded table's system_user column, unquoted: Postgres 15
+			// would run it, pgfence cannot read it, so it is refused, and
+			// says why.
+			_, err := c.Exec(ctx, "UPDATE "+tbl+" SET system_user = 'x' WHERE id = 1", m.mode)
+			pe := pgErr(t, err)
+			if pe.Code != "42601" || pe.Message != message || pe.Hint != hint {
+				t.Errorf("unquoted system_user on a guarded table: %s %q (hint %q), want 42601\n%s\nhint %s", pe.Code, pe.Message, pe.Hint, message, hint)
+			}
+			if su, epoch := guarded(t); su != nil || epoch != 10 {
+				t.Fatalf("after the refusal: (%v, %d), want (NULL, 10)", su, epoch)
+			}
+
+			// Quoted, it is read, fenced and written ...
+			if tag := exec(t, c, m.mode, "UPDATE "+tbl+` SET "system_user" = 'y' WHERE id = 1`); tag != "UPDATE 1" {
+				t.Fatalf(`quoted "system_user": %s, want UPDATE 1`, tag)
+			}
+			if su, epoch := guarded(t); su == nil || *su != "y" || epoch != 10 {
+				t.Fatalf("after the quoted write: (%v, %d), want (y, 10)", su, epoch)
+			}
+			// ... and a stale token changes nothing.
+			exec(t, c, simple, "SET fence.token = '9'")
+			if tag := exec(t, c, m.mode, "UPDATE "+tbl+` SET "system_user" = 'z' WHERE id = 1`); tag != "UPDATE 0" {
+				t.Fatalf(`quoted "system_user" with a stale token: %s, want UPDATE 0`, tag)
+			}
+			if su, epoch := guarded(t); su == nil || *su != "y" || epoch != 10 {
+				t.Fatalf("after the stale write: (%v, %d), want (y, 10)", su, epoch)
+			}
+			exec(t, c, simple, "SET fence.token = '10'")
+
+			// An unguarded table's is not pgfence's business: Postgres 15
+			// runs it.
+			if tag := exec(t, c, m.mode, "UPDATE "+plain+" SET system_user = '"+m.name+"' WHERE id = 1"); tag != "UPDATE 1" {
+				t.Fatalf("unquoted system_user on an unguarded table: %s, want UPDATE 1", tag)
+			}
+			var su string
+			if err := pgtest.Direct(t).QueryRow(ctx, "SELECT system_user FROM "+plain+" WHERE id = 1").Scan(&su); err != nil || su != m.name {
+				t.Fatalf("unguarded row: %q, %v; want %q", su, err, m.name)
+			}
+
+			// A genuine syntax error on a guarded table is refused by
+			// pgfence, which says what the parser said ...
+			_, err = c.Exec(ctx, "UPDATE "+tbl+" SET = 1", m.mode)
+			if pe := pgErr(t, err); pe.Code != "42601" || !strings.HasPrefix(pe.Message, "pgfence: cannot read this statement") ||
+				!strings.Contains(pe.Message, `(PostgreSQL 17's grammar): syntax error at or near "="; `) || pe.Hint == "" {
+				t.Errorf("syntax error on a guarded table: %s %q (hint %q)", pe.Code, pe.Message, pe.Hint)
+			}
+			// ... and on another table Postgres says it, as without pgfence.
+			sql := "UPDATE " + plain + " SET = 1"
+			_, err = c.Exec(ctx, sql, m.mode)
+			if pe := pgErr(t, err); pe.Code != "42601" || pe.Message != `syntax error at or near "="` || int(pe.Position) != strings.Index(sql, "=")+1 {
+				t.Errorf("syntax error on an unguarded table: %s %q at %d, want Postgres's own", pe.Code, pe.Message, pe.Position)
+			}
+
+			// The reverse skew: pgfence reads what Postgres 15 does not,
+			// rewrites it as it reads it, and the server refuses it with
+			// its own error, at the place in the client's text.
+			sql = "UPDATE " + tbl + " SET val = (SELECT x FROM JSON_TABLE('[1]', '$[*]' COLUMNS (x text PATH '$')) jt) WHERE id = 1"
+			_, err = c.Exec(ctx, sql, m.mode)
+			if pe := pgErr(t, err); pe.Code != "42601" || pe.Message != `syntax error at or near "COLUMNS"` || int(pe.Position) != strings.Index(sql, "COLUMNS")+1 {
+				t.Errorf("JSON_TABLE in a fenced write: %s %q at %d, want 42601 at or near COLUMNS at %d", pe.Code, pe.Message, pe.Position, strings.Index(sql, "COLUMNS")+1)
+			}
+			sql = "MERGE INTO " + plain + " p USING " + tbl + " g ON p.id = g.id WHEN MATCHED THEN UPDATE SET \"system_user\" = 'm' RETURNING *"
+			_, err = c.Exec(ctx, sql, m.mode)
+			if pe := pgErr(t, err); pe.Code != "42601" || pe.Message != `syntax error at or near "RETURNING"` || int(pe.Position) != strings.Index(sql, "RETURNING")+1 {
+				t.Errorf("MERGE ... RETURNING into an unguarded table: %s %q at %d, want 42601 at or near RETURNING", pe.Code, pe.Message, pe.Position)
+			}
+			// MERGE into a guarded table is pgfence's to refuse, RETURNING
+			// or not.
+			_, err = c.Exec(ctx, "MERGE INTO "+tbl+" g USING "+plain+" p ON p.id = g.id WHEN MATCHED THEN UPDATE SET val = 'm' RETURNING *", m.mode)
+			if pe := pgErr(t, err); pe.Code != "0A000" || !strings.Contains(pe.Message, "MERGE on guarded table") {
+				t.Errorf("MERGE ... RETURNING into a guarded table: %s %q, want pgfence's 0A000", pe.Code, pe.Message)
+			}
+			if v, e := row(t, tbl, 1); v != "init" || e != 10 {
+				t.Fatalf("guarded row after the refused statements: (%s, %d), want (init, 10)", v, e)
+			}
+			// The session goes on.
+			if tag := exec(t, c, m.mode, "UPDATE "+tbl+" SET val = 'after' WHERE id = 1"); tag != "UPDATE 1" {
+				t.Fatalf("a write after the errors: %s, want UPDATE 1", tag)
+			}
+			exec(t, c, simple, "UPDATE "+tbl+" SET val = 'init' WHERE id = 1")
+		})
+	}
+}
+
+// Behind a transaction pooler, a text pgfence cannot read that may change
+// the token for the session is refused: Postgres 15 would run it, and
+// pgfence would not follow the change.
+func TestPooledGrammarSkew(t *testing.T) {
+	tbl := table(t, [3]any{1, "a", 0})
+	plain := "plain_pooled_grammar_skew"
+	db := pgtest.Direct(t)
+	pgtest.Exec(t, db, "DROP TABLE IF EXISTS "+plain+"; CREATE TABLE "+plain+" (id int PRIMARY KEY, system_user text); INSERT INTO "+plain+" VALUES (1, NULL)")
+	t.Cleanup(func() { pgtest.Exec(t, pgtest.Direct(t), "DROP TABLE IF EXISTS "+plain) })
+	p, _ := pooledProxy(t, 1, tbl)
+	c := pooledConn(t, p)
+	exec(t, c, simple, "SET fence.token = '10'")
+
+	_, err := c.Exec(ctx, "UPDATE "+plain+" SET system_user = 'x' WHERE id = 1; SET fence.token = '99'", simple)
+	if pe := pgErr(t, err); pe.Code != "42601" || !strings.Contains(pe.Message, `(PostgreSQL 17's grammar): syntax error at or near "system_user"; `) ||
+		!strings.Contains(pe.Message, "--upstream-pooling=transaction") || pe.Hint == "" {
+		t.Errorf("unreadable token change behind a pooler: %s %q (hint %q)", pe.Code, pe.Message, pe.Hint)
+	}
+	var su *string
+	if err := pgtest.Direct(t).QueryRow(ctx, "SELECT system_user FROM "+plain+" WHERE id = 1").Scan(&su); err != nil || su != nil {
+		t.Fatalf("unguarded row: %v, %v; want NULL", su, err)
+	}
+	if got := show(t, c); got != "10" {
+		t.Fatalf("the token reads %q, want 10", got)
+	}
+	// Without a word that could change a setting, it runs.
+	if tag := exec(t, c, simple, "UPDATE "+plain+" SET system_user = 'x' WHERE id = 1"); tag != "UPDATE 1" {
+		t.Fatalf("unquoted system_user on an unguarded table behind a pooler: %s, want UPDATE 1", tag)
+	}
+}
