@@ -435,3 +435,35 @@ func TestAsyncMessagesInsidePipeline(t *testing.T) {
 		t.Fatal("no notification arrived")
 	}
 }
+
+// A cancel in the middle of COPY FROM STDIN stops it (57014) and the
+// session goes on.
+func TestCancelInsideCopyIn(t *testing.T) {
+	p := pgtest.StartProxy(t, nil)
+	pgtest.Exec(t, pgtest.Direct(t), `DROP TABLE IF EXISTS copy_slow; CREATE TABLE copy_slow (id int);
+		CREATE OR REPLACE FUNCTION copy_slow_row() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(0.01); RETURN NEW; END $$;
+		CREATE TRIGGER slow BEFORE INSERT ON copy_slow FOR EACH ROW EXECUTE FUNCTION copy_slow_row()`)
+	t.Cleanup(func() {
+		pgtest.Exec(t, pgtest.Direct(t), "DROP TABLE IF EXISTS copy_slow; DROP FUNCTION IF EXISTS copy_slow_row()")
+	})
+	c := p.Connect(t)
+	var b strings.Builder
+	for i := range 5000 { // 50 s of rows at 10 ms each
+		fmt.Fprintf(&b, "%d\n", i)
+	}
+	go func() {
+		time.Sleep(500 * time.Millisecond)
+		c.PgConn().CancelRequest(context.Background())
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, err := c.PgConn().CopyFrom(ctx, strings.NewReader(b.String()), "COPY copy_slow FROM STDIN")
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) || pe.Code != "57014" || time.Since(start) > 20*time.Second {
+		t.Fatalf("a cancel inside COPY FROM: %v after %v, want 57014 at once", err, time.Since(start))
+	}
+	if tag := pgtest.Exec(t, c, "SELECT 1"); tag != "SELECT 1" {
+		t.Fatal(tag)
+	}
+}
