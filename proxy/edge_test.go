@@ -467,3 +467,53 @@ func TestCancelInsideCopyIn(t *testing.T) {
 		t.Fatal(tag)
 	}
 }
+
+// ParameterStatus and NotificationResponse caused inside COPY FROM STDIN
+// (a trigger that changes a reported setting and notifies for every row)
+// come when Postgres sends them, at the end of the COPY's command and
+// transaction: the COPY completes, and all of them reach the client.
+func TestAsyncMessagesAfterCopyIn(t *testing.T) {
+	p := pgtest.StartProxy(t, nil)
+	pgtest.Exec(t, pgtest.Direct(t), `DROP TABLE IF EXISTS copy_async; CREATE TABLE copy_async (id int);
+		CREATE OR REPLACE FUNCTION copy_async_row() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
+			PERFORM set_config('application_name', 'row' || NEW.id, false);
+			PERFORM pg_notify('copy_events', NEW.id::text);
+			RETURN NEW; END $$;
+		CREATE TRIGGER async BEFORE INSERT ON copy_async FOR EACH ROW EXECUTE FUNCTION copy_async_row()`)
+	t.Cleanup(func() {
+		pgtest.Exec(t, pgtest.Direct(t), "DROP TABLE IF EXISTS copy_async; DROP FUNCTION IF EXISTS copy_async_row()")
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cfg, err := pgconn.ParseConfig(p.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var notes atomic.Int64
+	cfg.OnNotification = func(*pgconn.PgConn, *pgconn.Notification) { notes.Add(1) }
+	c, err := pgconn.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(context.Background())
+	if _, err := c.Exec(ctx, "LISTEN copy_events").ReadAll(); err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	for i := range 1000 {
+		fmt.Fprintf(&b, "%d\n", i)
+	}
+	tag, err := c.CopyFrom(ctx, strings.NewReader(b.String()), "COPY copy_async FROM STDIN")
+	if err != nil || tag.RowsAffected() != 1000 {
+		t.Fatalf("COPY FROM: %v %v", tag, err)
+	}
+	if _, err := c.Exec(ctx, "SELECT 1").ReadAll(); err != nil {
+		t.Fatal(err)
+	}
+	if got := c.ParameterStatus("application_name"); got != "row999" {
+		t.Fatalf("application_name reported as %q, want row999", got)
+	}
+	if n := notes.Load(); n != 1000 {
+		t.Fatalf("%d notifications, want 1000", n)
+	}
+}
