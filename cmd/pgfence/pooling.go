@@ -89,7 +89,7 @@ func (i *instance) checkPooler(ctx context.Context, conn *pgx.Conn, pooling stri
 // told pgfence of answers at the upstream.
 func (i *instance) admit() error {
 	if why := i.pooler.Load(); why != nil {
-		return errors.New("pgfence: " + *why)
+		return errors.New(*why) // the proxy says "pgfence: " itself
 	}
 	return nil
 }

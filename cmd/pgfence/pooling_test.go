@@ -47,7 +47,7 @@ func TestServeDetectsPooler(t *testing.T) {
 
 	_, err := pgx.Connect(context.Background(), "postgres://postgres@"+inst.Addr()+"/postgres?sslmode=disable")
 	var pe *pgconn.PgError
-	if !errors.As(err, &pe) || pe.Code != "08004" || !strings.Contains(pe.Message, "--upstream-pooling=transaction") {
+	if !errors.As(err, &pe) || pe.Code != "08004" || !strings.Contains(pe.Message, "--upstream-pooling=transaction") || strings.Count(pe.Message, "pgfence:") != 1 {
 		t.Fatalf("a client behind an undeclared pooler: %v; want FATAL 08004 naming --upstream-pooling=transaction", err)
 	}
 	if code, body := readyz(t, inst); code != http.StatusServiceUnavailable || !strings.Contains(body, "pooler") {
