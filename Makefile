@@ -28,6 +28,7 @@ ensure-postgres:
 
 test: ensure-postgres
 	bash scripts/ensure-pgbouncer.sh
+	bash scripts/install-prometheus.sh
 	$(GO) vet ./...
 	$(GO) test -count=1 -timeout 20m ./...
 	# The same protocol tests again on the goroutine relay (the event loop's fallback).

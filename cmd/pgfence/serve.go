@@ -355,6 +355,7 @@ func start(o serveOptions, log *slog.Logger) (*instance, error) {
 		go inst.http.Serve(inst.httpLn)
 	}
 	inst.hosts = ups.List
+	reg.MustRegister(newUpstreamCollector(inst))
 	if len(inst.hosts) > 1 {
 		inst.followPrimary(ctx, time.Second)
 	}
