@@ -91,6 +91,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 // watch makes a table's main series exist from the start, at zero, so a
 // dashboard can tell "no rejects" from "not guarded".
 func (m *Metrics) watch(table, mode string, domain bool) {
+	// So that increase() sees a table's first write without a token, and
+	// its first guarded write, these start at 0 too.
+	for _, action := range []string{"refused", "allowed"} {
+		m.withoutToken.WithLabelValues(table, mode, action)
+	}
+	for _, token := range []string{"set", "missing"} {
+		m.guardedWrites.WithLabelValues(table, mode, token)
+	}
 	for _, via := range []string{"rewrite", "backstop"} {
 		m.rejects.WithLabelValues(table, mode, "row", via)
 		if domain {
