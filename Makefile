@@ -42,8 +42,13 @@ vet:
 demo: ensure-postgres
 	$(GO) run ./cmd/pgfence demo
 
+# The version is the checkout's (git describe), so that a build from a
+# checkout says which commit it is even where the toolchain records no
+# VCS information (GOFLAGS=-buildvcs=false).
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+
 build:
-	$(GO) build -o bin/pgfence ./cmd/pgfence
+	$(GO) build -ldflags "-X main.version=$(VERSION)" -o bin/pgfence ./cmd/pgfence
 
 compat: ensure-postgres
 	bash scripts/install-compat-deps.sh

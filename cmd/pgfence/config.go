@@ -13,6 +13,35 @@ import (
 // loadConfigFile applies a YAML file's keys to the command's flags. Keys are
 // the flag names; a flag given on the command line wins over the file.
 // Lists (such as guard) may be YAML sequences.
+// envPrefix starts the environment variable of each flag (see loadEnv).
+const envPrefix = "PGFENCE_"
+
+// envName is the environment variable that sets flag name:
+// PGFENCE_UPSTREAM for --upstream, PGFENCE_METRICS_LISTEN for
+// --metrics-listen.
+func envName(name string) string {
+	return envPrefix + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
+}
+
+// loadEnv sets each of cmd's flags that the command line did not from its
+// environment variable (envName), if that is set: configuration that stays
+// out of argv, such as an --upstream URL with a password. It runs before
+// the config file, so flags win over the environment, and the environment
+// over the file.
+func loadEnv(cmd *cobra.Command) error {
+	var err error
+	cmd.Flags().VisitAll(func(f *pflag.Flag) {
+		v, ok := os.LookupEnv(envName(f.Name))
+		if !ok || f.Changed || err != nil {
+			return
+		}
+		if e := cmd.Flags().Set(f.Name, v); e != nil {
+			err = fmt.Errorf("%s: %w", envName(f.Name), e)
+		}
+	})
+	return err
+}
+
 func loadConfigFile(cmd *cobra.Command, path string) error {
 	if path == "" {
 		return nil

@@ -41,7 +41,7 @@ func versionCmd() *cobra.Command {
 		Short: "Print pgfence's version",
 		Args:  cobra.NoArgs,
 		Run: func(cmd *cobra.Command, _ []string) {
-			fmt.Fprintln(cmd.OutOrStdout(), "pgfence", version)
+			fmt.Fprintln(cmd.OutOrStdout(), "pgfence", buildVersion())
 		},
 	}
 }

@@ -36,6 +36,7 @@ type serveOptions struct {
 	policyOptions
 	configFile       string
 	listen           string
+	unixSocketDir    string
 	upstream         string
 	metricsListen    string
 	discover         bool
@@ -61,6 +62,7 @@ func (o *serveOptions) addFlags(cmd *cobra.Command) {
 	f := cmd.Flags()
 	f.StringVar(&o.configFile, "config", "", "YAML file with the same keys as these flags (flags win)")
 	f.StringVar(&o.listen, "listen", "127.0.0.1:6432", "address clients connect to")
+	f.StringVar(&o.unixSocketDir, "unix-socket-dir", "", "also listen on a Unix socket in this directory, named as Postgres names its own (.s.PGSQL.<--listen's port>), so that clients connect with host=DIR")
 	f.StringVar(&o.upstream, "upstream", "", "postgres:// URL of the real server; its user and password serve only pgfence's own queries")
 	f.StringVar(&o.metricsListen, "metrics-listen", "127.0.0.1:9187", "address of /metrics and /healthz (\"\" to disable)")
 	o.policyOptions.addFlags(cmd)
@@ -97,6 +99,9 @@ func serveCmd() *cobra.Command {
 			stop := make(chan os.Signal, 2)
 			signal.Notify(stop, syscall.SIGTERM, os.Interrupt)
 			defer signal.Stop(stop)
+			if err := loadEnv(cmd); err != nil {
+				return err
+			}
 			if err := loadConfigFile(cmd, o.configFile); err != nil {
 				return err
 			}
@@ -119,7 +124,7 @@ func serveCmd() *cobra.Command {
 				return err
 			}
 			log.Info("pgfence serving", "listen", inst.Addr(), "upstream", inst.upstream, "metrics", inst.MetricsAddr(),
-				"guards", len(inst.policy.Config().Guards), "token_setting", o.tokenSetting, "version", version)
+				"guards", len(inst.policy.Config().Guards), "token_setting", o.tokenSetting, "version", buildVersion())
 			var drained chan error // non-nil while draining
 			for {
 				select {
@@ -172,8 +177,8 @@ func commandLine(cmd *cobra.Command) map[string][]string {
 	return cli
 }
 
-// rereadOptions builds serve's options again from the command line and the
-// config file as it is now.
+// rereadOptions builds serve's options again from the command line, the
+// environment and the config file as it is now.
 func rereadOptions(cli map[string][]string) (serveOptions, error) {
 	var o serveOptions
 	cmd := &cobra.Command{Use: "serve"}
@@ -190,6 +195,9 @@ func rereadOptions(cli map[string][]string) (serveOptions, error) {
 		if err != nil {
 			return o, err
 		}
+	}
+	if err := loadEnv(cmd); err != nil {
+		return o, err
 	}
 	return o, loadConfigFile(cmd, o.configFile)
 }
@@ -235,6 +243,7 @@ type instance struct {
 	policy *fence.Policy
 	proxy  *proxy.Server
 	ln     net.Listener
+	unixLn net.Listener // --unix-socket-dir, or nil
 	httpLn net.Listener
 	http   *http.Server
 	served chan struct{} // closed when Serve returns
@@ -283,6 +292,7 @@ func start(o serveOptions, log *slog.Logger) (*instance, error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := fence.NewMetrics(reg)
+	reg.MustRegister(buildInfo())
 	policy, err := fence.New(cfg, metrics, log)
 	if err != nil {
 		return nil, err
@@ -311,6 +321,11 @@ func start(o serveOptions, log *slog.Logger) (*instance, error) {
 	ln, err := net.Listen("tcp", o.listen)
 	if err != nil {
 		return nil, fmt.Errorf("--listen: %w", err)
+	}
+	unixLn, err := listenUnix(o.unixSocketDir, ln.Addr())
+	if err != nil {
+		ln.Close()
+		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	inst = &instance{
@@ -362,6 +377,10 @@ func start(o serveOptions, log *slog.Logger) (*instance, error) {
 	// The catalog is read before clients are served, so discovered tables
 	// are guarded from the first statement when Postgres is up.
 	inst.reload(ctx, o)
+	inst.unixLn = unixLn
+	if unixLn != nil {
+		go srv.Serve(unixLn)
+	}
 	go func() { srv.Serve(ln); close(inst.served) }()
 	// DDL seen in a session has the catalog read again before that
 	// session's next statement.
@@ -579,7 +598,7 @@ func (i *instance) rediscover(ctx context.Context, every time.Duration) {
 // timeout, then closes what is left.
 func (i *instance) Shutdown(timeout time.Duration) error {
 	i.stop()
-	i.ln.Close()
+	i.closeListeners()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	err := i.proxy.Shutdown(ctx)
@@ -595,6 +614,15 @@ func (i *instance) Shutdown(timeout time.Duration) error {
 // Addr is where clients connect.
 func (i *instance) Addr() string { return i.ln.Addr().String() }
 
+// closeListeners stops accepting clients (a Unix socket's file is removed
+// with its listener).
+func (i *instance) closeListeners() {
+	i.ln.Close()
+	if i.unixLn != nil {
+		i.unixLn.Close()
+	}
+}
+
 // MetricsAddr is where /metrics is served ("" when disabled).
 func (i *instance) MetricsAddr() string {
 	if i.httpLn == nil {
@@ -606,7 +634,7 @@ func (i *instance) MetricsAddr() string {
 // Close stops accepting and ends every session.
 func (i *instance) Close() error {
 	i.stop()
-	i.ln.Close()
+	i.closeListeners()
 	err := i.proxy.Close()
 	if i.http != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
