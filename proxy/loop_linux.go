@@ -83,6 +83,10 @@ type side struct {
 	// more is set while fd may hold bytes not yet read: since its last
 	// edge, no read has come back short.
 	more bool
+	// hup is set once the peer hung up or the socket failed: the edge that
+	// said so may have come with the last bytes, so a short read no longer
+	// means drained, and x is read until its end of file or error.
+	hup bool
 	// On a TLS side, the session's tls.Conn and its transport (see
 	// tls_linux.go), and an error to report once what came before it is
 	// relayed.
@@ -244,7 +248,7 @@ func (l *loop) add(ls *loopSession, early []byte) {
 			l.sides = append(l.sides, nil)
 		}
 		l.sides[x.fd] = x
-		ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLOUT | unix.EPOLLET, Fd: int32(x.fd)}
+		ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLOUT | unix.EPOLLRDHUP | unix.EPOLLET, Fd: int32(x.fd)}
 		if err := unix.EpollCtl(l.ep, unix.EPOLL_CTL_ADD, x.fd, &ev); err != nil {
 			l.end(ls, x.client, fmt.Errorf("event loop: %w", err))
 			return
@@ -259,7 +263,7 @@ func (l *loop) add(ls *loopSession, early []byte) {
 	// edge will announce.
 	for _, x := range []*side{&ls.c, &ls.sv} {
 		if x.tt != nil {
-			x.arrived()
+			x.arrived(false)
 			l.readable(x)
 		}
 	}
@@ -323,8 +327,8 @@ func (l *loop) run() {
 				// paused while x was backed up, is resumed all the same.
 				l.writable(x)
 			}
-			if ev&(unix.EPOLLIN|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
-				x.arrived()
+			if ev&(unix.EPOLLIN|unix.EPOLLHUP|unix.EPOLLERR|unix.EPOLLRDHUP) != 0 {
+				x.arrived(ev&(unix.EPOLLHUP|unix.EPOLLERR|unix.EPOLLRDHUP) != 0)
 				l.readable(x)
 			}
 		}
@@ -395,11 +399,16 @@ func (l *loop) park(x *side, ch <-chan struct{}) {
 	}()
 }
 
-// arrived notes an edge: x's socket has bytes to read.
-func (x *side) arrived() {
+// arrived notes an edge: x's socket has bytes to read, and, with hup, its
+// peer hung up or it failed.
+func (x *side) arrived(hup bool) {
 	x.more = true
+	if hup {
+		x.hup = true
+	}
 	if x.tt != nil {
 		x.tt.more = true
+		x.tt.hup = x.tt.hup || hup
 	}
 }
 
@@ -410,6 +419,9 @@ func (x *side) fill(buf []byte) (n int, err error) {
 		return x.fillTLS(buf)
 	}
 	n, x.more, err = readSocket(x.fd, buf)
+	if x.hup && n > 0 {
+		x.more = true // read on to the end of file or the error
+	}
 	return n, err
 }
 

@@ -22,6 +22,7 @@ type tlsTransport struct {
 	net.Conn        // the socket, while the session is off the loop
 	fd       int    // the loop's descriptor of it, -1 off the loop
 	more     bool   // fd may hold bytes not yet read (see side.more)
+	hup      bool   // the peer hung up: read to the end (see side.hup)
 	out      outbuf // ciphertext for the loop to write to fd
 	// unsent is what the loop left unwritten when it handed the session
 	// back: written first once off the loop.
@@ -50,7 +51,7 @@ func (t *tlsTransport) Read(p []byte) (int, error) {
 		return 0, errWouldBlock
 	}
 	n, more, err := readSocket(t.fd, p)
-	t.more = more
+	t.more = more || t.hup && n > 0
 	if err == nil && n == 0 {
 		err = errWouldBlock
 	}
