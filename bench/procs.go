@@ -134,7 +134,7 @@ func freePort() (int, error) {
 
 // postgresCred is the postgres OS user, which PgBouncer runs as when we are
 // root (it refuses to run as root, like Postgres).
-func postgresCred() (*syscall.Credential, error) { return pgbouncer.Credential() }
+func postgresCred() (*syscall.Credential, error) { return pgserver.Credential() }
 
 // startPostgres starts a throwaway cluster sized for 1000+ connections.
 func (r *runner) startPostgres() error {

@@ -33,7 +33,6 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -264,7 +263,7 @@ func Start(ctx context.Context, etcdEndpoints []string, opt Options) (*Cluster, 
 	if err != nil {
 		return nil, err
 	}
-	cred, err := credential()
+	cred, err := pgserver.Credential()
 	if err != nil {
 		return nil, err
 	}
@@ -298,7 +297,7 @@ func Start(ctx context.Context, etcdEndpoints []string, opt Options) (*Cluster, 
 // start sets up c's directories and configs and starts its nodes.
 func (c *Cluster) start(ctx context.Context, etcdHosts []string, etcdProtocol string) error {
 	c.Scope = fmt.Sprintf("pgfence-%d-%d-%s", os.Getpid(), clusterSeq.Add(1), strconv.FormatInt(time.Now().UnixNano()%1e12, 36))
-	dir, err := os.MkdirTemp(tempBase(c.cred != nil), "pgfence-patroni-")
+	dir, err := os.MkdirTemp(pgserver.TempBase(c.cred != nil, 50), "pgfence-patroni-")
 	if err != nil {
 		return err
 	}
@@ -1154,54 +1153,4 @@ func freePorts(n int) ([]int, error) {
 	}
 	sort.Ints(ports) // any order will do; sorted reads better in logs
 	return ports, nil
-}
-
-// credential returns the credential to run Patroni (and so Postgres)
-// with: nil when not root, else the "postgres" OS user. (As in pgserver.)
-func credential() (*syscall.Credential, error) {
-	if os.Geteuid() != 0 {
-		return nil, nil
-	}
-	u, err := user.Lookup("postgres")
-	if err != nil {
-		return nil, fmt.Errorf("patroni: running as root, which Postgres refuses, and there is no OS user \"postgres\" to run it as (%v); "+
-			"create one (`useradd --system --user-group --home-dir /var/lib/postgresql postgres`; `apt-get install postgresql` does this) or run as a non-root user", err)
-	}
-	uid, err := strconv.ParseUint(u.Uid, 10, 32)
-	if err != nil {
-		return nil, fmt.Errorf("patroni: user postgres has non-numeric uid %q", u.Uid)
-	}
-	gid, err := strconv.ParseUint(u.Gid, 10, 32)
-	if err != nil {
-		return nil, fmt.Errorf("patroni: user postgres has non-numeric gid %q", u.Gid)
-	}
-	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
-}
-
-// tempBase picks the parent of the cluster's directory: os.TempDir(),
-// unless its path is so long that the Unix socket paths would exceed the
-// kernel's ~107-byte limit, or (when the postgres user must reach the
-// directory) some ancestor is not searchable by others; then /tmp. (As in
-// pgserver.)
-func tempBase(otherUser bool) string {
-	base := os.TempDir()
-	if len(base) > 50 {
-		return "/tmp"
-	}
-	if otherUser {
-		abs, err := filepath.Abs(base)
-		if err != nil {
-			return "/tmp"
-		}
-		for p := abs; ; p = filepath.Dir(p) {
-			fi, err := os.Stat(p)
-			if err != nil || fi.Mode().Perm()&0o001 == 0 {
-				return "/tmp"
-			}
-			if p == filepath.Dir(p) {
-				break
-			}
-		}
-	}
-	return base
 }

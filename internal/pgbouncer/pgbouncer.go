@@ -10,12 +10,13 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/pgfence/pgfence/internal/pgserver"
 )
 
 // Options says how to run PgBouncer.
@@ -58,20 +59,6 @@ func Binary() (string, error) {
 	return "", errors.New("pgbouncer is not installed: apt-get install -y pgbouncer")
 }
 
-// Credential is the postgres OS user when running as root, else nil.
-func Credential() (*syscall.Credential, error) {
-	if os.Geteuid() != 0 {
-		return nil, nil
-	}
-	u, err := user.Lookup("postgres")
-	if err != nil {
-		return nil, fmt.Errorf("running as root needs the postgres OS user for PgBouncer: %w", err)
-	}
-	uid, _ := strconv.Atoi(u.Uid)
-	gid, _ := strconv.Atoi(u.Gid)
-	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
-}
-
 // Start runs PgBouncer with opt until Stop, serving every database of the
 // upstream under its own name.
 func Start(ctx context.Context, opt Options) (*PgBouncer, error) {
@@ -79,7 +66,7 @@ func Start(ctx context.Context, opt Options) (*PgBouncer, error) {
 	if err != nil {
 		return nil, err
 	}
-	cred, err := Credential()
+	cred, err := pgserver.Credential()
 	if err != nil {
 		return nil, err
 	}

@@ -115,12 +115,12 @@ func Start(ctx context.Context, opt Options) (_ *Server, err error) {
 		return nil, fmt.Errorf("pgserver: Options.BinDir %q is not usable: %v; %s", binDir, err, installHint)
 	}
 
-	cred, err := credential()
+	cred, err := Credential()
 	if err != nil {
 		return nil, err
 	}
 
-	root, err := os.MkdirTemp(tempBase(cred != nil), "pgfence-pg-")
+	root, err := os.MkdirTemp(TempBase(cred != nil, 60), "pgfence-pg-")
 	if err != nil {
 		return nil, fmt.Errorf("pgserver: %w", err)
 	}
@@ -513,9 +513,10 @@ func (s *Server) waitReady(ctx context.Context, p *process) error {
 	}
 }
 
-// credential returns the credential to run Postgres with: nil when not
-// root, else the "postgres" OS user.
-func credential() (*syscall.Credential, error) {
+// Credential returns the credential to run Postgres (or PgBouncer, or
+// Patroni, which refuse root too) with: nil when not root, else the
+// "postgres" OS user.
+func Credential() (*syscall.Credential, error) {
 	if os.Geteuid() != 0 {
 		return nil, nil
 	}
@@ -535,13 +536,14 @@ func credential() (*syscall.Credential, error) {
 	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
 }
 
-// tempBase picks the parent for the temporary directory: os.TempDir(),
-// unless its path is so long that the Unix socket path would exceed the
-// kernel's ~107-byte limit, or (when we hand the directory to the postgres
-// user) some ancestor is not searchable by others; then /tmp.
-func tempBase(otherUser bool) string {
+// TempBase picks the parent for a temporary directory: os.TempDir(),
+// unless its path is longer than maxLen (so that the Unix socket paths
+// under it would exceed the kernel's ~107-byte limit), or (when it is
+// handed to the postgres user) some ancestor is not searchable by others;
+// then /tmp.
+func TempBase(otherUser bool, maxLen int) string {
 	base := os.TempDir()
-	if len(base) > 60 {
+	if len(base) > maxLen {
 		return "/tmp"
 	}
 	if otherUser {
