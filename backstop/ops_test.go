@@ -132,6 +132,10 @@ func TestRejectCounting(t *testing.T) {
 			if got := counter("via=rewrite"); got != 0 {
 				t.Errorf(`backstop rejects counted as via="rewrite": %v`, got)
 			}
+			// The notices name the epoch that won: 5, over token 3.
+			if n, sum := px.Histogram(t, "fencing_token_gap", "table=public."+tb, "kind=row"); n != 3 || sum != 6 {
+				t.Errorf("fencing_token_gap from the backstop's notices: count %d sum %v, want 3, 6", n, sum)
+			}
 			if got := rejects(t, tb) - db; got != 6 {
 				t.Errorf("ReadCounts grew by %d, want 6 (rows)", got)
 			}

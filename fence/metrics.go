@@ -2,6 +2,7 @@ package fence
 
 import (
 	"sync"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -33,7 +34,18 @@ type Metrics struct {
 	backstop      *prometheus.GaugeVec
 	backstopOK    prometheus.Gauge
 	dbCounts      *dbCounts
+	// tokenGap is how far the epoch that beat a stale write was ahead of
+	// its token; acceptedTable and acceptedDomain the highest token a
+	// write went through with, per table and per lock domain.
+	tokenGap       *prometheus.HistogramVec
+	acceptedTable  *tokenMaxes
+	acceptedDomain *tokenMaxes
 }
+
+// tokenGapBuckets: a lease that expired under its holder is usually beaten
+// by the next grant or few; large gaps mean a long pause, or tokens from
+// two sources.
+var tokenGapBuckets = []float64{1, 2, 3, 5, 10, 100, 1000, 10000, 100000, 1e6}
 
 // NewMetrics registers pgfence's metrics with reg.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
@@ -76,7 +88,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m.backstopOK = prometheus.NewGauge(prometheus.GaugeOpts{Name: "pgfence_backstop_ok",
 		Help: "1 if the database backstop is in place on every guarded table (or turned off with --backstop=off), 0 if not."})
 	m.dbCounts = &dbCounts{}
-	reg.MustRegister(m.backstop, m.backstopOK, m.dbCounts)
+	m.tokenGap = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "fencing_token_gap",
+		Help:    "For each stale write fenced (on either path), the epoch or lock domain token that beat it minus the token it carried; kind as in fencing_reject_total.",
+		Buckets: tokenGapBuckets}, []string{"table", "kind"})
+	m.acceptedTable = newTokenMaxes("pgfence_token_accepted_max",
+		"The highest fencing token a write to the guarded table went through with, through this pgfence (0 until one does); take max() across instances.", "table")
+	m.acceptedDomain = newTokenMaxes("pgfence_domain_token_accepted_max",
+		"The highest fencing token a write to a table of the lock domain went through with, through this pgfence (0 until one does).", "domain")
+	reg.MustRegister(m.backstop, m.backstopOK, m.dbCounts, m.tokenGap, m.acceptedTable, m.acceptedDomain)
 	reg.MustRegister(m.rejects, m.withoutToken, m.guardedWrites, m.unfenced, m.queries, m.errors,
 		m.connsTotal, m.connsActive, m.guarded, m.discoveryOK, m.cacheHits, m.cacheMisses, m.bound, m.setsAnswered)
 	m.passthrough = m.queries.WithLabelValues("passthrough")
@@ -90,7 +109,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 
 // watch makes a table's main series exist from the start, at zero, so a
 // dashboard can tell "no rejects" from "not guarded".
-func (m *Metrics) watch(table, mode string, domain bool) {
+func (m *Metrics) watch(table, mode, domain string) {
 	// So that increase() sees a table's first write without a token, and
 	// its first guarded write, these start at 0 too.
 	for _, action := range []string{"refused", "allowed"} {
@@ -101,9 +120,15 @@ func (m *Metrics) watch(table, mode string, domain bool) {
 	}
 	for _, via := range []string{"rewrite", "backstop"} {
 		m.rejects.WithLabelValues(table, mode, "row", via)
-		if domain {
+		if domain != "" {
 			m.rejects.WithLabelValues(table, mode, "domain", via)
 		}
+	}
+	m.tokenGap.WithLabelValues(table, "row")
+	m.acceptedTable.of(table)
+	if domain != "" {
+		m.tokenGap.WithLabelValues(table, "domain")
+		m.acceptedDomain.of(domain)
 	}
 }
 
@@ -175,4 +200,44 @@ func (d *dbCounts) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(dbRejectsDesc, prometheus.CounterValue, float64(n), table)
 	}
 	ch <- prometheus.MustNewConstMetric(dbExemptDesc, prometheus.CounterValue, float64(d.exempt))
+}
+
+// tokenMaxes is a gauge per label value that only rises: the highest token
+// seen. Writes raise it with an atomic compare-and-swap, no lock.
+type tokenMaxes struct {
+	desc *prometheus.Desc
+	m    sync.Map // label value -> *tokenMax
+}
+
+type tokenMax struct{ v atomic.Int64 }
+
+func newTokenMaxes(name, help, label string) *tokenMaxes {
+	return &tokenMaxes{desc: prometheus.NewDesc(name, help, []string{label}, nil)}
+}
+
+// of returns the gauge for a label value, creating it at 0.
+func (t *tokenMaxes) of(label string) *tokenMax {
+	if v, ok := t.m.Load(label); ok {
+		return v.(*tokenMax)
+	}
+	v, _ := t.m.LoadOrStore(label, &tokenMax{})
+	return v.(*tokenMax)
+}
+
+func (m *tokenMax) raise(token int64) {
+	for {
+		cur := m.v.Load()
+		if token <= cur || m.v.CompareAndSwap(cur, token) {
+			return
+		}
+	}
+}
+
+func (t *tokenMaxes) Describe(ch chan<- *prometheus.Desc) { ch <- t.desc }
+
+func (t *tokenMaxes) Collect(ch chan<- prometheus.Metric) {
+	t.m.Range(func(k, v any) bool {
+		ch <- prometheus.MustNewConstMetric(t.desc, prometheus.GaugeValue, float64(v.(*tokenMax).v.Load()), k.(string))
+		return true
+	})
 }

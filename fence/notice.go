@@ -36,11 +36,6 @@ func (p *Policy) Notice(c *proxy.Client, n *pgproto3.NoticeResponse) bool {
 	}
 	table := sqlrewrite.Guard{Schema: n.SchemaName, Table: n.TableName}.Name()
 	p.m.rejects.WithLabelValues(table, mode, kind, "backstop").Inc()
-	msg := "stale write fenced"
-	if mode == "shadow" {
-		msg = "stale write would have been fenced (shadow mode: it landed)"
-	}
-	p.log.Warn(msg, "table", table, "kind", kind, "via", "backstop", "token", token, "epoch", epoch, "mode", mode,
-		"client", c.RemoteAddr, "application_name", c.ApplicationName(), "user", c.User)
+	p.staleWrite(c, table, mode, kind, "backstop", token, epoch)
 	return p.state.Load().cfg.NotifyStale
 }

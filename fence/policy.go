@@ -169,7 +169,7 @@ func (p *Policy) Reload(cfg Config) error {
 		st.seen.seed = maphash.MakeSeed()
 	}
 	for _, g := range cfg.Guards {
-		p.m.watch(g.Name(), g.Rollout.String(), g.Domain != "")
+		p.m.watch(g.Label(), g.Rollout.String(), g.Domain)
 	}
 	p.m.guarded.Set(float64(len(cfg.Guards)))
 	p.state.Store(st)
@@ -662,9 +662,9 @@ func (p *Policy) Error(c *proxy.Client, e *pgproto3.ErrorResponse) *pgproto3.Err
 		}
 	case codeStaleDomain:
 		table := markerTable(r.Message)
+		token, newer, _ := sqlrewrite.StaleDomainTokens(r.Message)
 		p.m.rejects.WithLabelValues(table, "enforce", "domain", "rewrite").Inc()
-		p.log.Warn("stale write fenced", "table", table, "kind", "domain", "mode", "enforce",
-			"client", c.RemoteAddr, "application_name", c.ApplicationName(), "user", c.User)
+		p.staleWrite(c, table, "enforce", "domain", "rewrite", token, newer)
 	}
 	return &pgproto3.ErrorResponse{
 		Severity:            e.Severity,

@@ -1,7 +1,9 @@
 package fence
 
 import (
+	"bytes"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgproto3"
@@ -17,62 +19,65 @@ func (p *Policy) probe(st *state, pr sqlrewrite.Probe) *proxy.Probe {
 	if v, ok := st.probes.Load(pr.SQL); ok {
 		return v.(*proxy.Probe)
 	}
-	tables := pr.Tables
 	notify := st.cfg.NotifyStale
 	// Every fenced write counts itself per table: resolve those series once.
-	writes := make([][2]prometheus.Counter, len(tables))
-	for i, t := range tables {
+	series := make([]probeSeries, len(pr.Tables))
+	for i, t := range pr.Tables {
 		mode := t.Rollout.String()
-		writes[i] = [2]prometheus.Counter{
-			p.m.guardedWrites.WithLabelValues(t.Table, mode, "set"),
-			p.m.guardedWrites.WithLabelValues(t.Table, mode, "missing"),
+		series[i] = probeSeries{
+			set:      p.m.guardedWrites.WithLabelValues(t.Table, mode, "set"),
+			missing:  p.m.guardedWrites.WithLabelValues(t.Table, mode, "missing"),
+			accepted: p.m.acceptedTable.of(t.Table),
+		}
+		if t.Domain != "" && t.Rollout != sqlrewrite.Observe {
+			series[i].domainAccepted = p.m.acceptedDomain.of(t.Domain)
 		}
 	}
 	v, _ := st.probes.LoadOrStore(pr.SQL, proxy.NewProbe(pr.SQL, func(c *proxy.Client, row [][]byte) *pgproto3.NoticeResponse {
-		return p.probed(c, tables, writes, notify, row)
+		return p.probed(c, &pr, series, notify, row)
 	}))
 	return v.(*proxy.Probe)
 }
 
+// probeSeries are a probed table's series, resolved once per probe.
+type probeSeries struct {
+	set, missing   prometheus.Counter // pgfence_guarded_writes_total, with and without a token
+	accepted       *tokenMax          // the table's highest accepted token
+	domainAccepted *tokenMax          // its lock domain's, nil outside an enforced one
+}
+
 // probed classifies what a guarded write left behind: the token it ran
-// with, and per table whether it met a stale row. writes are the tables'
-// pgfence_guarded_writes_total series, with and without a token.
-func (p *Policy) probed(c *proxy.Client, tables []sqlrewrite.ProbeTable, writes [][2]prometheus.Counter, notify bool, row [][]byte) *pgproto3.NoticeResponse {
-	if len(row) < 1+2*len(tables) {
-		p.log.Error("probe returned a short row; reject counts may be low", "columns", len(row), "tables", len(tables))
-		return nil
-	}
-	missing := len(row[0]) == 0
+// with, and per table whether it met a stale row and what beat it.
+func (p *Policy) probed(c *proxy.Client, pr *sqlrewrite.Probe, series []probeSeries, notify bool, row [][]byte) *pgproto3.NoticeResponse {
 	var stale []string
-	for i, t := range tables {
+	var token []byte
+	for i, t := range pr.Tables {
+		o, ok := pr.Outcome(row, i)
+		if !ok {
+			p.log.Error("probe returned a short row; reject counts may be low", "columns", len(row), "tables", len(pr.Tables))
+			return nil
+		}
 		mode := t.Rollout.String()
-		if !missing {
-			writes[i][0].Inc()
+		if len(o.Token) > 0 {
+			series[i].set.Inc()
 		} else {
-			writes[i][1].Inc()
+			series[i].missing.Inc()
 			p.m.withoutToken.WithLabelValues(t.Table, mode, "allowed").Inc()
 			p.log.Warn("write without fencing token let through", "table", t.Table, "mode", mode,
 				"client", c.RemoteAddr, "application_name", c.ApplicationName(), "user", c.User)
 		}
-		// Two flags per table: a row's epoch was newer, or the lock
-		// domain's token was.
-		kind := ""
-		switch {
-		case string(row[2+2*i]) == "1":
-			kind = "domain"
-		case string(row[1+2*i]) == "1":
-			kind = "row"
-		default:
+		if o.Stale == sqlrewrite.NotStale {
+			if tok, ok := parseToken(o.Token); ok && t.Rollout != sqlrewrite.Observe {
+				series[i].accepted.raise(tok)
+				if d := series[i].domainAccepted; d != nil {
+					d.raise(tok)
+				}
+			}
 			continue
 		}
-		token := string(row[0])
-		p.m.rejects.WithLabelValues(t.Table, mode, kind, "rewrite").Inc()
-		msg := "stale write fenced"
-		if t.Rollout == sqlrewrite.Shadow {
-			msg = "stale write would have been fenced (shadow mode: it landed)"
-		}
-		p.log.Warn(msg, "table", t.Table, "kind", kind, "domain", t.Domain, "token", token, "mode", mode,
-			"client", c.RemoteAddr, "application_name", c.ApplicationName(), "user", c.User)
+		token = o.Token
+		p.m.rejects.WithLabelValues(t.Table, mode, o.Stale.String(), "rewrite").Inc()
+		p.staleWrite(c, t.Table, mode, o.Stale.String(), "rewrite", string(o.Token), string(o.Winner), "domain", t.Domain)
 		if t.Rollout == sqlrewrite.Enforce {
 			stale = append(stale, t.Table)
 		}
@@ -85,9 +90,37 @@ func (p *Policy) probed(c *proxy.Client, tables []sqlrewrite.ProbeTable, writes 
 		SeverityUnlocalized: "WARNING",
 		Code:                "01000",
 		Message: fmt.Sprintf("pgfence: stale write fenced: rows of %s were written under a newer fencing token than %s and were left unchanged",
-			strings.Join(quoteAll(stale), ", "), row[0]),
+			strings.Join(quoteAll(stale), ", "), token),
 		Hint: "your lease has likely expired: stop acting as its holder and acquire it again",
 	}
+}
+
+// staleWrite logs a stale write and records its token gap: how far the
+// epoch (or lock domain token) that beat it was ahead of its token. epoch
+// is "" when pgfence cannot know it. extra are more attributes for the line.
+func (p *Policy) staleWrite(c *proxy.Client, table, mode, kind, via, token, epoch string, extra ...any) {
+	tok, okTok := parseToken([]byte(token))
+	won, okWon := parseToken([]byte(epoch))
+	if okTok && okWon && won > tok {
+		p.m.tokenGap.WithLabelValues(table, kind).Observe(float64(won) - float64(tok))
+	}
+	if epoch == "" {
+		epoch = "unknown"
+	}
+	msg := "stale write fenced"
+	if mode == "shadow" {
+		msg = "stale write would have been fenced (shadow mode: it landed)"
+	}
+	attrs := append([]any{"table", table, "kind", kind, "via", via, "token", token, "epoch", epoch, "mode", mode,
+		"client", c.RemoteAddr, "application_name", c.ApplicationName(), "user", c.User}, extra...)
+	p.log.Warn(msg, attrs...)
+}
+
+// parseToken reads a token as Postgres's int8 input would: surrounding
+// white space and a sign allowed.
+func parseToken(b []byte) (int64, bool) {
+	n, err := strconv.ParseInt(string(bytes.TrimSpace(b)), 10, 64)
+	return n, err == nil
 }
 
 func quoteAll(ss []string) []string {

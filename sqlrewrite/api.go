@@ -43,6 +43,11 @@ type Guard struct {
 	// it; TRUNCATE, which fires no row triggers, is still refused unless
 	// Allow.Truncate. (The backstop checks the table's lock domain too.)
 	Backstop bool
+	// As, when set, is how messages and metrics name the table: the one
+	// table of the catalog an unqualified guard stands for, schema-qualified
+	// (see fence.Discover), so that every instance labels a table alike
+	// whichever way it was guarded. Label is Name when it is empty.
+	As string
 }
 
 // DomainTable holds one row per lock domain: the highest token any write to
@@ -179,19 +184,8 @@ type Fenced struct {
 
 // Probe is a statement that reads, right after a guarded write and in the
 // same transaction, what the write left for pgfence: the token in force and,
-// per table, whether a row the write matched was stale. It returns one row:
-// column 0 is the token setting's text (NULL or "" when unset; a lock
-// domain's own setting is not read here), then two columns per entry of
-// Tables, in order:
-//
-//   - the row flag: "1" if a row whose epoch was above the token was
-//     skipped (Enforce) or written (Shadow) in that table, else NULL or "";
-//   - the domain flag: "1" if rows the write matched in that table were
-//     skipped because its lock domain had already been written with a
-//     higher token, else NULL or "" (always NULL when the table is in no
-//     domain or is not Enforce).
-//
-// Its remaining columns clear the flags and carry no information.
+// per table, whether a row the write matched was stale and what beat it.
+// It returns one row, which Outcome reads.
 type Probe struct {
 	// Index is, in Simple mode, the 0-based index among the statements of
 	// Result.SQL of this probe; -1 in Prepared mode, where the proxy runs SQL
@@ -199,6 +193,71 @@ type Probe struct {
 	Index  int
 	SQL    string
 	Tables []ProbeTable
+}
+
+// Stale says what a matched row of a guarded write lost to.
+type Stale uint8
+
+const (
+	NotStale    Stale = iota
+	StaleRow          // the row's epoch was above the token
+	StaleDomain       // the table's lock domain had a higher token
+)
+
+func (s Stale) String() string {
+	switch s {
+	case StaleRow:
+		return "row"
+	case StaleDomain:
+		return "domain"
+	}
+	return ""
+}
+
+// ProbeOutcome is what a probe's row says about one of its tables. Its
+// slices point into the row.
+type ProbeOutcome struct {
+	// Token is the token the write ran with for the table (the lock
+	// domain's own setting, if set, in a domain), empty when none was set.
+	Token []byte
+	Stale Stale
+	// Winner is, when Stale, the epoch or domain token that beat Token
+	// (the last stale row's, if several), empty when pgfence cannot know
+	// it (a NULL epoch).
+	Winner []byte
+}
+
+// The probe's row: column 0 is the token setting's text (NULL or "" when
+// unset); then three per entry of Tables, in order: the stale flag (the
+// epoch of a row that was above the token and skipped (Enforce) or written
+// (Shadow), as text, the last one's if several, else NULL or ""), the domain flag (the domain's
+// token, when rows the write matched were skipped because its lock domain
+// had a higher token, else NULL or ""; NULL when the table is in no domain
+// or is not Enforce) and the domain's token text (NULL outside one). The
+// remaining columns clear the flags and carry no information.
+const probeColumnsPerTable = 3
+
+// Outcome reads table i's outcome from a row the probe returned; ok is false
+// when the row is too short to be the probe's.
+func (p *Probe) Outcome(row [][]byte, i int) (o ProbeOutcome, ok bool) {
+	if len(row) < 1+probeColumnsPerTable*len(p.Tables) || i >= len(p.Tables) {
+		return o, false
+	}
+	c := row[1+probeColumnsPerTable*i:]
+	o.Token = row[0]
+	if len(c[2]) > 0 {
+		o.Token = c[2]
+	}
+	switch {
+	case len(c[1]) > 0:
+		o.Stale, o.Winner = StaleDomain, c[1]
+	case len(c[0]) > 0:
+		o.Stale, o.Winner = StaleRow, c[0]
+	}
+	if string(o.Winner) == unknownEpoch {
+		o.Winner = nil
+	}
+	return o, true
 }
 
 // ProbeTable is one table a probe reports on.

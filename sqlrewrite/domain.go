@@ -65,6 +65,41 @@ type domainInfo struct {
 	// missing token claims nothing.
 	query, queryAllowMissing string
 	text                     string // the token's text (see tokenText)
+	// winner is the domain's token as the statement sees it, as text
+	// (unknownEpoch if the domain has no row): what beat a stale writer.
+	winner string
+}
+
+// The PF001 message ends with the stale token and the domain's newer one,
+// which StaleDomainTokens reads back.
+const (
+	staleDomainToken = "; token: "
+	staleDomainNewer = "; newer token: "
+)
+
+// StaleDomainTokens reads the stale token and the lock domain's newer
+// token ("" if unknown) from the message of a PF001 refusal (see
+// ParseErrorMarker).
+func StaleDomainTokens(message string) (token, newer string, ok bool) {
+	i := strings.LastIndex(message, staleDomainToken)
+	if i < 0 {
+		return "", "", false
+	}
+	token, newer, ok = strings.Cut(message[i+len(staleDomainToken):], staleDomainNewer)
+	if newer == unknownEpoch {
+		newer = ""
+	}
+	return token, newer, ok
+}
+
+// raise is the expression that raises a domain-fenced guard's flag for a
+// matched row of ref that was not written: the stale flag, set to the
+// greatest epoch among such rows, when the domain was claimed (the row's
+// epoch was newer), else the domain flag, set to the domain's token.
+func (g *guardInfo) domainRaise(ref string) string {
+	d := g.domain
+	return "pg_catalog.set_config(CASE WHEN " + d.exists + " THEN " + g.flag + " ELSE " + g.dflag + " END, CASE WHEN " + d.exists +
+		" THEN " + g.staleValue(ref) + " ELSE " + d.winner + " END, true)"
 }
 
 // domainNamed returns the lock domain called name, creating it.
@@ -77,6 +112,8 @@ func (r *Rewriter) domainNamed(name string) *domainInfo {
 	d := &domainInfo{name: name, index: len(r.domains), text: tokenText(r.setting, name)}
 	d.cte = quoteIdent(domainCTEPrefix + strconv.Itoa(d.index))
 	d.exists = "EXISTS (SELECT 1 FROM " + d.cte + ")"
+	d.winner = "COALESCE(CAST((SELECT " + quoteIdent("token") + " FROM " + quoteIdent("pgfence") + "." + quoteIdent("domains") +
+		" WHERE " + quoteIdent("domain") + " OPERATOR(pg_catalog.=) " + quoteLiteral(d.name) + ") AS pg_catalog.text), " + quoteLiteral(unknownEpoch) + ")"
 	strict, allowMissing := domainTokenExprs(r.setting, name)
 	d.query, d.queryAllowMissing = d.claim(strict), d.claim(allowMissing)
 	r.domains = append(r.domains, d)
@@ -108,15 +145,28 @@ func (g *guardInfo) fenceByDomain(setting string) {
 	d := g.domain
 	i := strconv.Itoa(g.index)
 	g.dflag = quoteLiteral(dflagPrefix + i)
-	g.draise = "pg_catalog.set_config(CASE WHEN " + d.exists + " THEN " + g.flag + " ELSE " + g.dflag + " END, " + quoteLiteral("1") + ", true)"
 	msg := "pgfence " + codeStaleDomain + ": stale fencing token for lock domain \"" + d.name +
-		"\" (guarded table \"" + g.name + "\"): a newer holder has written to it; stop writing and re-acquire the lock; token: "
-	stale := "(" + quoteLiteral(msg) + " OPERATOR(pg_catalog.||) COALESCE(" + d.text + ", " + quoteLiteral("") + "))::pg_catalog.int8"
+		"\" (guarded table \"" + g.name + "\"): a newer holder has written to it; stop writing and re-acquire the lock" + staleDomainToken
+	stale := "(" + quoteLiteral(msg) + " OPERATOR(pg_catalog.||) COALESCE(" + d.text + ", " + quoteLiteral("") + ") OPERATOR(pg_catalog.||) " +
+		quoteLiteral(staleDomainNewer) + " OPERATOR(pg_catalog.||) " + d.winner + ")::pg_catalog.int8"
 	claimed := "(SELECT " + quoteIdent("token") + " FROM " + d.cte + ")"
 	if g.AllowMissingToken {
 		stale = "CASE WHEN " + g.tok + " IS NULL THEN 0 ELSE " + stale + " END"
 	}
 	g.insert = "COALESCE(" + claimed + ", " + stale + ")"
+}
+
+// ValidDomain checks a lock domain's name (see Guard.Domain), for a
+// configuration that names one before any guard has it.
+func ValidDomain(name string) error {
+	if name == "" {
+		return errors.New("an empty lock domain name")
+	}
+	if err := validDomain(Guard{Domain: name}); err != nil {
+		_, msg, _ := strings.Cut(err.Error(), ": ")
+		return errors.New(msg)
+	}
+	return nil
 }
 
 // validDomain checks a guard's lock domain name.

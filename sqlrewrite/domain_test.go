@@ -61,7 +61,7 @@ func TestDomainFragments(t *testing.T) {
 		frags = append(frags, "WITH "+d.query+" SELECT", "WITH "+d.queryAllowMissing+" SELECT", "SELECT "+d.exists)
 	}
 	for _, gi := range r.guards[:2] {
-		frags = append(frags, "SELECT "+gi.insert, "SELECT "+gi.draise, "SELECT "+gi.tok)
+		frags = append(frags, "SELECT "+gi.insert, "SELECT "+gi.domainRaise("t"), "SELECT "+gi.tok)
 	}
 	frags = append(frags, "SELECT "+r.guards[0].cast, "SELECT "+r.guards[0].gate)
 	for _, f := range frags {
@@ -111,8 +111,8 @@ func TestDomainFragments(t *testing.T) {
 func TestDomainMarkers(t *testing.T) {
 	const pre = `invalid input syntax for type bigint: "`
 	cases := []struct{ msg, code, text, hint string }{
-		{`pgfence PF001: stale fencing token for lock domain "billing" (guarded table "accounts"): a newer holder has written to it; stop writing and re-acquire the lock; token: 4"`,
-			"PF001", `pgfence: stale fencing token for lock domain "billing" (guarded table "accounts"): a newer holder has written to it; stop writing and re-acquire the lock; token: 4`, hintStaleDomain},
+		{`pgfence PF001: stale fencing token for lock domain "billing" (guarded table "accounts"): a newer holder has written to it; stop writing and re-acquire the lock; token: 4; newer token: 7"`,
+			"PF001", `pgfence: stale fencing token for lock domain "billing" (guarded table "accounts"): a newer holder has written to it; stop writing and re-acquire the lock; token: 4; newer token: 7`, hintStaleDomain},
 		{`pgfence 55000: no fencing token is set for this write to guarded table "accounts" in lock domain "billing"; set fence.token.billing or fence.token first"`,
 			"55000", `pgfence: no fencing token is set for this write to guarded table "accounts" in lock domain "billing"; set fence.token.billing or fence.token first`,
 			"SET fence.token.billing (or fence.token) = '<token>' (or SET LOCAL inside a transaction) before writing"},
@@ -131,6 +131,43 @@ func TestDomainMarkers(t *testing.T) {
 			t.Errorf("ParseErrorMarker(%q) = %+v, %v", c.msg, got, ok)
 		}
 	}
+	if tok, newer, ok := StaleDomainTokens(cases[0].text); !ok || tok != "4" || newer != "7" {
+		t.Errorf("StaleDomainTokens = %q, %q, %v; want 4, 7", tok, newer, ok)
+	}
+	if _, _, ok := StaleDomainTokens(cases[1].text); ok {
+		t.Errorf("StaleDomainTokens read tokens from a 55000 message")
+	}
+}
+
+// TestProbeOutcome reads probe rows as the probe's SQL lays them out.
+func TestProbeOutcome(t *testing.T) {
+	p := &Probe{Tables: []ProbeTable{{Table: "a"}, {Table: "b", Domain: "d"}, {Table: "c", Domain: "d"}}}
+	b := func(s ...string) [][]byte {
+		out := make([][]byte, len(s))
+		for i, v := range s {
+			if v != "NULL" {
+				out[i] = []byte(v)
+			}
+		}
+		return out
+	}
+	row := b("5", "9", "NULL", "NULL", "", "12", "6", "?", "", "NULL", "x", "y")
+	want := []struct {
+		token, winner string
+		stale         Stale
+	}{{"5", "9", StaleRow}, {"6", "12", StaleDomain}, {"5", "", StaleRow}}
+	for i, w := range want {
+		o, ok := p.Outcome(row, i)
+		if !ok || string(o.Token) != w.token || string(o.Winner) != w.winner || o.Stale != w.stale {
+			t.Errorf("table %d: %q %q %v %v, want %+v", i, o.Token, o.Winner, o.Stale, ok, w)
+		}
+	}
+	if _, ok := p.Outcome(row[:9], 2); ok {
+		t.Error("a short row was read")
+	}
+	if o, _ := p.Outcome(b("5", "", "", "NULL", "", "", "NULL", "", "", "NULL"), 1); o.Stale != NotStale || string(o.Token) != "5" {
+		t.Errorf("fresh write: %+v", o)
+	}
 }
 
 // TestDomainProbe checks the probe's layout: the token, then per table its
@@ -146,10 +183,11 @@ func TestDomainProbe(t *testing.T) {
 	if err != nil || res.Refusal != nil {
 		t.Fatalf("Rewrite: %v %+v", err, res.Refusal)
 	}
+	billing := "COALESCE(NULLIF(pg_catalog.current_setting(E'fence.token.billing', true), E''), pg_catalog.current_setting(E'fence.token', true))"
 	want := "SELECT pg_catalog.current_setting(E'fence.token', true), " +
-		"pg_catalog.current_setting(E'pgfence.stale_1', true), NULL::pg_catalog.text, " +
-		"NULL::pg_catalog.text, NULL::pg_catalog.text, " +
-		"pg_catalog.current_setting(E'pgfence.stale_0', true), pg_catalog.current_setting(E'pgfence.dstale_0', true), " +
+		"pg_catalog.current_setting(E'pgfence.stale_1', true), NULL::pg_catalog.text, NULL::pg_catalog.text, " +
+		"NULL::pg_catalog.text, NULL::pg_catalog.text, " + billing + ", " +
+		"pg_catalog.current_setting(E'pgfence.stale_0', true), pg_catalog.current_setting(E'pgfence.dstale_0', true), " + billing + ", " +
 		"pg_catalog.set_config(E'pgfence.stale_1', E'', true), pg_catalog.set_config(E'pgfence.stale_0', E'', true), pg_catalog.set_config(E'pgfence.dstale_0', E'', true)"
 	if len(res.Probes) != 1 || res.Probes[0].SQL != want {
 		t.Fatalf("Probes = %+v", res.Probes)

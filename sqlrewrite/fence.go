@@ -76,10 +76,11 @@ func (r *Rewriter) build(res *Result, stmts []*pg_query.RawStmt, plans []*plan, 
 	return res, nil
 }
 
-// probeSQL reads the token and, per table, the stale flag and the domain
-// stale flag, and clears the flags. Observe tables raise no flag, and
-// tables not fenced by a lock domain no domain flag: their columns are
-// NULL.
+// probeSQL reads the token and, per table, the stale flag, the domain
+// stale flag and the domain's token, and clears the flags (the layout
+// Probe.Outcome reads). Observe tables raise no flag, and tables not fenced
+// by a lock domain no domain flag and have no token of their own: their
+// columns are NULL.
 func (r *Rewriter) probeSQL(tables []*guardInfo) string {
 	var b strings.Builder
 	b.WriteString("SELECT pg_catalog.current_setting(" + quoteLiteral(r.setting) + ", true)")
@@ -91,6 +92,11 @@ func (r *Rewriter) probeSQL(tables []*guardInfo) string {
 		}
 		if g.domainFenced() {
 			b.WriteString(", pg_catalog.current_setting(" + g.dflag + ", true)")
+		} else {
+			b.WriteString(", NULL::pg_catalog.text")
+		}
+		if g.domain != nil {
+			b.WriteString(", " + g.domain.text)
 		} else {
 			b.WriteString(", NULL::pg_catalog.text")
 		}
@@ -220,7 +226,10 @@ func (sp span) returning(list []*pg_query.Node) (int, error) {
 // one qual, whose parts the planner keeps in order:
 //
 //	OK:   (EXISTS (SELECT 1 FROM "pgfence_domain_K") AND REF.C <= T)
-//	FLAG: pg_catalog.set_config(CASE WHEN EXISTS (SELECT 1 FROM "pgfence_domain_K") THEN <stale flag> ELSE <domain flag> END, E'1', true)
+//	FLAG: pg_catalog.set_config(CASE WHEN EXISTS (SELECT 1 FROM "pgfence_domain_K") THEN <stale flag> ELSE <domain flag> END,
+//	                            CASE WHEN EXISTS (...) THEN <greatest stale epoch> ELSE <domain's token> END, true)
+//
+// A flag's value is what beat the token (see staleValue, domainRaise).
 func (r *Rewriter) fenceWhere(sql string, sp span, g *guardInfo, ref string, from, limit int, hasWhere bool, done []edit) ([]edit, error) {
 	where := sp.first(pg_query.Token_WHERE, from, limit)
 	if (where >= 0) != hasWhere {
@@ -236,9 +245,9 @@ func (r *Rewriter) fenceWhere(sql string, sp span, g *guardInfo, ref string, fro
 	if g.Rollout == Shadow || g.AllowMissingToken {
 		epochOK = ref + "." + g.column + " OPERATOR(pg_catalog.<=) " + g.tok
 	}
-	raise := "pg_catalog.set_config(" + g.flag + ", " + quoteLiteral("1") + ", true)"
+	raise := "pg_catalog.set_config(" + g.flag + ", " + g.staleValue(ref) + ", true)"
 	if g.domainFenced() {
-		epochOK, raise = "("+g.domain.exists+" AND "+epochOK+")", g.draise
+		epochOK, raise = "("+g.domain.exists+" AND "+epochOK+")", g.domainRaise(ref)
 	}
 	stale, lead, gate := raise+" IS NULL", epochOK, " AND "+g.gate
 	switch {
@@ -256,6 +265,20 @@ func (r *Rewriter) fenceWhere(sql string, sp span, g *guardInfo, ref string, fro
 		{at: condStart, text: "("},
 		{at: condEnd, text: pad(sql, condEnd, ") AND ("+lead+" OR (("+cond+") AND "+stale+"))"+gate)},
 	}, nil
+}
+
+// unknownEpoch stands in a stale flag for an epoch pgfence cannot know (a
+// NULL epoch, a lock domain without its row): the flag must never be set
+// to NULL, as set_config would then return NULL and let the row be written.
+const unknownEpoch = "?"
+
+// staleValue is what a stale row of ref sets the guard's stale flag to: its
+// epoch, as text, so that the probe can say which epoch beat the token (the
+// last stale row's, when there are several). It only runs for stale rows,
+// and is kept short: Postgres 15.18 has a crash that longer Parse texts
+// make likelier (see TestNoNamedParseInFailedBlock).
+func (g *guardInfo) staleValue(ref string) string {
+	return "COALESCE(CAST(" + ref + "." + g.column + " AS pg_catalog.text), " + quoteLiteral(unknownEpoch) + ")"
 }
 
 // setValue is what an UPDATE (or DO UPDATE) sets the epoch to: the token

@@ -58,6 +58,14 @@ func (g Guard) Name() string {
 	return nameIdent(g.Schema) + "." + nameIdent(g.Table)
 }
 
+// Label is how messages and metrics name the guard's table: As, else Name.
+func (g Guard) Label() string {
+	if g.As != "" {
+		return g.As
+	}
+	return g.Name()
+}
+
 // validateNames reports what makes a guard's names unusable.
 func (g Guard) validateNames() error {
 	for _, part := range []struct{ what, name string }{

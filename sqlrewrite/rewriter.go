@@ -30,7 +30,7 @@ type Rewriter struct {
 type guardInfo struct {
 	Guard
 	index  int
-	name   string // Guard.Name()
+	name   string // Guard.Label()
 	column string // quoted epoch column
 	flag   string // literal naming the guard's stale flag
 	// tok is the token expression the guard's rollout uses: TOK (Enforce),
@@ -44,10 +44,9 @@ type guardInfo struct {
 	insert string
 	// domain is the guard's lock domain, nil for none.
 	domain *domainInfo
-	// dflag is the literal naming the guard's domain-stale flag, and
-	// draise the expression that raises it (or the stale flag), when the
+	// dflag is the literal naming the guard's domain-stale flag, when the
 	// guard is fenced by its domain (see domainFenced).
-	dflag, draise string
+	dflag string
 }
 
 // New validates cfg and builds a Rewriter.
@@ -66,7 +65,7 @@ func New(cfg Config) (*Rewriter, error) {
 		gi := guardInfo{
 			Guard:  g,
 			index:  i,
-			name:   g.Name(),
+			name:   g.Label(),
 			column: quoteIdent(g.Column),
 			flag:   quoteLiteral(flagPrefix + strconv.Itoa(i)),
 		}

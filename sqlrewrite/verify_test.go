@@ -412,6 +412,11 @@ func (v *verifier) checkProbe(p Probe, tables []*guardInfo) error {
 		} else {
 			sql += ", NULL::pg_catalog.text"
 		}
+		if g.Domain != "" {
+			sql += ", " + v.tokenText(g)
+		} else {
+			sql += ", NULL::pg_catalog.text"
+		}
 	}
 	if p.SQL != sql+clear {
 		return fmt.Errorf("SQL %q, want %q", p.SQL, sql+clear)
@@ -595,6 +600,12 @@ func (v *verifier) setText(g *guardInfo, ref string) string {
 
 // tokenText is the token's text: in a lock domain, the domain's setting
 // unless it is unset or empty.
+// domainWinner is the lock domain's token as text: what beat a stale writer.
+func (v *verifier) domainWinner(g *guardInfo) string {
+	return `COALESCE(CAST((SELECT "token" FROM "pgfence"."domains" WHERE "domain" OPERATOR(pg_catalog.=) ` + quoteLiteral(g.Domain) +
+		`) AS pg_catalog.text), E'?')`
+}
+
 func (v *verifier) tokenText(g *guardInfo) string {
 	text := "pg_catalog.current_setting(" + quoteLiteral(v.r.setting) + ", true)"
 	if g.Domain != "" {
@@ -638,7 +649,8 @@ func (v *verifier) insertText(g *guardInfo) string {
 		text := v.tokenText(g)
 		stale := "(" + quoteLiteral(`pgfence PF001: stale fencing token for lock domain "`+g.Domain+
 			`" (guarded table "`+g.Name()+`"): a newer holder has written to it; stop writing and re-acquire the lock; token: `) +
-			" OPERATOR(pg_catalog.||) COALESCE(" + text + ", E''))::pg_catalog.int8"
+			" OPERATOR(pg_catalog.||) COALESCE(" + text + ", E'') OPERATOR(pg_catalog.||) E'; newer token: ' OPERATOR(pg_catalog.||) " +
+			v.domainWinner(g) + ")::pg_catalog.int8"
 		if g.AllowMissingToken {
 			stale = "CASE WHEN " + v.token(g) + " IS NULL THEN 0 ELSE " + stale + " END"
 		}
@@ -658,11 +670,14 @@ func (v *verifier) whereText(g *guardInfo, ref string, cond bool) string {
 	if g.Rollout == Enforce && !g.AllowMissingToken {
 		ok = "pg_catalog.int8le(" + col + ", " + v.strictCast(g) + ")"
 	}
-	flag := fmt.Sprintf("pg_catalog.set_config(E'pgfence.stale_%d', E'1', true)", g.index)
+	// The stale flag's value: the stale row's epoch.
+	epoch := "COALESCE(CAST(" + col + " AS pg_catalog.text), E'?')"
+	flag := fmt.Sprintf("pg_catalog.set_config(E'pgfence.stale_%d', %s, true)", g.index, epoch)
 	if domainChecked(g) {
 		claimed := fmt.Sprintf(`EXISTS (SELECT 1 FROM "pgfence_domain_%d")`, v.domainIndex(g.Domain))
 		ok = "(" + claimed + " AND " + ok + ")"
-		flag = fmt.Sprintf("pg_catalog.set_config(CASE WHEN %s THEN E'pgfence.stale_%d' ELSE E'pgfence.dstale_%d' END, E'1', true)", claimed, g.index, g.index)
+		flag = fmt.Sprintf("pg_catalog.set_config(CASE WHEN %[1]s THEN E'pgfence.stale_%[2]d' ELSE E'pgfence.dstale_%[2]d' END, CASE WHEN %[1]s THEN %[3]s ELSE %[4]s END, true)",
+			claimed, g.index, epoch, v.domainWinner(g))
 	}
 	c := func(s string) string {
 		if cond {

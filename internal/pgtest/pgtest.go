@@ -241,6 +241,28 @@ func (p *Proxy) Counter(t testing.TB, name string, labels ...string) float64 {
 	return sum
 }
 
+// Histogram reads a histogram's sample count and sum, over the series that
+// have labels, name=value pairs.
+func (p *Proxy) Histogram(t testing.TB, name string, labels ...string) (count uint64, sum float64) {
+	t.Helper()
+	mfs, err := p.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if h := m.GetHistogram(); h != nil && matches(m, labels) {
+				count += h.GetSampleCount()
+				sum += h.GetSampleSum()
+			}
+		}
+	}
+	return count, sum
+}
+
 func matches(m *dto.Metric, labels []string) bool {
 	for _, kv := range labels {
 		k, v, _ := strings.Cut(kv, "=")
