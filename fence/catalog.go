@@ -3,6 +3,7 @@ package fence
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 
 	"github.com/jackc/pgx/v5"
@@ -134,7 +135,7 @@ func discover(tables []*catalogTable, explicit []sqlrewrite.Guard, auto bool, co
 	addTree = func(t *catalogTable, g sqlrewrite.Guard) {
 		for _, child := range children[t.schema+"."+t.name] {
 			cg := g
-			cg.Schema, cg.Table = child.schema, child.name
+			cg.Schema, cg.Table, cg.As = child.schema, child.name, ""
 			if !seen[cg.Schema+"."+cg.Table] {
 				add(cg)
 				addTable(child, g)
@@ -142,21 +143,32 @@ func discover(tables []*catalogTable, explicit []sqlrewrite.Guard, auto bool, co
 			}
 		}
 	}
+	covers := func(g sqlrewrite.Guard, t *catalogTable) bool {
+		return t.name == g.Table && (g.Schema == "" || g.Schema == t.schema)
+	}
 	for _, g := range explicit {
-		add(g)
-		matched := false
+		var matches []*catalogTable
 		for _, t := range tables {
-			if t.name != g.Table || (g.Schema != "" && g.Schema != t.schema) {
-				continue
+			if covers(g, t) {
+				matches = append(matches, t)
 			}
-			matched = true
+		}
+		// An unqualified guard of one table is labelled with the table's
+		// schema, as a discovered or qualified guard of it would be.
+		if g.Schema == "" && len(matches) == 1 {
+			g.As = sqlrewrite.Guard{Schema: matches[0].schema, Table: matches[0].name}.Name()
+		}
+		add(g)
+		for _, t := range matches {
 			if p := columnProblem(t, g.Column); p != "" {
 				d.Problems = append(d.Problems, p)
 			}
+			g := g
+			g.As = ""
 			addTable(t, g)
 			addTree(t, g)
 		}
-		if !matched {
+		if len(matches) == 0 {
 			d.Problems = append(d.Problems, fmt.Sprintf("guarded table %s does not exist in this database; writes naming it are still fenced", g.Name()))
 		}
 	}
@@ -164,6 +176,11 @@ func discover(tables []*catalogTable, explicit []sqlrewrite.Guard, auto bool, co
 		for _, t := range tables {
 			ci, ok := t.columns[column]
 			if !ok {
+				continue
+			}
+			// A table an explicit guard covers is guarded as that guard
+			// says, once: a second guard would double its series.
+			if slices.ContainsFunc(explicit, func(g sqlrewrite.Guard) bool { return covers(g, t) }) {
 				continue
 			}
 			g := template(sqlrewrite.Guard{Schema: t.schema, Table: t.name, Column: column})

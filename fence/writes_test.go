@@ -345,7 +345,8 @@ func TestPartitionedByEpoch(t *testing.T) {
 		}
 	}
 	var total float64
-	for _, tbl := range []string{"part_epoch", "public.part_epoch_old", "public.part_epoch_new"} {
+	// The unqualified guard is labelled with the one table it stands for.
+	for _, tbl := range []string{"public.part_epoch", "public.part_epoch_old", "public.part_epoch_new"} {
 		total += rejects(t, p, tbl)
 	}
 	if total != 5 {
