@@ -453,6 +453,9 @@ func (x *side) flushed() bool {
 // relayed hands every message x's buffer holds to the session, then writes
 // what that produced.
 func (l *loop) relayed(x *side) {
+	if report := x.ls.s.srv.cfg.RoundTrip; report != nil {
+		defer x.ls.s.rt.add(time.Now(), report)
+	}
 	if err := x.dispatch(); err != nil {
 		if x.client {
 			err = framingError(err)

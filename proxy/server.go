@@ -82,6 +82,16 @@ type Config struct {
 	// libpq's target_session_attrs=read-write would not use it: after a
 	// failover the address pgfence was given may be a standby for a while.
 	RequirePrimary bool
+	// UpstreamFailed, if set, is told why a session could not be
+	// connected to Postgres: a failure to connect, or an error from
+	// Postgres before the session's first ReadyForQuery.
+	UpstreamFailed func(UpstreamFailure)
+	// RoundTrip, if set, is told at each ReadyForQuery relayed to a client
+	// how long the proxy spent on the round trip it ends: handling its
+	// bytes both ways, from reading them to writing them on (not the time
+	// Postgres took, nor the wait for a socket to be readable). Event-loop
+	// sessions only.
+	RoundTrip func(time.Duration)
 }
 
 // Server accepts clients and relays each to its own Postgres connection.
@@ -340,6 +350,7 @@ func (s *Server) handle(conn net.Conn) {
 	up := s.up.Load()
 	server, err := s.dialUpstream(up)
 	if err != nil {
+		s.upstreamFailed(err)
 		log.Warn("cannot reach Postgres", "upstream", up.Addr, "err", err)
 		writeFatal(cw, codeCannotConnect, fmt.Sprintf("cannot connect to Postgres at %s: %v", up.Addr, err), "check that Postgres is running and --upstream is right; try again")
 		cw.Flush()
@@ -391,8 +402,11 @@ func (s *Server) dialUpstream(up *Upstream) (net.Conn, error) {
 	defer cancel()
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, up.Network, up.Addr)
-	if err != nil || up.TLS == nil {
-		return conn, err
+	if err != nil {
+		return nil, dialFailure(err)
+	}
+	if up.TLS == nil {
+		return conn, nil
 	}
 	deadline, _ := ctx.Deadline()
 	conn.SetDeadline(deadline)
@@ -401,29 +415,29 @@ func (s *Server) dialUpstream(up *Upstream) (net.Conn, error) {
 	var answer [1]byte
 	if _, err := conn.Write(req); err != nil {
 		conn.Close()
-		return nil, err
+		return nil, dialFailure(err)
 	}
 	if _, err := io.ReadFull(conn, answer[:]); err != nil {
 		conn.Close()
-		return nil, err
+		return nil, dialFailure(err)
 	}
 	switch answer[0] {
 	case 'S':
 		tc := tls.Client(tlsBase(conn), up.TLS)
 		if err := tc.HandshakeContext(ctx); err != nil {
 			conn.Close()
-			return nil, fmt.Errorf("TLS handshake with Postgres: %w", err)
+			return nil, tlsFailure(fmt.Errorf("TLS handshake with Postgres: %w", err))
 		}
 		return tc, nil
 	case 'N':
 		if up.TLSRequired {
 			conn.Close()
-			return nil, errors.New("Postgres does not accept TLS, and the --upstream URL's sslmode requires it")
+			return nil, tlsFailure(errors.New("Postgres does not accept TLS, and the --upstream URL's sslmode requires it"))
 		}
 		return conn, nil
 	}
 	conn.Close()
-	return nil, fmt.Errorf("Postgres answered SSLRequest with %q", answer[0])
+	return nil, &upstreamError{UpstreamNetwork, fmt.Errorf("Postgres answered SSLRequest with %q", answer[0])}
 }
 
 // readStartup reads startup packets until a StartupMessage, answering

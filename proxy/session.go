@@ -41,6 +41,10 @@ type session struct {
 	log    *slog.Logger
 	client net.Conn
 	server net.Conn
+	// started is set at the server's first ReadyForQuery: an error before
+	// it is a failure to connect (Config.UpstreamFailed).
+	started bool
+	rt      roundTrip // for Config.RoundTrip
 	// The relay reads and writes through these: bufio over the connections
 	// when goroutines relay, the event loop's buffers when it does.
 	cr   msgReader
@@ -1038,6 +1042,7 @@ func (s *session) reply(w *wait, typ byte, n int) error {
 		if b, err := s.sr.Peek(6); err == nil && n == 1 {
 			status = b[5]
 		}
+		s.started, s.rt.ended = true, true
 		if w != nil && w.held {
 			return s.heldReady(n, status)
 		}
@@ -1104,6 +1109,9 @@ func (s *session) serverError(w *wait, n int) error {
 	b, e, err := s.readError(n)
 	if err != nil {
 		return err
+	}
+	if !s.started {
+		s.srv.upstreamFailed(&upstreamError{startupFailure(e.Code), errors.New(e.Message)})
 	}
 	moved := false
 	if e.Position != 0 && w != nil { // before skipToSync recycles w

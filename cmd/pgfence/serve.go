@@ -64,7 +64,7 @@ func (o *serveOptions) addFlags(cmd *cobra.Command) {
 	f.StringVar(&o.listen, "listen", "127.0.0.1:6432", "address clients connect to")
 	f.StringVar(&o.unixSocketDir, "unix-socket-dir", "", "also listen on a Unix socket in this directory, named as Postgres names its own (.s.PGSQL.<--listen's port>), so that clients connect with host=DIR")
 	f.StringVar(&o.upstream, "upstream", "", "postgres:// URL of the real server; its user and password serve only pgfence's own queries")
-	f.StringVar(&o.metricsListen, "metrics-listen", "127.0.0.1:9187", "address of /metrics and /healthz (\"\" to disable)")
+	f.StringVar(&o.metricsListen, "metrics-listen", "127.0.0.1:9187", "address of /metrics, /healthz and /readyz (\"\" to disable)")
 	o.policyOptions.addFlags(cmd)
 	f.BoolVar(&o.discover, "discover", true, "guard every table of the upstream database that has a bigint --discover-column (partitions and children of guarded tables are always guarded)")
 	f.StringVar(&o.discoverColumn, "discover-column", "fence_epoch", "epoch column name that discovery looks for")
@@ -293,6 +293,7 @@ func start(o serveOptions, log *slog.Logger) (*instance, error) {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := fence.NewMetrics(reg)
 	reg.MustRegister(buildInfo())
+	relay := newRelayMetrics(reg)
 	policy, err := fence.New(cfg, metrics, log)
 	if err != nil {
 		return nil, err
@@ -314,6 +315,8 @@ func start(o serveOptions, log *slog.Logger) (*instance, error) {
 		TransactionPooling:  txPool,
 		TokenSetting:        cfg.TokenSetting,
 		Admit:               func() error { return inst.admit() },
+		UpstreamFailed:      relay.upstreamFailed,
+		RoundTrip:           relay.roundTrip,
 	})
 	if err != nil {
 		return nil, err
@@ -342,10 +345,14 @@ func start(o serveOptions, log *slog.Logger) (*instance, error) {
 		mux := http.NewServeMux()
 		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 		// /healthz is liveness: the proxy answers, whatever Postgres does
-		// (restarting a sidecar because Postgres is down helps nobody).
+		// (restarting a sidecar because Postgres is down helps nobody), and
+		// within a liveness probe's default 1 s timeout even when Postgres's
+		// address swallows packets: its note on Postgres waits 500 ms at most.
 		mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 			addr := srv.Upstream().Addr
-			if err := srv.CheckUpstream(r.Context()); err != nil {
+			ctx, cancel := context.WithTimeout(r.Context(), healthzUpstreamWait)
+			defer cancel()
+			if err := srv.CheckUpstream(ctx); err != nil {
 				fmt.Fprintf(w, "ok: proxy up; Postgres at %s unreachable: %v\n", addr, err)
 				return
 			}
