@@ -35,7 +35,8 @@ func loadEnv(cmd *cobra.Command) error {
 		if !ok || f.Changed || err != nil {
 			return
 		}
-		if e := cmd.Flags().Set(f.Name, v); e != nil {
+		// A list flag takes a comma-separated list, as in a config file.
+		if e := setFlag(cmd.Flags(), f, v); e != nil {
 			err = fmt.Errorf("%s: %w", envName(f.Name), e)
 		}
 	})
@@ -85,8 +86,11 @@ func setFlag(flags *pflag.FlagSet, f *pflag.Flag, v any) error {
 		return nil
 	default:
 		s := fmt.Sprint(v)
-		if _, ok := f.Value.(pflag.SliceValue); ok {
-			return f.Value.(pflag.SliceValue).Replace(strings.Split(s, ","))
+		if sv, ok := f.Value.(pflag.SliceValue); ok {
+			if s == "" {
+				return sv.Replace(nil)
+			}
+			return sv.Replace(strings.Split(s, ","))
 		}
 		return flags.Set(f.Name, s)
 	}

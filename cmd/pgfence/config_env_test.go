@@ -36,6 +36,29 @@ func TestEnvConfig(t *testing.T) {
 		t.Fatalf("upstream %q, metrics-listen %q, max-client-conns %d, guards %v; want the environment's, the command line's, the file's, the environment's",
 			o.upstream, o.metricsListen, o.maxClientConns, o.guards)
 	}
+	// List flags take a comma-separated list; a lock domain's name is
+	// checked whether or not a guard has it.
+	t.Setenv("PGFENCE_DOMAIN", "a=d1,b=d1")
+	t.Setenv("PGFENCE_TABLE_MODE", "a=shadow,b=observe")
+	var o3 serveOptions
+	cmd3 := &cobra.Command{Use: "serve"}
+	o3.addFlags(cmd3)
+	if err := loadEnv(cmd3); err != nil {
+		t.Fatal(err)
+	}
+	if len(o3.domains) != 2 || o3.domains[1] != "b=d1" || len(o3.tableModes) != 2 || o3.tableModes[1] != "b=observe" {
+		t.Fatalf("domains %q, table modes %q: want two of each", o3.domains, o3.tableModes)
+	}
+	if _, err := o3.applier(); err != nil {
+		t.Fatal(err)
+	}
+	o3.domains = []string{"a=d1;b"}
+	if _, err := o3.applier(); err == nil {
+		t.Fatal("a lock domain named d1;b was accepted")
+	}
+	t.Setenv("PGFENCE_DOMAIN", "")
+	t.Setenv("PGFENCE_TABLE_MODE", "")
+
 	t.Setenv("PGFENCE_MAX_MESSAGE_SIZE", "lots")
 	var o2 serveOptions
 	cmd2 := &cobra.Command{Use: "serve"}

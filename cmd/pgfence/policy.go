@@ -108,6 +108,9 @@ func (o *policyOptions) applier() (func(sqlrewrite.Guard) sqlrewrite.Guard, erro
 		if !ok || domain == "" {
 			return nil, fmt.Errorf("--domain %q: want TABLE=DOMAIN, e.g. accounts=billing", spec)
 		}
+		if err := sqlrewrite.ValidDomain(domain); err != nil {
+			return nil, fmt.Errorf("--domain %q: %w", spec, err)
+		}
 		g, err := sqlrewrite.ParseGuard(table)
 		if err != nil {
 			return nil, fmt.Errorf("--domain %q: %w", spec, err)
