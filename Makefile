@@ -46,9 +46,10 @@ demo: ensure-postgres
 # checkout says which commit it is even where the toolchain records no
 # VCS information (GOFLAGS=-buildvcs=false).
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)
 
 build:
-	$(GO) build -ldflags "-X main.version=$(VERSION)" -o bin/pgfence ./cmd/pgfence
+	$(GO) build -ldflags "-X main.version=$(VERSION) -X main.commit=$(COMMIT)" -o bin/pgfence ./cmd/pgfence
 
 compat: ensure-postgres
 	bash scripts/install-compat-deps.sh

@@ -70,15 +70,15 @@ func TestEnvConfig(t *testing.T) {
 
 // pgfence_build_info says which pgfence runs.
 func TestBuildInfo(t *testing.T) {
-	old := version
-	version = "v9.9.9-test"
-	defer func() { version = old }()
+	oldVersion, oldCommit := version, commit
+	version, commit = "v9.9.9-test", "0123abc"
+	defer func() { version, commit = oldVersion, oldCommit }()
 	if got := buildVersion(); got != "v9.9.9-test" {
 		t.Fatalf("buildVersion() = %q with -X main.version", got)
 	}
 	s := newServeTest(t)
 	inst := s.serve(serveOptions{backstop: "off"})
-	if got := scrape(t, inst, `pgfence_build_info{goversion="`+runtime.Version()+`",version="v9.9.9-test"}`); got != "1" {
+	if got := scrape(t, inst, `pgfence_build_info{commit="0123abc",goversion="`+runtime.Version()+`",version="v9.9.9-test"}`); got != "1" {
 		t.Fatalf("pgfence_build_info = %q, want 1", got)
 	}
 }

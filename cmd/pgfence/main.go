@@ -7,12 +7,18 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 
 	"github.com/spf13/cobra"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
 var version = "dev"
+
+// commit is the commit the build was made from, set at build time like
+// version (-X main.commit=...); "" falls back to what the toolchain
+// recorded (see buildCommit).
+var commit = ""
 
 func main() {
 	// Commands handle signals themselves: serve drains on SIGTERM.
@@ -41,7 +47,7 @@ func versionCmd() *cobra.Command {
 		Short: "Print pgfence's version",
 		Args:  cobra.NoArgs,
 		Run: func(cmd *cobra.Command, _ []string) {
-			fmt.Fprintln(cmd.OutOrStdout(), "pgfence", buildVersion())
+			fmt.Fprintln(cmd.OutOrStdout(), "pgfence", buildVersion(), "commit", buildCommit(), runtime.Version())
 		},
 	}
 }

@@ -43,10 +43,26 @@ func buildVersion() string {
 	return "dev-" + rev + dirty
 }
 
+// buildCommit is the commit pgfence was built from: the one set at build
+// time, else the toolchain's record of it, else "unknown".
+func buildCommit() string {
+	if commit != "" {
+		return commit
+	}
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, s := range bi.Settings {
+			if s.Key == "vcs.revision" {
+				return s.Value
+			}
+		}
+	}
+	return "unknown"
+}
+
 // buildInfo is pgfence_build_info: 1, labelled with what was built.
 func buildInfo() prometheus.Collector {
 	g := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgfence_build_info",
-		Help: "Always 1; its labels say which pgfence runs (version) and with which Go."}, []string{"version", "goversion"})
-	g.WithLabelValues(buildVersion(), runtime.Version()).Set(1)
+		Help: "Always 1; its labels say which pgfence runs (version, commit) and with which Go."}, []string{"version", "commit", "goversion"})
+	g.WithLabelValues(buildVersion(), buildCommit(), runtime.Version()).Set(1)
 	return g
 }
