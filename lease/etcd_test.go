@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
@@ -93,7 +94,9 @@ func TestEtcd(t *testing.T) {
 	})
 
 	t.Run("RevokedLeaseIsLost", func(t *testing.T) {
-		a := acquire(t, &lease.Etcd{Client: etcdClient(t, srv.Endpoints()), Prefix: "/locks/revoke", TTL: 5 * time.Second})
+		reg := prometheus.NewRegistry()
+		m := lease.NewMetrics(reg)
+		a := acquire(t, m.Instrument("revoke", &lease.Etcd{Client: etcdClient(t, srv.Endpoints()), Prefix: "/locks/revoke", TTL: 5 * time.Second}))
 		resp, err := admin.Get(ctx, "/locks/revoke/", clientv3.WithPrefix())
 		if err != nil || len(resp.Kvs) != 1 {
 			t.Fatalf("lock keys: %v %v", resp, err)
@@ -108,6 +111,16 @@ func TestEtcd(t *testing.T) {
 		t.Logf("revocation noticed after %v: %v", time.Since(start).Round(time.Millisecond), a.Err())
 		if a.Valid() || !errors.Is(a.Err(), lease.ErrLost) {
 			t.Errorf("after revoke: Valid=%v Err=%v, want ErrLost", a.Valid(), a.Err())
+		}
+		// Counted as lost while its holder was at work, once its context's
+		// callback has run; its Acquire was timed.
+		for end := time.Now().Add(5 * time.Second); sample(t, reg, "lease_expired_while_executing_total") != 1; time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(end) {
+				t.Fatalf("lease_expired_while_executing_total = %v, want 1", sample(t, reg, "lease_expired_while_executing_total"))
+			}
+		}
+		if n := sample(t, reg, "pgfence_lease_acquire_seconds"); n != 1 {
+			t.Errorf("pgfence_lease_acquire_seconds count %v, want 1", n)
 		}
 		if err := a.Release(ctx); err != nil {
 			t.Errorf("Release after loss: %v", err)
@@ -200,4 +213,24 @@ func TestEtcd(t *testing.T) {
 		}
 		t.Log(err)
 	})
+}
+
+// sample reads a lease series from reg: a counter's value or a histogram's
+// sample count, summed over its label values.
+func sample(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			sum += m.GetCounter().GetValue() + float64(m.GetHistogram().GetSampleCount())
+		}
+	}
+	return sum
 }

@@ -3,6 +3,7 @@ package lease
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -24,6 +25,14 @@ import (
 //	                                       said the lease or the lock entry
 //	                                       is gone: revoked, expired there,
 //	                                       session expired, key deleted)
+//	lease_expired_while_executing_total{lock}
+//	                                       the same leases, under the name
+//	                                       the usual fencing guidance gives
+//	                                       them: lost while their holder was
+//	                                       still at work (not released)
+//	pgfence_lease_acquire_seconds{lock}    how long each successful Acquire
+//	                                       of an Instrument-ed Lock took,
+//	                                       waiting for the lock included
 //
 // A lost lease means the holder had to stop in the middle of its work (a
 // GC or VM pause, a slow or cut network, a lock service in trouble, or a
@@ -34,9 +43,11 @@ import (
 //	m := lease.NewMetrics(prometheus.DefaultRegisterer)
 //	lock := m.Instrument("billing", &lease.Etcd{Client: cli, Prefix: "/locks/billing"})
 type Metrics struct {
-	acquired *prometheus.CounterVec
-	held     *prometheus.GaugeVec
-	lost     *prometheus.CounterVec
+	acquired  *prometheus.CounterVec
+	held      *prometheus.GaugeVec
+	lost      *prometheus.CounterVec
+	executing *prometheus.CounterVec // lease_expired_while_executing_total
+	acquire   *prometheus.HistogramVec
 }
 
 // NewMetrics registers the lease metrics with reg (it panics if they are
@@ -51,8 +62,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		lost: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgfence_lease_lost_total",
 			Help: "Leases that ended before their holder released them, by lock and reason: expired (no renewal succeeded before the safety deadline) or gone (the lock service said the lease or its lock entry is gone)."},
 			[]string{"lock", "reason"}),
+		executing: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "lease_expired_while_executing_total",
+			Help: "Leases lost (expired, or gone at the lock service) while their holder was still at work, by lock: the sum over reason of pgfence_lease_lost_total."}, []string{"lock"}),
+		// From a free lock on a nearby service (milliseconds) to waiting
+		// out another holder's TTL (seconds to minutes).
+		acquire: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "pgfence_lease_acquire_seconds",
+			Help:    "How long each successful Acquire of an instrumented lock took, waiting for the lock included, by lock.",
+			Buckets: []float64{.001, .005, .025, .1, .5, 1, 5, 15, 60, 300}}, []string{"lock"}),
 	}
-	reg.MustRegister(m.acquired, m.held, m.lost)
+	reg.MustRegister(m.acquired, m.held, m.lost, m.executing, m.acquire)
 	return m
 }
 
@@ -77,8 +95,10 @@ func (m *Metrics) Watch(name string, l *Lease) {
 		switch cause := context.Cause(l.ctx); {
 		case errors.Is(cause, ErrExpired):
 			m.lost.WithLabelValues(name, "expired").Inc()
+			m.executing.WithLabelValues(name).Inc()
 		case errors.Is(cause, ErrLost):
 			m.lost.WithLabelValues(name, "gone").Inc()
+			m.executing.WithLabelValues(name).Inc()
 		}
 	})
 }
@@ -90,6 +110,8 @@ func (m *Metrics) series(name string) {
 	m.held.WithLabelValues(name)
 	m.lost.WithLabelValues(name, "expired")
 	m.lost.WithLabelValues(name, "gone")
+	m.executing.WithLabelValues(name)
+	m.acquire.WithLabelValues(name)
 }
 
 type instrumented struct {
@@ -99,8 +121,10 @@ type instrumented struct {
 }
 
 func (i instrumented) Acquire(ctx context.Context) (*Lease, error) {
+	start := time.Now()
 	l, err := i.lock.Acquire(ctx)
 	if err == nil {
+		i.m.acquire.WithLabelValues(i.name).Observe(time.Since(start).Seconds())
 		i.m.Watch(i.name, l)
 	}
 	return l, err
