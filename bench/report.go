@@ -225,7 +225,7 @@ func (r *report) render() string {
 	p("%s\n", t2.String())
 	if len(t2f.rows) > 1 {
 		p("pgfence answers the plain `SET fence.token` itself and sets the token ahead of the UPDATE, in its transaction, so a transaction "+
-			"waits for Postgres once where through PgBouncer it waits twice (see README, Setting the token). The same script through a "+
+			"waits for Postgres once where through PgBouncer it waits twice (see docs/token.md). The same script through a "+
 			"pgfence with `--forward-token-sets`, which sends the SET as PgBouncer does: what the fenced UPDATE and its probe cost by "+
 			"themselves:\n\n%s\n", t2f.String())
 	}

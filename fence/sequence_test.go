@@ -30,7 +30,7 @@ import (
 // Bind or Describe of that statement may fail with 26000 through pgfence
 // where Postgres runs the statement it kept. Sent pipelined, pgfence may
 // not know of the skip in time, and any difference is allowed from there
-// (see README, How it relays). After it the sessions differ, so nothing
+// (see docs/relaying.md). After it the sessions differ, so nothing
 // more of the sequence is compared; but each session then sends the same
 // recovery (see recovery), which must be answered alike, warnings aside: a
 // difference pgfence is allowed must not leave the session broken.
@@ -43,7 +43,7 @@ import (
 // And in a sequence that binds a SET of the token in a block, which
 // pgfence answers itself, the unnamed portal it left is gone through
 // pgfence (34000), where Postgres refuses to run it again (55000) or
-// describes it (NoData): see README, Setting the token.
+// describes it (NoData): see docs/token.md.
 //
 // Postgres must not crash on a sequence: one that crashes it through
 // pgfence but not straight would be pgfence's to avoid (see

@@ -59,7 +59,7 @@ var unprepared = new(serverStmt)
 // the client's, in a failed transaction block. It is never bound while the
 // proxy knows what the server's unnamed statement is; should it be (a
 // Parse Postgres skipped in a batch the client sent before Postgres
-// answered the one before, see README), it fails with 26000 saying what
+// answered the one before, see docs/relaying.md), it fails with 26000 saying what
 // to do, rather than run as an empty statement, a write silently not done.
 var standInParse = []byte("\x00EXECUTE \"pgfence: Parse the unnamed statement again\"\x00\x00\x00")
 

@@ -318,6 +318,7 @@ func TestAlertsEndToEnd(t *testing.T) {
 			t.Errorf("%s: annotations %v, want a summary with %q and a description", c.name, al.Annotations, c.summary)
 		}
 	}
+	checkDashboard(t, prom)
 	t.Logf("%v: done", since(begin))
 }
 
