@@ -1,6 +1,6 @@
 # pgfence — see README for details.
 #
-#   make test   ensure Postgres is installed, then go vet + go test (all packages)
+#   make test   ensure Postgres is installed, then go vet, staticcheck and go test (all packages)
 #   make demo   ensure Postgres is installed, then run the demo
 #   make build  build bin/pgfence
 #   make fuzz   30 s of fuzzing sqlrewrite's FuzzRewrite
@@ -30,6 +30,7 @@ test: ensure-postgres
 	bash scripts/ensure-pgbouncer.sh
 	bash scripts/install-prometheus.sh
 	$(GO) vet ./...
+	$(STATICCHECK) ./...
 	$(GO) test -count=1 -timeout 20m ./...
 	# The Kubernetes manifests, decoded strictly against the API types (a module of their own).
 	cd deploy/kubernetes && $(GO) vet ./... && $(GO) test -count=1 ./...
@@ -38,8 +39,12 @@ test: ensure-postgres
 	# And on TLS, both legs (clients with sslmode=require and the test CA; Postgres with ssl on).
 	PGFENCE_TEST_TLS=1 $(GO) test -count=1 -timeout 10m ./proxy ./fence ./backstop ./compat
 
+# staticcheck, at a fixed version, from the Go module proxy.
+STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
+
 vet:
 	$(GO) vet ./...
+	$(STATICCHECK) ./...
 
 demo: ensure-postgres
 	$(GO) run ./cmd/pgfence demo

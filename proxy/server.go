@@ -307,11 +307,10 @@ func (s *Server) handle(conn net.Conn) {
 	id := s.nextID.Add(1)
 	log := s.log.With("conn", id, "client", conn.RemoteAddr().String())
 	cc := &clientConn{Conn: conn, r: bufio.NewReaderSize(conn, 32<<10), w: bufio.NewWriterSize(conn, 32<<10)}
-	cw := cc.w
 
 	conn.SetDeadline(time.Now().Add(s.cfg.StartupTimeout))
 	packet, startup, err := s.readStartup(cc)
-	cw = cc.w // TLS may have replaced it
+	cw := cc.w // after readStartup: TLS may have replaced it
 	if err != nil {
 		if !isClosed(err) {
 			log.Info("startup failed", "err", err)
@@ -432,12 +431,12 @@ func (s *Server) dialUpstream(up *Upstream) (net.Conn, error) {
 	case 'N':
 		if up.TLSRequired {
 			conn.Close()
-			return nil, tlsFailure(errors.New("Postgres does not accept TLS, and the --upstream URL's sslmode requires it"))
+			return nil, tlsFailure(errors.New("no TLS from Postgres, and the upstream URL's sslmode requires it"))
 		}
 		return conn, nil
 	}
 	conn.Close()
-	return nil, &upstreamError{UpstreamNetwork, fmt.Errorf("Postgres answered SSLRequest with %q", answer[0])}
+	return nil, &upstreamError{UpstreamNetwork, fmt.Errorf("unexpected answer %q from Postgres to SSLRequest", answer[0])}
 }
 
 // readStartup reads startup packets until a StartupMessage, answering

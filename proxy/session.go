@@ -465,7 +465,7 @@ func (s *session) query(n int) error {
 	}
 	text, _, err := cstring(m[5:])
 	if err != nil {
-		return &clientError{err: fmt.Errorf("Query: %w", err)}
+		return &clientError{err: fmt.Errorf("a Query message: %w", err)}
 	}
 	plan := s.srv.cfg.Interceptor.Query(s.c, unsafe.String(unsafe.SliceData(text), len(text)))
 	apply := s.applyPlan
@@ -539,11 +539,11 @@ func (s *session) parse(n int) error {
 	}
 	name, rest, err := cstring(m[5:])
 	if err != nil {
-		return &clientError{err: fmt.Errorf("Parse: %w", err)}
+		return &clientError{err: fmt.Errorf("a Parse message: %w", err)}
 	}
 	text, params, err := cstring(rest)
 	if err != nil {
-		return &clientError{err: fmt.Errorf("Parse: %w", err)}
+		return &clientError{err: fmt.Errorf("a Parse message: %w", err)}
 	}
 	ic := s.srv.cfg.Interceptor
 	gen := ic.Generation()

@@ -165,7 +165,7 @@ func speedStep(ctx context.Context, c *pgconn.PgConn, k, step, what int, rng *ra
 		}
 		var out bytes.Buffer
 		lo := k*1000000 + step*10000
-		tag, err = c.CopyTo(ctx, &out, fmt.Sprintf("COPY (SELECT id, s FROM speed_copy WHERE id BETWEEN %d AND %d ORDER BY id) TO STDOUT", lo, lo+9999))
+		_, err = c.CopyTo(ctx, &out, fmt.Sprintf("COPY (SELECT id, s FROM speed_copy WHERE id BETWEEN %d AND %d ORDER BY id) TO STDOUT", lo, lo+9999))
 		if err != nil || out.String() != b.String() {
 			return fmt.Errorf("COPY TO: %d bytes back of %d, %v", out.Len(), b.Len(), err)
 		}
