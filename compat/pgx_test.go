@@ -11,6 +11,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgfence/pgfence/internal/pgtest"
 )
 
 // TestPgx runs the checks with pgx in each of its query execution modes.
@@ -214,15 +216,20 @@ func (p *pgxDriver) listenNotify(t *testing.T, ctx context.Context) {
 func (p *pgxDriver) cancel(t *testing.T, ctx context.Context) {
 	c := p.connect(t, ctx, "")
 	start := time.Now()
-	sent := make(chan struct{})
+	result := make(chan error, 1)
 	go func() {
-		defer close(sent)
-		time.Sleep(500 * time.Millisecond)
-		if err := c.PgConn().CancelRequest(ctx); err != nil {
-			t.Errorf("CancelRequest: %v", err)
-		}
+		_, err := c.Exec(ctx, "SELECT pg_sleep($1)", 30)
+		result <- err
 	}()
-	_, err := c.Exec(ctx, "SELECT pg_sleep($1)", 30)
+	pgtest.Running(t, c.PgConn().PID())
+	// Postgres signals the backend twice for one CancelRequest (its pid,
+	// then its process group), and the second signal can land on the next
+	// statement. CancelRequest returns once Postgres has closed the cancel
+	// connection, after both signals, so wait for it as a careful client does.
+	if err := c.PgConn().CancelRequest(ctx); err != nil {
+		t.Errorf("CancelRequest: %v", err)
+	}
+	err := <-result
 	elapsed := time.Since(start)
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || pgErr.Code != "57014" {
@@ -231,11 +238,6 @@ func (p *pgxDriver) cancel(t *testing.T, ctx context.Context) {
 	if elapsed > 10*time.Second {
 		t.Fatalf("cancelled only after %v", elapsed)
 	}
-	// Postgres signals the backend twice for one CancelRequest (its pid,
-	// then its process group), and the second signal can land on the next
-	// statement. CancelRequest returns once Postgres has closed the cancel
-	// connection, after both signals, so wait for it as a careful client does.
-	<-sent
 	var one int
 	if err := c.QueryRow(ctx, "SELECT $1::int", 1).Scan(&one); err != nil || one != 1 {
 		t.Fatalf("SELECT after the cancel: %d, %v", one, err)

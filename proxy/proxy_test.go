@@ -126,14 +126,19 @@ func TestTransactionsAndErrors(t *testing.T) {
 func TestCancelWithPgx(t *testing.T) {
 	p := pgtest.StartProxy(t, nil)
 	c := p.Connect(t)
-	sent := make(chan struct{})
+	result := make(chan error, 1)
 	go func() {
-		defer close(sent)
-		time.Sleep(300 * time.Millisecond)
-		c.PgConn().CancelRequest(ctx)
+		_, err := c.Exec(ctx, "SELECT pg_sleep(20)")
+		result <- err
 	}()
+	pgtest.Running(t, c.PgConn().PID())
 	start := time.Now()
-	_, err := c.Exec(ctx, "SELECT pg_sleep(20)")
+	// Postgres may signal the backend a second time for the same request;
+	// CancelRequest returns after that, so the next statement is safe.
+	if err := c.PgConn().CancelRequest(ctx); err != nil {
+		t.Fatal(err)
+	}
+	err := <-result
 	var pe *pgconn.PgError
 	if !errors.As(err, &pe) || pe.Code != "57014" {
 		t.Fatalf("want SQLSTATE 57014, got %v", err)
@@ -141,9 +146,6 @@ func TestCancelWithPgx(t *testing.T) {
 	if d := time.Since(start); d > 10*time.Second {
 		t.Fatalf("cancel took %v", d)
 	}
-	// Postgres may signal the backend a second time for the same request;
-	// CancelRequest returns after that, so the next statement is safe.
-	<-sent
 	pgtest.Exec(t, c, "SELECT 1") // the session goes on
 
 	// A context deadline makes pgx send the cancel itself.
@@ -164,13 +166,13 @@ func TestCancelWithPsql(t *testing.T) {
 		t.Fatal("psql not installed: run scripts/ensure-postgres.sh")
 	}
 	p := pgtest.StartProxy(t, nil)
-	cmd := exec.Command(psql, p.URL(), "-X", "-v", "ON_ERROR_STOP=1", "-c", "SELECT pg_sleep(20)")
+	cmd := exec.Command(psql, p.URL("application_name=cancel-psql"), "-X", "-v", "ON_ERROR_STOP=1", "-c", "SELECT pg_sleep(20)")
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(700 * time.Millisecond)
+	pgtest.RunningApp(t, "cancel-psql")
 	start := time.Now()
 	cmd.Process.Signal(syscall.SIGINT)
 	done := make(chan error, 1)

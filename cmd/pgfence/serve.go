@@ -85,6 +85,10 @@ func (o *serveOptions) addFlags(cmd *cobra.Command) {
 	f.StringVar(&o.logFormat, "log-format", "text", "text or json")
 }
 
+// serving, if set, is told of each instance serve starts: tests learn from
+// it where --listen 127.0.0.1:0 listens.
+var serving func(*instance)
+
 func serveCmd() *cobra.Command {
 	var o serveOptions
 	cmd := &cobra.Command{
@@ -122,6 +126,9 @@ func serveCmd() *cobra.Command {
 			inst, err := start(o, log)
 			if err != nil {
 				return err
+			}
+			if serving != nil {
+				serving(inst)
 			}
 			log.Info("pgfence serving", "listen", inst.Addr(), "upstream", inst.upstream, "metrics", inst.MetricsAddr(),
 				"guards", len(inst.policy.Config().Guards), "token_setting", o.tokenSetting, "version", buildVersion())

@@ -23,6 +23,7 @@ import (
 
 	"github.com/pgfence/pgfence/fence"
 	"github.com/pgfence/pgfence/internal/pgserver"
+	"github.com/pgfence/pgfence/internal/poll"
 	"github.com/pgfence/pgfence/proxy"
 	"github.com/pgfence/pgfence/sqlrewrite"
 )
@@ -325,4 +326,29 @@ func Replies(t testing.TB, fe *pgproto3.Frontend, readies int) (tags []string, e
 		}
 	}
 	return tags, errs
+}
+
+// Running waits until the server process pid runs a statement (a
+// pg_sleep, say, for a test to cancel): through pgfence, a session's
+// BackendKeyData carries its server process's pid.
+func Running(t testing.TB, pid uint32) {
+	t.Helper()
+	running(t, fmt.Sprintf("server process %d busy", pid), "pid = $1", int32(pid))
+}
+
+// RunningApp waits until a session whose application_name is app runs a
+// statement.
+func RunningApp(t testing.TB, app string) {
+	t.Helper()
+	running(t, "a statement of "+app, "application_name = $1", app)
+}
+
+func running(t testing.TB, what, cond string, arg any) {
+	t.Helper()
+	db := Direct(t)
+	poll.Eventually(t, 10*time.Second, what, func() bool {
+		var n int
+		err := db.QueryRow(context.Background(), "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND "+cond, arg).Scan(&n)
+		return err == nil && n > 0
+	})
 }
