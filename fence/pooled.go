@@ -66,7 +66,7 @@ func (p *Policy) pooledPlan(st *state, c *proxy.Client, sql string, mode sqlrewr
 // backstop finds no token there and refuses, which fails closed.
 func needsToken(st *state, sql string, plan proxy.Plan) bool {
 	switch {
-	case plan.SQL != "" || len(plan.Probes) > 0 || containsFold(sql, st.tokenLower):
+	case plan.SQL != "" || len(plan.Probes) > 0 || sqlrewrite.ContainsFold(sql, st.tokenLower):
 		return true
 	case sqlrewrite.WritesNothing(sql):
 		return false

@@ -102,16 +102,5 @@ func (s *session) invalidates(sql string) bool {
 // mayExecute reports whether sql could EXECUTE a prepared write of this
 // session, which the text need not name.
 func (s *session) mayExecute(sql string) bool {
-	return len(s.prepared) > 0 && containsFold(sql, "execute")
-}
-
-// containsFold is an ASCII case-insensitive strings.Contains for a
-// lower-case needle.
-func containsFold(s, lower string) bool {
-	for i := 0; i+len(lower) <= len(s); i++ {
-		if strings.EqualFold(s[i:i+len(lower)], lower) {
-			return true
-		}
-	}
-	return false
+	return len(s.prepared) > 0 && sqlrewrite.ContainsFold(sql, "execute")
 }

@@ -1,11 +1,3 @@
-// Package sqlrewrite turns SQL text that writes a guarded table into SQL that
-// only writes when the session's fencing token is not stale.
-//
-// It is pure: no I/O, no global state. Every decision is made on Postgres's
-// own parse tree (pg_query), or, for a text without a single write keyword,
-// on its scanner's tokens; and every change is spliced into the client's
-// original text at offsets from that tree and from the scanner, so whatever
-// the client wrote (comments, spacing, casing) stays exactly as written.
 package sqlrewrite
 
 // Guard names one guarded table and its epoch column, and how it is fenced.

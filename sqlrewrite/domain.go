@@ -11,37 +11,7 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// Lock domains. A statement that writes a table of a lock domain (Enforce
-// only, for now) gets, first in the WITH list of its top-level query, one
-// data-modifying WITH query per domain it writes:
-//
-//	"pgfence_domain_K" AS (UPDATE "pgfence"."domains" SET "token" = DTOK
-//	    WHERE "domain" OPERATOR(pg_catalog.=) E'<domain>' AND "token" OPERATOR(pg_catalog.<=) DTOK
-//	    RETURNING "token")
-//
-// It claims the domain for the statement's token: it returns a row only
-// when no write to the domain has used a higher token. Its row lock
-// serialises the writers of one domain until they commit, and under READ
-// COMMITTED a writer that waited for it re-checks "token" <= DTOK against
-// the token the other writer committed, so the check and the claim are one
-// atomic step. Postgres runs a data-modifying WITH query exactly once, to
-// completion, however often (or whether) the statement reads it, and an
-// uncorrelated EXISTS over it is an InitPlan, evaluated once: every
-// reference sees the same answer. The statement keeps its own command tag
-// and result; the WITH query's rows are never part of them.
-//
-// The writes of the domain's tables then read that answer (see fenceWhere
-// and domainStamp): UPDATE and DELETE touch a row only if the domain was
-// claimed and the row's epoch is not above the token, raising the domain
-// flag (pgfence.dstale_<i>) for matched rows when the domain was not
-// claimed and the row flag otherwise; INSERT stamps the claimed token and
-// fails with PF001 when the domain was not claimed.
-//
-// Postgres only runs a data-modifying WITH at the top level of a
-// statement, so a write to a domain table must be the top-level query
-// itself or one of its WITH queries (under EXPLAIN, PREPARE, COPY or CREATE
-// TABLE AS, that query is the one they hold); anywhere else Postgres
-// rejects it anyway, and pgfence refuses it.
+// Lock domains: see the package documentation (doc.go).
 
 // domainCTEPrefix starts the names of the WITH queries that claim lock
 // domains; a client's WITH query may not use it in a statement that gets

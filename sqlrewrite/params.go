@@ -10,28 +10,7 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// A simple-protocol write carries its values as literals, so its text, and
-// with it the fenced rewrite Postgres must parse and plan, changes with
-// every execution. Parameterize takes the literals out: what is left is the
-// same for every execution, so the proxy can prepare its rewrite once per
-// session and bind each execution's values to it, as a driver using the
-// extended protocol would.
-//
-// Postgres types a numeric literal by its text alone (an integer that fits
-// int4 is int4, then int8, else numeric; one with a point or exponent is
-// numeric), so a parameter declared with that type means exactly what the
-// literal did. A plain string literal ('...') has no type of its own: the
-// context gives it one, as it gives a parameter left untyped, and
-// Postgres reads the value with that type's input function either way.
-// Both resolve alike only in some contexts, though (pg_typeof('x') is
-// "unknown", pg_typeof($1) an error), so a template with strings taken out
-// is used only where each is compared with a column, assigned to one, or
-// cast (see stringParamsSafe); the strings elsewhere stay in the text
-// (StringsToKeep, ParameterizeKeeping). One more difference is in the value: Postgres
-// reads a literal assigned to an interval column declared with fields
-// (interval hour) with those fields, so that '5' is 5 hours where a
-// parameter is 5 seconds; a string that an interval could be read from
-// stays in the text unless a cast follows it (see plainStringValue).
+// Parameterized writes: see the package documentation (doc.go).
 
 // Type OIDs of numeric literals.
 const (

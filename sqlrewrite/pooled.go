@@ -118,7 +118,7 @@ func (ts TokenSettings) SessionChange(sql string) (form string, ok bool, unread 
 // in reset_at, say), as they must be to change anything; a text the
 // scanner rejects too counts.
 func (ts TokenSettings) mayChangeUnread(sql string) bool {
-	if containsFold(sql, ts.names[0]) || containsFold(sql, "set_config") {
+	if ContainsFold(sql, ts.names[0]) || ContainsFold(sql, "set_config") {
 		return true
 	}
 	scan, err := pg_query.Scan(sql)
@@ -181,8 +181,8 @@ func (ts TokenSettings) has(name string) bool {
 // could spell any of them), ignoring ASCII case.
 func mayChangeSession(sql, token string) bool {
 	first, _, _ := strings.Cut(token, ".")
-	return containsFold(sql, first) || containsFold(sql, "set_config") ||
-		containsFold(sql, "reset") || containsFold(sql, "discard") || containsFold(sql, "u&")
+	return ContainsFold(sql, first) || ContainsFold(sql, "set_config") ||
+		ContainsFold(sql, "reset") || ContainsFold(sql, "discard") || ContainsFold(sql, "u&")
 }
 
 // WritesNothing reports whether sql is one statement that can run none of
@@ -206,13 +206,13 @@ func WritesNothing(sql string) bool {
 		"vacuum", "analyze", "analyse", "checkpoint", "cluster", "load", "close", "lock", "reindex":
 		return true
 	case "set":
-		return !containsFold(sql, "set_config")
+		return !ContainsFold(sql, "set_config")
 	case "create", "drop", "alter":
 		switch second {
 		case "database", "tablespace", "system", "subscription":
 			return true
 		}
-		return containsFold(sql, "concurrently") && (second == "index" || second == "unique")
+		return ContainsFold(sql, "concurrently") && (second == "index" || second == "unique")
 	}
 	return false
 }

@@ -133,20 +133,20 @@ func (r *Rewriter) MayTouch(sql string) bool {
 	if len(r.needles) == 0 {
 		return false
 	}
-	if containsFold(sql, "u&") {
+	if ContainsFold(sql, "u&") {
 		return true
 	}
 	for _, n := range r.needles {
-		if containsFold(sql, n) {
+		if ContainsFold(sql, n) {
 			return true
 		}
 	}
 	return false
 }
 
-// containsFold reports whether s contains needle, which must be lower-case,
+// ContainsFold reports whether s contains needle, which must be lower-case,
 // ignoring ASCII case.
-func containsFold(s, needle string) bool {
+func ContainsFold(s, needle string) bool {
 	n := len(needle)
 	if n == 0 {
 		return true

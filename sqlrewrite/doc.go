@@ -1,0 +1,68 @@
+// Package sqlrewrite turns SQL text that writes a guarded table into SQL that
+// only writes when the session's fencing token is not stale.
+//
+// It is pure: no I/O, no global state. Every decision is made on Postgres's
+// own parse tree (pg_query), or, for a text without a single write keyword,
+// on its scanner's tokens; and every change is spliced into the client's
+// original text at offsets from that tree and from the scanner, so whatever
+// the client wrote (comments, spacing, casing) stays exactly as written.
+//
+// # Lock domains
+//
+// A statement that writes a table of a lock domain (Enforce
+// only, for now) gets, first in the WITH list of its top-level query, one
+// data-modifying WITH query per domain it writes:
+//
+//	"pgfence_domain_K" AS (UPDATE "pgfence"."domains" SET "token" = DTOK
+//	    WHERE "domain" OPERATOR(pg_catalog.=) E'<domain>' AND "token" OPERATOR(pg_catalog.<=) DTOK
+//	    RETURNING "token")
+//
+// It claims the domain for the statement's token: it returns a row only
+// when no write to the domain has used a higher token. Its row lock
+// serialises the writers of one domain until they commit, and under READ
+// COMMITTED a writer that waited for it re-checks "token" <= DTOK against
+// the token the other writer committed, so the check and the claim are one
+// atomic step. Postgres runs a data-modifying WITH query exactly once, to
+// completion, however often (or whether) the statement reads it, and an
+// uncorrelated EXISTS over it is an InitPlan, evaluated once: every
+// reference sees the same answer. The statement keeps its own command tag
+// and result; the WITH query's rows are never part of them.
+//
+// The writes of the domain's tables then read that answer (see fenceWhere
+// and domainStamp): UPDATE and DELETE touch a row only if the domain was
+// claimed and the row's epoch is not above the token, raising the domain
+// flag (pgfence.dstale_<i>) for matched rows when the domain was not
+// claimed and the row flag otherwise; INSERT stamps the claimed token and
+// fails with PF001 when the domain was not claimed.
+//
+// Postgres only runs a data-modifying WITH at the top level of a
+// statement, so a write to a domain table must be the top-level query
+// itself or one of its WITH queries (under EXPLAIN, PREPARE, COPY or CREATE
+// TABLE AS, that query is the one they hold); anywhere else Postgres
+// rejects it anyway, and pgfence refuses it.
+//
+// # Parameterized writes
+//
+// A simple-protocol write carries its values as literals, so its text, and
+// with it the fenced rewrite Postgres must parse and plan, changes with
+// every execution. Parameterize takes the literals out: what is left is the
+// same for every execution, so the proxy can prepare its rewrite once per
+// session and bind each execution's values to it, as a driver using the
+// extended protocol would.
+//
+// Postgres types a numeric literal by its text alone (an integer that fits
+// int4 is int4, then int8, else numeric; one with a point or exponent is
+// numeric), so a parameter declared with that type means exactly what the
+// literal did. A plain string literal ('...') has no type of its own: the
+// context gives it one, as it gives a parameter left untyped, and
+// Postgres reads the value with that type's input function either way.
+// Both resolve alike only in some contexts, though (pg_typeof('x') is
+// "unknown", pg_typeof($1) an error), so a template with strings taken out
+// is used only where each is compared with a column, assigned to one, or
+// cast (see stringParamsSafe); the strings elsewhere stay in the text
+// (StringsToKeep, ParameterizeKeeping). One more difference is in the value: Postgres
+// reads a literal assigned to an interval column declared with fields
+// (interval hour) with those fields, so that '5' is 5 hours where a
+// parameter is 5 seconds; a string that an interval could be read from
+// stays in the text unless a cast follows it (see plainStringValue).
+package sqlrewrite

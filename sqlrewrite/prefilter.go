@@ -1,0 +1,239 @@
+package sqlrewrite
+
+import (
+	"slices"
+	"strings"
+
+	pg_query "github.com/pganalyze/pg_query_go/v6"
+)
+
+// MayWrite is a conservative, allocation-free prefilter for the scanner's
+// hasWriteKeyword: it returns false only when no write keyword is spelled
+// in sql as a word of its own (see spellsKeyword), ignoring ASCII case as
+// the scanner does. A keyword token is always such a word, so a text
+// without one holds none and passes unchanged, whatever its literals,
+// comments and quoting.
+func MayWrite(sql string) bool {
+	for i := 0; i < len(sql); i++ {
+		var kw string
+		switch sql[i] | 0x20 { // ASCII lower case; other bytes match no case below
+		case 'i':
+			kw = "insert"
+		case 'u':
+			kw = "update"
+		case 'd':
+			kw = "delete"
+		case 'm':
+			kw = "merge"
+		case 't':
+			kw = "truncate"
+		case 'c':
+			kw = "copy"
+		case 'e':
+			kw = "execute"
+		default:
+			continue
+		}
+		if spellsKeyword(sql, i, kw) {
+			return true
+		}
+	}
+	return false
+}
+
+// MayInvalidate reports, conservatively, whether sql could drop prepared
+// statements or change the tables their names stand for: whether it spells
+// DEALLOCATE, DISCARD or search_path as a word of its own, calls set_config
+// on the role (or on a setting it cannot name), or has a statement that is
+// RESET ALL, sets the role (SET ROLE, SET SESSION AUTHORIZATION, their
+// RESETs), or may undo such a change while a transaction goes on (ROLLBACK
+// TO SAVEPOINT, COMMIT AND CHAIN). (Postgres plans a statement again after
+// a search_path change, but with the parameter types it was first prepared
+// with, which a table of the same name elsewhere may not take. The role is
+// what "$user" in search_path stands for.)
+func MayInvalidate(sql string) bool {
+	for i := 0; i < len(sql); i++ {
+		switch c := sql[i]; {
+		case c|0x20 == 'd':
+			if spellsKeyword(sql, i, "deallocate") || spellsKeyword(sql, i, "discard") {
+				return true
+			}
+		case c == '_':
+			if i >= len("search") && spellsKeyword(sql, i-len("search"), "search_path") {
+				return true
+			}
+			if i >= len("set") && spellsKeyword(sql, i-len("set"), "set_config") &&
+				setConfigMaySetRole(sql, i-len("set")+len("set_config")) {
+				return true
+			}
+		case c == ';':
+			if statementMayInvalidate(sql, i+1) {
+				return true
+			}
+		}
+	}
+	return statementMayInvalidate(sql, 0)
+}
+
+// statementMayInvalidate reports whether the statement at sql[i:] (up to
+// the next ";", which errs on the safe side) is RESET ALL, a SET or RESET
+// that names the role, or ends a transaction or part of one but goes on
+// in a transaction (a change made in what ends changes back then, where the
+// proxy sees no end of a transaction block).
+func statementMayInvalidate(sql string, i int) bool {
+	i = skipSpace(sql, i)
+	if i == len(sql) {
+		return false
+	}
+	var kws []string
+	switch sql[i] | 0x20 {
+	case 'r':
+		kws = []string{"rollback", "reset"}
+	case 's':
+		kws = []string{"set"}
+	case 'c', 'e', 'a':
+		kws = []string{"commit", "end", "abort"}
+	default:
+		return false
+	}
+	stmt := sql
+	if j := strings.IndexByte(sql[i:], ';'); j >= 0 {
+		stmt = sql[:i+j]
+	}
+	for _, kw := range kws {
+		if !spellsKeyword(stmt, i, kw) {
+			continue
+		}
+		rest := stmt[i+len(kw):]
+		switch kw {
+		case "rollback":
+			return spellsWord(rest, "to") || spellsWord(rest, "chain")
+		case "reset":
+			return spellsKeyword(rest, skipSpace(rest, 0), "all") || spellsRole(rest)
+		case "set":
+			return spellsRole(rest)
+		default:
+			return spellsWord(rest, "chain")
+		}
+	}
+	return false
+}
+
+// EndsTransaction reports, conservatively, whether a statement of sql
+// starts COMMIT, END, ROLLBACK, ABORT or PREPARE TRANSACTION.
+func EndsTransaction(sql string) bool {
+	for i := 0; ; {
+		j := skipSpace(sql, i)
+		if j < len(sql) {
+			switch sql[j] | 0x20 {
+			case 'c', 'e', 'r', 'a', 'p':
+				if spellsKeyword(sql, j, "commit") || spellsKeyword(sql, j, "end") ||
+					spellsKeyword(sql, j, "rollback") || spellsKeyword(sql, j, "abort") ||
+					spellsKeyword(sql, j, "prepare") && spellsKeyword(sql, skipSpace(sql, j+len("prepare")), "transaction") {
+					return true
+				}
+			}
+		}
+		k := strings.IndexByte(sql[i:], ';')
+		if k < 0 {
+			return false
+		}
+		i += k + 1
+	}
+}
+
+// setConfigMaySetRole reports whether the set_config call whose name ends
+// at sql[i] may set the role: unless its first argument is a plain string
+// naming another setting, it may. A name that is not followed by "(" is no
+// call (a column, say).
+func setConfigMaySetRole(sql string, i int) bool {
+	i = skipSpace(sql, i)
+	if i == len(sql) || sql[i] != '(' {
+		return false
+	}
+	i = skipSpace(sql, i+1)
+	if i == len(sql) || sql[i] != '\'' {
+		return true // a parameter, an expression, E'...'
+	}
+	name, _, ok := strings.Cut(sql[i+1:], "'")
+	if !ok || strings.ContainsRune(name, '\\') || strings.HasPrefix(sql[i+1+len(name)+1:], "'") {
+		return true // an escape or a doubled quote: read it as Postgres might
+	}
+	return isWord(name, "role") || isWord(name, "session_authorization")
+}
+
+// isWord reports whether s is lower, ignoring ASCII case.
+func isWord(s, lower string) bool {
+	return len(s) == len(lower) && equalFoldASCII(s, lower)
+}
+
+// spellsRole reports whether sql spells ROLE or AUTHORIZATION (SET SESSION
+// AUTHORIZATION) as a word of its own.
+func spellsRole(sql string) bool {
+	return spellsWord(sql, "role") || spellsWord(sql, "authorization")
+}
+
+// spellsWord reports whether sql spells kw (lower case) as a word of its
+// own anywhere.
+func spellsWord(sql, kw string) bool {
+	for i := 0; i+len(kw) <= len(sql); i++ {
+		if sql[i]|0x20 == kw[0] && spellsKeyword(sql, i, kw) {
+			return true
+		}
+	}
+	return false
+}
+
+// skipSpace returns the offset of the first byte at or after sql[i] that
+// is neither white space nor in a comment (an unterminated comment runs to
+// the end).
+func skipSpace(sql string, i int) int {
+	for i = space(sql, i); i < len(sql); i = space(sql, i) {
+		switch {
+		case strings.HasPrefix(sql[i:], "--"):
+			j := strings.IndexAny(sql[i:], "\n\r")
+			if j < 0 {
+				return len(sql)
+			}
+			i += j
+		case strings.HasPrefix(sql[i:], "/*"):
+			i = commentEnd(sql, i)
+		default:
+			return i
+		}
+	}
+	return i
+}
+
+// commentEnd returns the offset right after the /* comment at sql[i],
+// which may nest, or len(sql) if it is not closed.
+func commentEnd(sql string, i int) int {
+	if end, ok := blockComment(sql, i); ok {
+		return end
+	}
+	return len(sql)
+}
+
+// spellsKeyword reports whether keyword kw (lower case) is spelled at
+// sql[i:], ignoring ASCII case, as a word of its own: the scanner reads
+// letters, digits, "_", "$" and non-ASCII bytes after a letter as one
+// identifier, so kw is not a token where one of them follows it or a
+// letter, "_" or non-ASCII byte comes right before it (a digit or "$"
+// before it counts as a word boundary, which errs on the safe side).
+func spellsKeyword(sql string, i int, kw string) bool {
+	end := i + len(kw)
+	if end > len(sql) || i > 0 && isIdentStart(sql[i-1]) {
+		return false
+	}
+	return equalFoldASCII(sql[i:end], kw) && (end == len(sql) || !isIdentCont(sql[end]))
+}
+
+// hasWriteKeyword reports whether tokens hold a write keyword.
+func hasWriteKeyword(tokens []*pg_query.ScanToken) bool {
+	for _, t := range tokens {
+		if slices.Contains(writeKeywords[:], t.Token) {
+			return true
+		}
+	}
+	return false
+}
