@@ -80,13 +80,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		bound: prometheus.NewCounter(prometheus.CounterOpts{Name: "pgfence_bound_queries_total",
 			Help: "Fenced simple-protocol writes run as a statement prepared once per session and bound to their literals, rather than rewritten as sent."}),
 		setsAnswered: prometheus.NewCounter(prometheus.CounterOpts{Name: "pgfence_token_sets_answered_total",
-			Help: "SETs of the fencing token that pgfence answered itself, setting the token on the server ahead of the client's next statement (set_config), rather than forwarded (see --forward-token-sets)."}),
+			Help: "SETs of the fencing token that pgfence answered itself, setting the token on the server ahead of the client's next statement (set_config), rather than forwarded to it as sent."}),
 	}
 	m.backstop = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgfence_backstop_installed",
 		Help: "1 if the database backstop (pgfence's triggers) is in place, enabled and current on the guarded table, 0 if not (missing, disabled, edited, or pgfence's role may not create it): see the log and /readyz."},
 		[]string{"table"})
 	m.backstopOK = prometheus.NewGauge(prometheus.GaugeOpts{Name: "pgfence_backstop_ok",
-		Help: "1 if the database backstop is in place on every guarded table (or turned off with --backstop=off), 0 if not."})
+		Help: "1 if the database backstop is in place on every guarded table (or is turned off), 0 if not."})
 	m.dbCounts = &dbCounts{}
 	m.tokenGap = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "fencing_token_gap",
 		Help:    "For each stale write fenced (on either path), the epoch or lock domain token that beat it minus the token it carried; kind as in fencing_reject_total.",
@@ -181,7 +181,7 @@ var (
 		"Stale rows the database backstop kept out (mode=shadow: would have), on every path, direct connections included, as counted in the database and read at each discovery.",
 		[]string{"table"}, nil)
 	dbExemptDesc = prometheus.NewDesc("pgfence_backstop_exempt_writes_total",
-		"Rows written to guarded tables without the fence by exempt roles (--backstop-exempt-role), as counted in the database and read at each discovery.",
+		"Rows written to guarded tables without the fence by the backstop's exempt roles, as counted in the database and read at each discovery.",
 		nil, nil)
 )
 

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/pgfence/pgfence/fence"
+	"github.com/pgfence/pgfence/internal/server"
 	"github.com/pgfence/pgfence/proxy"
 	"github.com/pgfence/pgfence/sqlrewrite"
 	"github.com/pgfence/pgfence/upstream"
@@ -74,19 +75,16 @@ func startPgfence(upstreamURL, table string, logw io.Writer) (*pgfence, error) {
 func (p *pgfence) start() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	reg := prometheus.NewRegistry()
-	policy, err := fence.New(fence.Config{Guards: []sqlrewrite.Guard{p.guard}, TokenSetting: "fence.token"}, fence.NewMetrics(reg), p.log)
-	if err != nil {
-		return err
-	}
 	if p.up.Addr == "" {
 		p.up = p.hosts.List[0].Upstream
 	}
-	srv, err := proxy.New(proxy.Config{Upstream: p.up.Addr, UpstreamNetwork: p.up.Network, RequirePrimary: p.hosts.RequirePrimary,
-		Interceptor: policy, Logger: p.log})
+	built, err := server.New(server.Config{Logger: p.log,
+		Fence: fence.Config{Guards: []sqlrewrite.Guard{p.guard}, TokenSetting: "fence.token"},
+		Proxy: proxy.Config{Upstream: p.up.Addr, UpstreamNetwork: p.up.Network, RequirePrimary: p.hosts.RequirePrimary}})
 	if err != nil {
 		return err
 	}
+	srv, reg := built.Server, built.Registry
 	// On a restart the address is the one clients know; the port was just
 	// released by our own listener, so retry briefly.
 	var ln net.Listener

@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/pgfence/pgfence/fence"
+	"github.com/pgfence/pgfence/internal/server"
 	"github.com/pgfence/pgfence/proxy"
 	"github.com/pgfence/pgfence/sqlrewrite"
 )
@@ -69,11 +70,8 @@ func run(listen, upstream, metricsListen string, maxConns int, specs []string) e
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	policy, err := fence.New(cfg, fence.NewMetrics(reg), log)
-	if err != nil {
-		return err
-	}
-	srv, err := proxy.New(proxy.Config{Upstream: u.Host, Interceptor: policy, Logger: log, MaxClientConns: maxConns})
+	srv, err := server.New(server.Config{Fence: cfg, Logger: log, Registry: reg,
+		Proxy: proxy.Config{Upstream: u.Host, MaxClientConns: maxConns}})
 	if err != nil {
 		return err
 	}

@@ -26,6 +26,7 @@ import (
 
 	"github.com/pgfence/pgfence/backstop"
 	"github.com/pgfence/pgfence/fence"
+	"github.com/pgfence/pgfence/internal/server"
 	"github.com/pgfence/pgfence/proxy"
 	"github.com/pgfence/pgfence/sqlrewrite"
 	"github.com/pgfence/pgfence/upstream"
@@ -298,22 +299,14 @@ func start(o serveOptions, log *slog.Logger) (*instance, error) {
 	var inst *instance // for Admit, which runs only once sessions do
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	metrics := fence.NewMetrics(reg)
 	reg.MustRegister(buildInfo())
-	relay := newRelayMetrics(reg)
-	policy, err := fence.New(cfg, metrics, log)
-	if err != nil {
-		return nil, err
-	}
-	srv, err := proxy.New(proxy.Config{
+	built, err := server.New(server.Config{Fence: cfg, Logger: log, Registry: reg, Proxy: proxy.Config{
 		Upstream:            addr,
 		UpstreamNetwork:     up.Network,
 		UpstreamTLS:         up.TLS,
 		UpstreamTLSRequired: up.TLSRequired,
 		RequirePrimary:      ups.RequirePrimary,
 		TLS:                 serverTLS,
-		Interceptor:         policy,
-		Logger:              log,
 		MaxMessageSize:      o.maxMessageSize,
 		StartupTimeout:      o.startupTimeout,
 		MaxClientConns:      o.maxClientConns,
@@ -322,12 +315,11 @@ func start(o serveOptions, log *slog.Logger) (*instance, error) {
 		TransactionPooling:  txPool,
 		TokenSetting:        cfg.TokenSetting,
 		Admit:               func() error { return inst.admit() },
-		UpstreamFailed:      relay.upstreamFailed,
-		RoundTrip:           relay.roundTrip,
-	})
+	}})
 	if err != nil {
 		return nil, err
 	}
+	srv, policy, metrics := built.Server, built.Policy, built.Metrics
 	ln, err := net.Listen("tcp", o.listen)
 	if err != nil {
 		return nil, fmt.Errorf("--listen: %w", err)

@@ -5,8 +5,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/pgfence/pgfence/proxy"
 )
 
 // upstreamCheckTimeout bounds the check each scrape of pgfence_upstream_up
@@ -44,33 +42,3 @@ func (c upstreamCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(upstreamUpDesc, prometheus.GaugeValue, up)
 }
-
-// relayMetrics are the proxy's own series: why sessions could not be
-// connected to Postgres, and the time pgfence adds to a round trip.
-type relayMetrics struct {
-	failures *prometheus.CounterVec
-	latency  prometheus.Histogram
-}
-
-func newRelayMetrics(reg prometheus.Registerer) *relayMetrics {
-	m := &relayMetrics{
-		failures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgfence_upstream_connect_failures_total",
-			Help: "Client sessions pgfence could not connect to Postgres, by cause: refused, timeout, network (connecting), tls, auth (Postgres refused the credentials, SQLSTATE class 28), rejected (Postgres refused the session otherwise: too many connections, starting up or shutting down, no such database)."},
-			[]string{"cause"}),
-		// From a few microseconds (a plain relay) to milliseconds (a
-		// rewrite, or a machine short of CPU).
-		latency: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "pgfence_added_latency_seconds",
-			Help:    "Per round trip (a client's messages up to the ReadyForQuery that answers them), the time pgfence spent handling its bytes both ways, from reading them to writing them on: what it adds to the time Postgres takes, apart from waiting for sockets. Measured on the event loop (not with --goroutine-relay).",
-			Buckets: []float64{5e-6, 10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 10e-3, 50e-3}}),
-	}
-	for _, c := range proxy.UpstreamFailures {
-		m.failures.WithLabelValues(string(c))
-	}
-	reg.MustRegister(m.failures, m.latency)
-	return m
-}
-
-func (m *relayMetrics) upstreamFailed(c proxy.UpstreamFailure) {
-	m.failures.WithLabelValues(string(c)).Inc()
-}
-func (m *relayMetrics) roundTrip(d time.Duration) { m.latency.Observe(d.Seconds()) }

@@ -24,6 +24,7 @@ import (
 	"github.com/pgfence/pgfence/fence"
 	"github.com/pgfence/pgfence/internal/pgserver"
 	"github.com/pgfence/pgfence/internal/poll"
+	"github.com/pgfence/pgfence/internal/server"
 	"github.com/pgfence/pgfence/proxy"
 	"github.com/pgfence/pgfence/sqlrewrite"
 )
@@ -139,13 +140,7 @@ func StartProxy(t testing.TB, guards []string, edit ...func(*proxy.Config, *fenc
 	if testTLS.on && pcfg.Upstream == pg.Addr() && pcfg.UpstreamTLS == nil {
 		pcfg.UpstreamTLS, pcfg.UpstreamTLSRequired = testTLS.upstream, true
 	}
-	reg := prometheus.NewRegistry()
-	policy, err := fence.New(fcfg, fence.NewMetrics(reg), log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pcfg.Interceptor = policy
-	srv, err := proxy.New(pcfg)
+	srv, err := server.New(server.Config{Proxy: pcfg, Fence: fcfg, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -162,7 +157,7 @@ func StartProxy(t testing.TB, guards []string, edit ...func(*proxy.Config, *fenc
 			t.Errorf("Serve: %v", err)
 		}
 	})
-	return &Proxy{Addr: ln.Addr().String(), Policy: policy, Registry: reg, Server: srv, Logs: logs}
+	return &Proxy{Addr: ln.Addr().String(), Policy: srv.Policy, Registry: srv.Registry, Server: srv.Server, Logs: logs}
 }
 
 // URL connects through the proxy; extra are added as query parameters

@@ -1,0 +1,97 @@
+// Package server wires pgfence's parts into one proxy: the fencing policy
+// (fence) as the relay's (proxy) interceptor, and the series of both in one
+// Prometheus registry. The command, the test harness, the torture check and
+// the benchmark's profiling build all build their servers here, so each runs
+// what the others run.
+package server
+
+import (
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/pgfence/pgfence/fence"
+	"github.com/pgfence/pgfence/proxy"
+)
+
+// Config is what a Server is made of.
+type Config struct {
+	// Proxy configures the relay; its Interceptor and Logger are set by
+	// New, and its UpstreamFailed and RoundTrip hooks when left nil.
+	Proxy proxy.Config
+	// Fence is the fencing policy.
+	Fence fence.Config
+	// Logger receives the relay's and the policy's events; nil discards
+	// them.
+	Logger *slog.Logger
+	// Registry receives the series; nil makes one.
+	Registry *prometheus.Registry
+}
+
+// Server is a proxy with its policy and their series.
+type Server struct {
+	*proxy.Server
+	Policy   *fence.Policy
+	Metrics  *fence.Metrics
+	Registry *prometheus.Registry
+}
+
+// New builds a Server; it starts serving at Serve.
+func New(cfg Config) (*Server, error) {
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	reg := cfg.Registry
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	metrics := fence.NewMetrics(reg)
+	relay := newRelayMetrics(reg)
+	policy, err := fence.New(cfg.Fence, metrics, log)
+	if err != nil {
+		return nil, err
+	}
+	pc := cfg.Proxy
+	pc.Interceptor, pc.Logger = policy, log
+	if pc.UpstreamFailed == nil {
+		pc.UpstreamFailed = relay.upstreamFailed
+	}
+	if pc.RoundTrip == nil {
+		pc.RoundTrip = relay.roundTrip
+	}
+	srv, err := proxy.New(pc)
+	if err != nil {
+		return nil, err
+	}
+	return &Server{Server: srv, Policy: policy, Metrics: metrics, Registry: reg}, nil
+}
+
+// relayMetrics are the relay's own series: why sessions could not be
+// connected to Postgres, and the time pgfence adds to a round trip.
+type relayMetrics struct {
+	failures *prometheus.CounterVec
+	latency  prometheus.Histogram
+}
+
+func newRelayMetrics(reg prometheus.Registerer) *relayMetrics {
+	m := &relayMetrics{
+		failures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgfence_upstream_connect_failures_total",
+			Help: "Client sessions pgfence could not connect to Postgres, by cause: refused, timeout, network (connecting), tls, auth (Postgres refused the credentials, SQLSTATE class 28), rejected (Postgres refused the session otherwise: too many connections, starting up or shutting down, no such database)."},
+			[]string{"cause"}),
+		// From a few microseconds (a plain relay) to milliseconds (a
+		// rewrite, or a machine short of CPU).
+		latency: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "pgfence_added_latency_seconds",
+			Help:    "Per round trip (a client's messages up to the ReadyForQuery that answers them), the time pgfence spent handling its bytes both ways, from reading them to writing them on: what it adds to the time Postgres takes, apart from waiting for sockets. Measured on the event loop (not with --goroutine-relay).",
+			Buckets: []float64{5e-6, 10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 10e-3, 50e-3}}),
+	}
+	for _, c := range proxy.UpstreamFailures {
+		m.failures.WithLabelValues(string(c))
+	}
+	reg.MustRegister(m.failures, m.latency)
+	return m
+}
+
+func (m *relayMetrics) upstreamFailed(c proxy.UpstreamFailure) { m.failures.WithLabelValues(string(c)).Inc() }
+func (m *relayMetrics) roundTrip(d time.Duration)              { m.latency.Observe(d.Seconds()) }
