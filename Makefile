@@ -1,8 +1,15 @@
 # pgfence — see README for details.
 #
 #   make test   ensure Postgres is installed, then go vet, staticcheck and go test (all packages)
+#   make unit   the tests that need no database (PGFENCE_UNIT=1), in well under a minute
 #   make demo   ensure Postgres is installed, then run the demo
 #   make build  build bin/pgfence
+#   make image  the container image localhost/pgfence:$(VERSION) and :latest
+#               (podman build --isolation=chroot; scripts/install-podman.sh
+#               installs podman) from local base images that
+#               scripts/build-base-images.sh makes from Debian's archive;
+#               IMAGE_BASES=registry builds from docker.io's instead
+#               (see deploy/container/README.md)
 #   make fuzz   30 s of fuzzing sqlrewrite's FuzzRewrite
 #   make compat install the client drivers (scripts/install-compat-deps.sh),
 #               then run the driver compatibility suite (compat/)
@@ -19,7 +26,7 @@ GO ?= go
 FUZZTIME ?= 30s
 TORTURE_FLAGS ?=
 
-.PHONY: all test vet ensure-postgres demo build fuzz compat bench torture clean
+.PHONY: all test unit vet ensure-postgres demo build fuzz compat bench torture clean image
 
 all: build
 
@@ -27,6 +34,8 @@ ensure-postgres:
 	bash scripts/ensure-postgres.sh
 
 test: ensure-postgres
+	bash scripts/install-podman.sh
+	$(MAKE) image
 	bash scripts/ensure-pgbouncer.sh
 	bash scripts/install-prometheus.sh
 	$(GO) vet ./...
@@ -41,6 +50,11 @@ test: ensure-postgres
 
 # staticcheck, at a fixed version, from the Go module proxy.
 STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
+
+# Every test that needs no database (protocol, rewriter, parsing, policy
+# logic), in well under a minute: the others skip when PGFENCE_UNIT=1.
+unit:
+	PGFENCE_UNIT=1 $(GO) test -count=1 ./sqlrewrite ./proxy ./fence ./backstop ./upstream
 
 vet:
 	$(GO) vet ./...
@@ -57,6 +71,27 @@ COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)
 
 build:
 	$(GO) build -ldflags "-X main.version=$(VERSION) -X main.commit=$(COMMIT)" -o bin/pgfence ./cmd/pgfence
+
+# The container image. IMAGE_BASES=local (the default) builds from
+# localhost/golang and localhost/debian, which scripts/build-base-images.sh
+# makes when missing (no registry needed); IMAGE_BASES=registry from
+# docker.io's. IMAGE_BUILD_ARGS replaces the base images' build arguments.
+IMAGE ?= localhost/pgfence
+IMAGE_BASES ?= local
+GO_RELEASE := $(shell awk '$$1 == "go" { split($$2, v, "."); print v[1] "." v[2]; exit }' go.mod)
+ifeq ($(IMAGE_BASES),registry)
+IMAGE_BUILD_ARGS ?= --build-arg BUILD_IMAGE=docker.io/library/golang:$(GO_RELEASE)-bookworm --build-arg RUNTIME_IMAGE=docker.io/library/debian:bookworm-slim
+else
+IMAGE_BUILD_ARGS ?= --build-arg BUILD_IMAGE=localhost/golang:$(GO_RELEASE)-bookworm --build-arg RUNTIME_IMAGE=localhost/debian:bookworm-slim
+endif
+
+image:
+ifneq ($(IMAGE_BASES),registry)
+	bash scripts/build-base-images.sh
+endif
+	podman build --isolation=chroot $(IMAGE_BUILD_ARGS) \
+		--build-arg VERSION=$(VERSION) --build-arg COMMIT=$(COMMIT) --build-arg GOPROXY="$$($(GO) env GOPROXY)" \
+		-t $(IMAGE):$(VERSION) -t $(IMAGE):latest .
 
 compat: ensure-postgres
 	bash scripts/install-compat-deps.sh

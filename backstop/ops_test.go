@@ -82,6 +82,7 @@ func reconcile(t *testing.T, mode backstop.Mode, o backstop.Options, gs ...sqlre
 // via="rewrite", and its client sees the backstop's notice only with
 // NotifyStale; a client straight to Postgres sees it as a NOTICE.
 func TestRejectCounting(t *testing.T) {
+	pgtest.Need(t)
 	base := baseName(t)
 	tb, s := guarded(t, base, [3]any{1, "a", 5}, [3]any{2, "b", 5}, [3]any{3, "c", 1}), base+"_s"
 	helperSchema(t, s)
@@ -165,6 +166,7 @@ func TestRejectCounting(t *testing.T) {
 // (Counts.Exempt) and the first of each statement logged in the server
 // log. Other roles are still fenced.
 func TestExemptRoles(t *testing.T) {
+	pgtest.Need(t)
 	base := baseName(t)
 	tb := guarded(t, base, [3]any{1, "a", 5}, [3]any{2, "b", 5})
 	mig, app := newRole(t, base+"_mig", ""), newRole(t, base+"_app", "")
@@ -347,6 +349,7 @@ func TestDomainRowsGuard(t *testing.T) {
 // to different non-empty values is 22023, straight to Postgres and for a
 // write pgfence cannot see, and nothing is written.
 func TestDomainPrecedence(t *testing.T) {
+	pgtest.Need(t)
 	base := baseName(t)
 	d := domainName(t)
 	tb := guarded(t, base, [3]any{1, "a", 0})
@@ -425,6 +428,7 @@ func TestTokens(t *testing.T) {
 // stamped; a missing or malformed token fences and fails nothing (an
 // INSERT is stamped 0).
 func TestShadow(t *testing.T) {
+	pgtest.Need(t)
 	base := baseName(t)
 	tb, s := guarded(t, base, [3]any{1, "a", 5}, [3]any{2, "b", 5}), base+"_s"
 	helperSchema(t, s)
@@ -502,6 +506,7 @@ func TestShadow(t *testing.T) {
 // epoch is not taken (an INSERT is stamped 0, as the rewriter stamps it);
 // a token that is set is enforced; one that is no integer still fails.
 func TestAllowMissingToken(t *testing.T) {
+	pgtest.Need(t)
 	base := baseName(t)
 	tb, s := guarded(t, base, [3]any{1, "a", 5}, [3]any{2, "b", 5}), base+"_s"
 	helperSchema(t, s)

@@ -369,6 +369,7 @@ func exists(t *testing.T, tb string, id int) bool {
 // backstop's notice); a fresh write (token 7) through the same path lands
 // and is stamped with its token, a forged epoch included.
 func TestWritePaths(t *testing.T) {
+	pgtest.Need(t)
 	for _, via := range []string{"direct", "proxy"} {
 		t.Run(via, func(t *testing.T) {
 			for _, p := range writePaths {
@@ -502,6 +503,7 @@ func testPath(t *testing.T, p writePath, viaProxy bool) {
 // to Postgres and through pgfence, whatever the token; unless TRUNCATE is
 // allowed.
 func TestTruncatePaths(t *testing.T) {
+	pgtest.Need(t)
 	cases := []struct {
 		name, setup, sql string
 		rewriter         bool // pgfence's rewriter refuses it itself

@@ -374,6 +374,7 @@ func TestPipelinedBindAfterSkippedParse(t *testing.T) {
 // Each exchange must get what Postgres answers straight, and Postgres
 // must still be the same server after it.
 func TestNoNamedParseInFailedBlock(t *testing.T) {
+	pgtest.Need(t)
 	tbl := table(t, [3]any{1, "v", 5})
 	p := pgtest.StartProxy(t, []string{tbl})
 	update := "UPDATE " + tbl + " SET val = val || 'x' WHERE id = 1"
@@ -490,6 +491,7 @@ func unnamedGone(t *testing.T, steps func(t *testing.T, tbl string, run func(...
 // and is skipped with the rest of the batch after an error. A write that
 // would run bound (with a Sync of the proxy's) runs as its text instead.
 func TestQueryInsideExtendedBatch(t *testing.T) {
+	pgtest.Need(t)
 	tbl := table(t, [3]any{1, "v", 5})
 	p := pgtest.StartProxy(t, []string{tbl})
 	var seen [2]string // each one's replies
@@ -792,6 +794,7 @@ func TestSettingChangesBack(t *testing.T) {
 // server's unnamed statement, before the Bind. Postgres plans its own
 // again too, under the setting as it now is.
 func TestUnnamedBoundAfterForget(t *testing.T) {
+	pgtest.Need(t)
 	db, p := searchPathTables(t)
 	type step struct {
 		write *pgproto3.Parse
@@ -929,6 +932,7 @@ func spWant(t *testing.T, db *pgx.Conn, mode, a string, b bool) {
 // reads a literal while it analyses the statement, a parameter only once
 // that is done. TestBoundStringLiterals compares single errors exactly.)
 func TestBoundStringsGenerated(t *testing.T) {
+	pgtest.Need(t)
 	w := newTwins(t, "gen_strings", "val text, n int, iv interval hour, j jsonb, b boolean, d date, c char(3), "+
 		"ts timestamptz, tags text[]", "SELECT g, 'v' || g FROM generate_series(1, 5) g")
 

@@ -191,6 +191,7 @@ func TestEncodingASCIINamesUnchanged(t *testing.T) {
 // name pgfence has in UTF-8. Such writes are refused too, while a UTF8
 // session on that database is fenced as usual.
 func TestEncodingSQLASCIIOnLatin1Database(t *testing.T) {
+	pgtest.Need(t)
 	const db = "pgfence_latin1"
 	direct := pgtest.Direct(t)
 	pgtest.Exec(t, direct, "DROP DATABASE IF EXISTS "+db)

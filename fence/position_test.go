@@ -45,6 +45,7 @@ func TestErrorPositions(t *testing.T) {
 // bytes. They differ where pgfence's text has a non-ASCII table name
 // before the error.
 func TestErrorPositionsNonASCII(t *testing.T) {
+	pgtest.Need(t)
 	statements := []string{
 		"UPDATE %[1]s SET val = 'héhé' WHERE nosuch = 1",
 		"UPDATE %[1]s SET val = 'é' WHERE id = 1; DELETE FROM %[1]s WHERE nosuch",

@@ -49,6 +49,7 @@ import (
 // pgfence but not straight would be pgfence's to avoid (see
 // TestNoNamedParseInFailedBlock).
 func FuzzStatementSequences(f *testing.F) {
+	pgtest.Need(f)
 	pgtest.Exec(f, pgtest.Direct(f), "DROP TABLE IF EXISTS seq_t; CREATE TABLE seq_t (id int PRIMARY KEY, val text, fence_epoch bigint NOT NULL DEFAULT 0); INSERT INTO seq_t VALUES (1, '')")
 	f.Cleanup(func() { pgtest.Exec(f, pgtest.Direct(f), "DROP TABLE IF EXISTS seq_t") })
 	p := pgtest.StartProxy(f, []string{"seq_t"})

@@ -23,6 +23,7 @@ import (
 // No write is sent, so the tokens may go up and down. The seed corpus runs
 // in every test run; go test -fuzz looks further.
 func FuzzTokenSetSequences(f *testing.F) {
+	pgtest.Need(f)
 	p := pgtest.StartProxy(f, nil)
 	addRandomSeeds(f, rand.NewPCG(3, 4), 60, 6, 30)
 	// BEGIN; SET 1; SET LOCAL 2; SHOW; COMMIT; SHOW.

@@ -31,6 +31,34 @@ import (
 
 var pg *pgserver.Server
 
+// unit is PGFENCE_UNIT=1 (make unit): no Postgres is started, and a test
+// that needs one is skipped at its first call that takes its testing.TB
+// (StartProxy, Direct, Connect, Running); make test runs them all.
+var unit = os.Getenv("PGFENCE_UNIT") == "1"
+
+// Need skips t in a run without Postgres (make unit): for a test whose
+// first use of Postgres is Server or DirectURL.
+func Need(t testing.TB) {
+	t.Helper()
+	need(t)
+}
+
+// need skips t in a run without Postgres.
+func need(t testing.TB) {
+	t.Helper()
+	if unit {
+		t.Skip("needs Postgres: make test runs it, make unit does not")
+	}
+}
+
+// mustHave stops a test that reaches Postgres without first calling a
+// function that takes its testing.TB, in a run without Postgres.
+func mustHave() {
+	if unit {
+		panic("pgtest: this test needs Postgres and PGFENCE_UNIT=1 started none: call pgtest.Direct or StartProxy (which skip it then) before Server or DirectURL")
+	}
+}
+
 // PGFENCE_TEST_TLS=1 runs the tests with TLS on both legs: every proxy
 // terminates client TLS and reaches Postgres over verified TLS, and URL
 // asks for sslmode=require with the CA as sslrootcert, so that drivers
@@ -60,6 +88,9 @@ func Main(m *testing.M) {
 }
 
 func run(m *testing.M) (int, error) {
+	if unit {
+		return m.Run(), nil
+	}
 	var opts pgserver.Options
 	if os.Getenv("PGFENCE_TEST_TLS") == "1" {
 		dir, err := os.MkdirTemp("", "pgtest-ca-")
@@ -98,10 +129,10 @@ func run(m *testing.M) (int, error) {
 }
 
 // Server is the package's Postgres.
-func Server() *pgserver.Server { return pg }
+func Server() *pgserver.Server { mustHave(); return pg }
 
 // DirectURL connects straight to Postgres, bypassing the proxy.
-func DirectURL() string { return pg.URL("postgres") }
+func DirectURL() string { mustHave(); return pg.URL("postgres") }
 
 // Proxy is a running pgfence in front of the package's Postgres.
 type Proxy struct {
@@ -117,6 +148,7 @@ type Proxy struct {
 // stops when the test ends.
 func StartProxy(t testing.TB, guards []string, edit ...func(*proxy.Config, *fence.Config)) *Proxy {
 	t.Helper()
+	need(t)
 	var gs []sqlrewrite.Guard
 	for _, spec := range guards {
 		g, err := sqlrewrite.ParseGuard(spec)
@@ -187,6 +219,7 @@ func (p *Proxy) Connect(t testing.TB, extra ...string) *pgx.Conn {
 // Connect opens a pgx connection to url, closed when the test ends.
 func Connect(t testing.TB, url string) *pgx.Conn {
 	t.Helper()
+	need(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	c, err := pgx.Connect(ctx, url)
@@ -198,7 +231,11 @@ func Connect(t testing.TB, url string) *pgx.Conn {
 }
 
 // Direct opens a pgx connection straight to Postgres.
-func Direct(t testing.TB) *pgx.Conn { t.Helper(); return Connect(t, DirectURL()) }
+func Direct(t testing.TB) *pgx.Conn {
+	t.Helper()
+	need(t)
+	return Connect(t, DirectURL())
+}
 
 // Exec runs sql on c and fails the test on error.
 func Exec(t testing.TB, c *pgx.Conn, sql string, args ...any) string {
@@ -340,6 +377,7 @@ func RunningApp(t testing.TB, app string) {
 
 func running(t testing.TB, what, cond string, arg any) {
 	t.Helper()
+	need(t)
 	db := Direct(t)
 	poll.Eventually(t, 10*time.Second, what, func() bool {
 		var n int
