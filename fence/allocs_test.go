@@ -65,7 +65,7 @@ func TestRelayAllocations(t *testing.T) {
 	// them per transaction: pgfence answers the SET itself and sets the
 	// token ahead of the write (see proxy.Config.ForwardSettings), in both
 	// protocols. The Bind right after the bound write closes the unnamed
-	// portal that write left first (see session.portalGone).
+	// portal that write left first (see stmtBook.portalGone).
 	units := [][]byte{
 		message(t, &pgproto3.Query{String: "SET fence.token = '10'"}),
 		message(t, &pgproto3.Query{String: "UPDATE " + tbl + " SET val = 'z' WHERE id = 1"}),

@@ -156,6 +156,7 @@ func TestNoLeaks(t *testing.T) {
 // Postgres restarts under load: sessions in flight get an error, the proxy
 // stays up, and new sessions work as soon as Postgres is back.
 func TestPostgresRestart(t *testing.T) {
+	pgtest.Need(t)
 	pg, err := pgserver.Start(ctx, pgserver.Options{})
 	if err != nil {
 		t.Fatal(err)

@@ -2,9 +2,7 @@ package proxy
 
 import (
 	"bufio"
-	"crypto/tls"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"runtime"
@@ -16,28 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// The event loop relays every session of the process (TCP or Unix socket,
-// plain or TLS) on one goroutine, the way PgBouncer does on its one thread: one
-// epoll set, non-blocking reads and writes straight on the file descriptors.
-// Two goroutines per session on Go's netpoller cost about twice PgBouncer's
-// CPU per message: every read first fails with EAGAIN, and each message
-// wakes a parked goroutine and often another thread. Here a message costs a
-// read and a write, and one epoll_wait serves many.
-//
-// Sockets are watched edge-triggered: epoll reports a socket once per
-// arrival rather than again at every wait until it is drained, which spares
-// each wait a poll of every socket it returned last time (up to 2 % of the
-// CPU per select-only transaction at a fixed rate). A read that returns less
-// than it had room for has drained the socket (whatever comes later is a
-// new edge), so no read ends in EAGAIN on the common path, and no epoll_ctl
-// is needed to pause a side whose peer is backed up: the loop just stops
-// reading it until the peer drains.
-//
-// While busy, the loop waits in epoll_wait as a raw system call, so the Go
-// scheduler never sees it block and never hands its P to another thread;
-// the loop goes back to an ordinary (scheduler-aware) wait after
-// hotTimeout without events. Each session's own goroutine waits for the
-// loop to hand it back at the end, and ends it as goroutines would.
+// The event loop: see the package documentation.
 
 // hotTimeout is how long a busy loop waits for events while holding its P.
 const hotTimeout = 5 // milliseconds
@@ -70,32 +47,6 @@ type loop struct {
 	// Owned by the loop goroutine.
 	sides []*side // by file descriptor
 	pool  bufPool
-}
-
-// side is one connection of a session relayed by the loop.
-type side struct {
-	fd     int
-	ls     *loopSession
-	client bool
-	peer   *side
-	in     inbuf  // read from fd, not yet relayed
-	out    outbuf // to be written to fd
-	// more is set while fd may hold bytes not yet read: since its last
-	// edge, no read has come back short.
-	more bool
-	// hup is set once the peer hung up or the socket failed: the edge that
-	// said so may have come with the last bytes, so a short read no longer
-	// means drained, and x is read until its end of file or error.
-	hup bool
-	// On a TLS side, the session's tls.Conn and its transport (see
-	// tls_linux.go), and an error to report once what came before it is
-	// relayed.
-	tc      *tls.Conn
-	tt      *tlsTransport
-	readErr error
-	// parked is set while the client's next statement waits (see
-	// Client.HoldNextStatement): nothing more of x is read or handled.
-	parked bool
 }
 
 type loopSession struct {
@@ -399,57 +350,6 @@ func (l *loop) park(x *side, ch <-chan struct{}) {
 	}()
 }
 
-// arrived notes an edge: x's socket has bytes to read, and, with hup, its
-// peer hung up or it failed.
-func (x *side) arrived(hup bool) {
-	x.more = true
-	if hup {
-		x.hup = true
-	}
-	if x.tt != nil {
-		x.tt.more = true
-		x.tt.hup = x.tt.hup || hup
-	}
-}
-
-// fill reads into buf what x has sent, and returns 0 once x is drained
-// (x.more is then false), or io.EOF once x closed.
-func (x *side) fill(buf []byte) (n int, err error) {
-	if x.tc != nil {
-		return x.fillTLS(buf)
-	}
-	n, x.more, err = readSocket(x.fd, buf)
-	if x.hup && n > 0 {
-		x.more = true // read on to the end of file or the error
-	}
-	return n, err
-}
-
-// readSocket reads what fd holds into p. It returns 0 and nil once fd is
-// drained, io.EOF once its peer closed; more is false once a read came back
-// short of p (see side.more).
-func readSocket(fd int, p []byte) (n int, more bool, err error) {
-	for {
-		n, err := rawRead(fd, p)
-		switch {
-		case err == unix.EINTR:
-			continue
-		case err == unix.EAGAIN:
-			return 0, false, nil
-		case err != nil:
-			return 0, false, err
-		case n == 0:
-			return 0, false, io.EOF
-		}
-		return n, n == len(p), nil
-	}
-}
-
-// flushed reports whether all that is for x has been written to it.
-func (x *side) flushed() bool {
-	return x.out.off == len(x.out.b) && (x.tt == nil || x.tt.out.off == len(x.tt.out.b))
-}
-
 // relayed hands every message x's buffer holds to the session, then writes
 // what that produced.
 func (l *loop) relayed(x *side) {
@@ -472,93 +372,6 @@ func (l *loop) relayed(x *side) {
 	}
 	if err := l.write(x); err != nil {
 		l.end(x.ls, x.client, err)
-	}
-}
-
-// need is how much of the message at the front of x's buffer must be in
-// hand before its handler runs (0 if there is no valid header there yet).
-func (x *side) need() int {
-	if x.in.pending > 0 {
-		return 0
-	}
-	typ, n, err := header(&x.in, x.maxMessage())
-	if err != nil {
-		return 0
-	}
-	return x.needFor(typ, n)
-}
-
-// needFor is need for a message whose header says typ and n.
-func (x *side) needFor(typ byte, n int) int {
-	if 5+n <= bufSize || x.whole(typ) {
-		return 5 + n
-	}
-	// A large message the handler only forwards: its first bytes suffice,
-	// the rest streams through.
-	return 5 + peekLimit
-}
-
-func (x *side) maxMessage() int {
-	if x.client {
-		return x.ls.s.srv.cfg.MaxMessageSize
-	}
-	return maxServerMessage
-}
-
-// whole reports whether the handler of a message of type typ reads all of
-// it, or does more after forwarding it.
-func (x *side) whole(typ byte) bool {
-	if x.client {
-		return typ == 'Q' || typ == 'P' || typ == 'E' || typ == 'X'
-	}
-	return x.ls.s.wholeServerMessage(typ)
-}
-
-// dispatch runs the session's handler for each message in x's buffer that
-// is in hand, leaving a partial one for later.
-func (x *side) dispatch() error {
-	s, in := x.ls.s, &x.in
-	for {
-		if in.pending > 0 {
-			k := min(in.pending, in.Buffered())
-			if k == 0 {
-				return nil
-			}
-			if x.client {
-				// Through the session's writer: it may be holding back
-				// what goes to the server (see session.held).
-				s.sw.Write(in.b[in.r : in.r+k])
-			} else {
-				x.peer.out.Write(in.b[in.r : in.r+k])
-			}
-			in.r += k
-			in.pending -= k
-			continue
-		}
-		if in.Buffered() < 5 {
-			return nil
-		}
-		typ, n, err := header(in, x.maxMessage())
-		if err != nil {
-			return err
-		}
-		if in.Buffered() < x.needFor(typ, n) {
-			return nil
-		}
-		if x.client && s.c.held && (typ == 'Q' || typ == 'P') {
-			if ch := s.c.takeHold(); ch != nil {
-				eventLoop().park(x, ch) // dispatch runs on the one loop
-				return nil
-			}
-		}
-		if x.client {
-			err = s.clientMessage(typ, n)
-		} else {
-			err = s.serverMessage(typ, n)
-		}
-		if err != nil {
-			return err
-		}
 	}
 }
 
@@ -605,7 +418,8 @@ func (l *loop) writable(x *side) {
 }
 
 // The raw system calls below do not tell the Go scheduler that the thread
-// may block: that is the point (see the top of this file). They are only
+// may block: that is the point (see The event loop in the package
+// documentation). They are only
 // made on non-blocking descriptors, or with a bounded timeout.
 
 func rawEpollWait(ep int, evs []unix.EpollEvent, msec int) (int, error) {

@@ -6,13 +6,7 @@ import (
 	"strconv"
 )
 
-// The proxy's own statements on a server backend carry names no other
-// session's can: a tag drawn when the process starts, and the session's
-// number. Behind a transaction pooler that nobody told pgfence of (see
-// Config.TransactionPooling), a backend serves many clients in turn; with
-// names shared between sessions, a Bind of one session's statement could
-// run another's. With these it fails with 26000, which is as far as such a
-// mistake can go.
+// Statement names: see the package documentation.
 
 // instanceTag tells this process's statements from another pgfence's on
 // the same backend.

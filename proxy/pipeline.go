@@ -18,11 +18,11 @@ const (
 	waitReady   waitKind = iota // Sync, FunctionCall or startup: ends with ReadyForQuery
 	waitQuery                   // simple Query: statements, then ReadyForQuery
 	waitExecute                 // Execute: ends with CommandComplete, EmptyQueryResponse or PortalSuspended
-	waitProbe                   // an injected probe: probeReplies replies, all kept from the client
+	waitProbe                   // an injected probe: want replies (see injectProbe), all kept from the client
 	waitSwallow                 // messages the proxy sent on its own: want replies (ParseComplete, BindComplete, CloseComplete), kept from the client
 	waitParse                   // Parse: ends with ParseComplete
 	waitPass                    // want BindComplete and CloseComplete the client's, passed on (see pipeline.loose)
-	waitSet                     // deferred settings the proxy sent (see settings.go): want replies, kept from the client
+	waitSet                     // deferred settings the proxy sent (see applyState): want replies, kept from the client
 )
 
 type wait struct {
@@ -46,7 +46,7 @@ type wait struct {
 	pooled  bool // made by pipeline.get: recycled once dropped
 	// held, on a waitSet and the waitReady of the Sync the proxy sent
 	// after it, says what the proxy sends after them is held back until
-	// they are answered (see session.held).
+	// they are answered (see applyState.held).
 	held bool
 }
 

@@ -9,33 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 )
 
-// Transaction pooling (Config.TransactionPooling). A transaction pooler
-// such as PgBouncer with pool_mode = transaction hands the server
-// connection behind a session to another client whenever a transaction
-// ends, so nothing the proxy leaves on it may outlive the transaction:
-//
-//   - The session's token settings live in the proxy. A plain SET or
-//     RESET of one outside a transaction block is answered at once and
-//     kept in session.deferred (which then always holds the token setting,
-//     "" while unset); anything else that would change one for the session
-//     is refused by the Interceptor before it gets here.
-//   - Ahead of every statement that may need the token (Plan.NeedsToken),
-//     in its transaction, the proxy sets the kept values with set_config
-//     (..., true), which lasts until that transaction ends. It does so at
-//     most once per transaction: the statement also sets a marker setting
-//     per token setting (pgfence.tx.<name>), transaction-local too, and
-//     sets nothing while the marker is there, so a SET LOCAL the client
-//     ran after it in the same transaction stands. A client that never
-//     set a token gets "" set, so it cannot inherit one that another
-//     client left on the server connection.
-//   - Ahead of extended-protocol messages that is a Parse, Bind, Execute
-//     and Close of a statement of the session's own, closed before its
-//     portal runs; ahead of a simple Query, which runs in a transaction of
-//     its own, a statement put in front of the Query's text, whose replies
-//     the client does not see.
-//   - The proxy prepares nothing for reuse (Plan.Reuse and the named
-//     statements of bound Queries) and its probes' statements are closed
-//     as soon as they are bound.
+// Transaction pooling: see the package documentation.
 
 // markerPrefix starts the name of the setting that marks a token setting
 // as set by the proxy in the transaction.
@@ -81,16 +55,16 @@ const pooledSetReplies = 7
 // writePooled writes to out the statement that sets the session's token
 // settings in the transaction, and sets the replies w wants.
 func (s *session) writePooled(out msgWriter, w *wait) error {
-	name := s.setName()
+	name := s.apply.stmtName(s.tag)
 	b := s.out[:0]
 	b, _ = (&pgproto3.Close{ObjectType: 'S', Name: name}).Encode(b)
-	types := make([]uint32, 2*len(s.deferred))
+	types := make([]uint32, 2*len(s.sets.deferred))
 	for i := range types {
 		types[i] = 25 // text
 	}
-	b, _ = (&pgproto3.Parse{Name: name, Query: pooledSQL(len(s.deferred)), ParameterOIDs: types}).Encode(b)
+	b, _ = (&pgproto3.Parse{Name: name, Query: pooledSQL(len(s.sets.deferred)), ParameterOIDs: types}).Encode(b)
 	values := make([][]byte, 0, len(types))
-	for _, set := range s.deferred {
+	for _, set := range s.sets.deferred {
 		values = append(values, []byte(set.Name), []byte(set.Value))
 	}
 	b, _ = (&pgproto3.Bind{DestinationPortal: setStmt, PreparedStatement: name, Parameters: values}).Encode(b)
@@ -110,20 +84,20 @@ func (s *session) txPool() bool { return s.srv.cfg.TransactionPooling }
 // setting, unset.
 func (s *session) startPooled() {
 	if s.txPool() {
-		s.deferred = append(s.deferred[:0], Setting{Name: s.srv.cfg.TokenSetting})
+		s.sets.deferred = append(s.sets.deferred[:0], Setting{Name: s.srv.cfg.TokenSetting})
 	}
 }
 
 // keepPooled keeps set, a SET or RESET the proxy answered, as the
 // session's value of its setting.
-func (s *session) keepPooled(set *Setting) {
-	for i := range s.deferred {
-		if s.deferred[i].Name == set.Name {
-			s.deferred[i].Value = set.Value
+func (t *setState) keepPooled(set *Setting) {
+	for i := range t.deferred {
+		if t.deferred[i].Name == set.Name {
+			t.deferred[i].Value = set.Value
 			return
 		}
 	}
-	s.deferred = append(s.deferred, Setting{Name: set.Name, Value: set.Value})
+	t.deferred = append(t.deferred, Setting{Name: set.Name, Value: set.Value})
 }
 
 // pooledBind sets the token settings ahead of the client's Bind (n bytes)
@@ -139,7 +113,7 @@ func (s *session) pooledBind(n int) error {
 	if err1 != nil || err2 != nil {
 		return nil // the server refuses it
 	}
-	if st := s.stmts[string(stmt)]; st != nil && !st.token {
+	if st := s.book.stmts[string(stmt)]; st != nil && !st.token {
 		return nil
 	}
 	return s.sendDeferred(false)
@@ -152,7 +126,7 @@ func (s *session) pooledBind(n int) error {
 func (s *session) pooledQuery(plan *Plan, text []byte) {
 	var b strings.Builder
 	b.WriteString("SELECT ")
-	for i, set := range s.deferred {
+	for i, set := range s.sets.deferred {
 		if i > 0 {
 			b.WriteString(", ")
 		}

@@ -371,6 +371,7 @@ func TestDisconnectReleasesBackend(t *testing.T) {
 // The proxy relays SCRAM authentication untouched, and never needs the
 // password itself.
 func TestScramThroughProxy(t *testing.T) {
+	pgtest.Need(t)
 	srv, err := pgserver.Start(ctx, pgserver.Options{Password: "s3cret"})
 	if err != nil {
 		t.Fatal(err)

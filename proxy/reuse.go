@@ -7,16 +7,91 @@ import (
 	"sync/atomic"
 )
 
-// Drivers in the extended protocol without named statements (pgx's default,
-// libpq's PQexecParams, pgbench -M extended) send the same Parse of the
-// unnamed statement before every execution, and Postgres parses, analyses
-// and plans the text each time. For a text the Interceptor rewrote (Plan.
-// Reuse) that is pgfence's cost: the fenced text is several times the
-// client's. So the session prepares the rewritten text once under a name of
-// its own and answers later Parses of it with a Parse of a stand-in (see
-// standInParse), whose ParseComplete the client takes for its own, and
-// points the client's Binds and Describes of the unnamed statement at the
-// prepared one.
+// reuseState is the statements the session prepared for reuse (see
+// Statement reuse in the package documentation), and what the client's
+// unnamed statement stands for. The client side owns it, but for parsed
+// and the state of each serverStmt, which the server side writes as
+// Postgres answers.
+//
+// unnamed, when not nil, is one of bySQL, and the client's Binds and
+// Describes of its unnamed statement go to it; nil, they go to the
+// server's own unnamed statement. unnamedSeq is not 0 while the server's
+// unnamed statement may be the proxy's stand-in (see standInParse) rather
+// than what the client parsed last, until parsed says what became of the
+// Parse it numbers (see reusedUnnamed). Both are cleared together whenever
+// the client's unnamed statement is destroyed (see dropUnnamed).
+type reuseState struct {
+	// bySQL are the statements prepared for reuse, by the SQL they hold;
+	// count is how many the session prepared, at most maxReused.
+	bySQL map[string]*serverStmt
+	count int
+	// unnamed is the statement the client's unnamed statement now stands
+	// for, nil when the server's own unnamed statement is the client's.
+	unnamed *serverStmt
+	// unnamedSeq numbers the last Parse of the unnamed statement while the
+	// server's unnamed statement may be the proxy's (its stand-in, see
+	// standInParse): from a Parse the proxy reuses for, or any after one,
+	// until Postgres answers it (parsed, see reusedUnnamed). 0 when not
+	// numbered; parses counts them.
+	unnamedSeq uint64
+	parses     uint64
+	// parsed is written by the server side, read by the client side.
+	parsed parseMark
+}
+
+// lookup returns the statement prepared for reuse for sql with the
+// parameter types params, nil if there is none.
+func (r *reuseState) lookup(sql string, params []byte) *serverStmt {
+	ss := r.bySQL[sql]
+	if ss != nil && !bytes.Equal(ss.params, params) {
+		return nil // the same text with other parameter types: a new statement
+	}
+	return ss
+}
+
+// full reports whether the session has prepared all the statements it may
+// for reuse.
+func (r *reuseState) full() bool { return r.count == maxReused }
+
+// add makes a new statement for sql with params, named for the session
+// tagged tag, in place of any other of sql.
+func (r *reuseState) add(tag, sql string, params []byte) *serverStmt {
+	r.count++
+	ss := &serverStmt{name: reusePrefix + tag + "." + strconv.Itoa(r.count), params: bytes.Clone(params)}
+	if r.bySQL == nil {
+		r.bySQL = make(map[string]*serverStmt)
+	}
+	r.bySQL[sql] = ss
+	return ss
+}
+
+// parseUnnamed notes a Parse of the unnamed statement, reuse says one the
+// proxy reuses a statement for: it numbers it, if the server's unnamed
+// statement may be the proxy's after it, and the client's unnamed
+// statement stands for none of the proxy's until it is answered.
+func (r *reuseState) parseUnnamed(reuse bool) {
+	if reuse || r.unnamed != nil || r.unnamedSeq != 0 {
+		r.parses++
+		r.unnamedSeq = r.parses
+	}
+	r.unnamed = nil
+}
+
+// dropUnnamed notes that the client's unnamed statement was destroyed (or
+// replaced by one the proxy answered): it stands for none of the proxy's,
+// and no Parse of it is numbered.
+func (r *reuseState) dropUnnamed() {
+	r.unnamed, r.unnamedSeq = nil, 0
+}
+
+// dropAll forgets every statement prepared for reuse, which the server may
+// no longer have or which may stand for other tables.
+func (r *reuseState) dropAll() {
+	for _, ss := range r.bySQL {
+		ss.state.Store(stmtAbsent)
+	}
+	clear(r.bySQL)
+}
 
 // maxReused bounds the statements one session prepares for reuse (for the
 // lifetime of the session, so that forgetting them cannot make the backend's
@@ -26,13 +101,9 @@ const maxReused = 100
 
 // reusePrefix starts the names of the statements the proxy prepares for
 // reuse. Postgres takes any name; a client would have to pick this one on
-// purpose. The rest is the session's tag (see names.go) and a number.
+// purpose. The rest is the session's tag (see Statement names in the
+// package documentation) and a number.
 const reusePrefix = "pgfence.s."
-
-// reusedName names the session's latest statement prepared for reuse.
-func (s *session) reusedName() string {
-	return reusePrefix + s.tag + "." + strconv.Itoa(s.reuses)
-}
 
 // States of a serverStmt.
 const (
@@ -64,7 +135,7 @@ var unprepared = new(serverStmt)
 var standInParse = []byte("\x00EXECUTE \"pgfence: Parse the unnamed statement again\"\x00\x00\x00")
 
 // parseMark is where the server side notes what became of the Parses of
-// the unnamed statement the client side numbers (session.unnamedSeq): the
+// the unnamed statement the client side numbers (reuseState.unnamedSeq): the
 // last answered with ParseComplete, and the last that failed or that
 // Postgres skipped after an earlier error in its batch.
 type parseMark struct {
@@ -75,17 +146,17 @@ type parseMark struct {
 // rewrite plan gives: one that notes its fate while the session numbers
 // such Parses.
 func (s *session) unnamedParseWait(plan Plan) *wait {
-	if s.unnamedSeq == 0 {
+	if s.reuse.unnamedSeq == 0 {
 		return s.parseWaitFor(plan)
 	}
 	return s.numberedParseWait(plan)
 }
 
 // numberedParseWait is a wait of its own for the Parse numbered
-// session.unnamedSeq.
+// reuseState.unnamedSeq.
 func (s *session) numberedParseWait(plan Plan) *wait {
 	w := s.pipe.get(waitParse)
-	w.origin, w.mark, w.seq = plan.Origin, &s.parsed, s.unnamedSeq
+	w.origin, w.mark, w.seq = plan.Origin, &s.reuse.parsed, s.reuse.unnamedSeq
 	return w
 }
 
@@ -94,13 +165,10 @@ func (s *session) numberedParseWait(plan Plan) *wait {
 // else preparing one.
 func (s *session) parseReused(plan Plan, params []byte) error {
 	sql := plan.SQL
-	ss := s.reused[sql]
-	if ss != nil && !bytes.Equal(ss.params, params) {
-		ss = nil // the same text with other parameter types: a new statement
-	}
+	ss := s.reuse.lookup(sql, params)
 	switch {
 	case ss != nil && ss.state.Load() == stmtReady:
-		s.unnamed = ss
+		s.reuse.unnamed = ss
 		s.pipe.push(s.unnamedParseWait(plan))
 		return writeMessage(s.sw, 'P', standInParse)
 	case ss != nil && ss.state.Load() == stmtPending:
@@ -110,15 +178,10 @@ func (s *session) parseReused(plan Plan, params []byte) error {
 		return s.parseAs("", sql, params, s.unnamedParseWait(plan))
 	case ss != nil:
 		// Its Parse failed or was skipped, so the name is free: try again.
-	case s.reuses == maxReused:
+	case s.reuse.full():
 		return s.parseAs("", sql, params, s.unnamedParseWait(plan))
 	default:
-		s.reuses++
-		ss = &serverStmt{name: s.reusedName(), params: bytes.Clone(params)}
-		if s.reused == nil {
-			s.reused = make(map[string]*serverStmt)
-		}
-		s.reused[sql] = ss
+		ss = s.reuse.add(s.tag, sql, params)
 	}
 	ss.state.Store(stmtPending)
 	// Postgres drops its unnamed statement before it parses the next one,
@@ -128,7 +191,7 @@ func (s *session) parseReused(plan Plan, params []byte) error {
 	}
 	// Binds that follow reach the statement before anything else the
 	// server runs, or are skipped with it if its Parse fails.
-	s.unnamed = ss
+	s.reuse.unnamed = ss
 	w := s.numberedParseWait(plan) // parse numbers every Parse reused for
 	w.reuse = ss
 	return s.parseAs(ss.name, sql, params, w)
@@ -181,78 +244,41 @@ func (s *session) bindReused(ss *serverStmt, portal []byte, n int) error {
 	return forwardBytes(s.sw, s.cr, n-prefix)
 }
 
-// describe forwards a Describe, pointing one of the unnamed statement at
-// the statement it stands for, closing it first if a bound Query
-// destroyed it for the client (see session.unnamedGone), or preparing it
-// again first if it must be (see replan).
-func (s *session) describe(n int) error {
-	if len(s.stmts) == 0 && !s.unnamedGone && !s.portalGone || n != 2 {
-		return forward(s.sw, s.cr, n)
-	}
-	b, err := s.peek(n)
-	if err != nil {
-		return err
-	}
-	if b[0] == 'P' && b[1] == 0 && s.portalGone {
-		if err := s.closeUnnamedPortal(); err != nil {
-			return err
-		}
-	}
-	if b[0] != 'S' || b[1] != 0 {
-		return forward(s.sw, s.cr, n)
-	}
-	s.reusedUnnamed() // first: its Parse may have failed
-	if st := s.stmts[""]; st != nil {
-		if err := s.replan(nil, st); err != nil {
-			return err
-		}
-	}
-	if s.reusedUnnamed() == nil {
-		if s.unnamedGone {
-			if err := s.closeUnnamed(); err != nil {
-				return err
-			}
-		}
-		return forward(s.sw, s.cr, n)
-	}
-	if _, err := s.cr.Discard(5 + n); err != nil {
-		return err
-	}
-	s.out = append(append(append(s.out[:0], 'S'), s.unnamed.name...), 0)
-	return writeMessage(s.sw, 'D', s.out)
-}
-
 // reusedUnnamed returns the statement the client's unnamed statement
-// stands for (session.unnamed), nil when it is the server's own. One whose
+// stands for (reuseState.unnamed), nil when it is the server's own. One whose
 // Parse failed stands for none: Postgres drops the unnamed statement before
 // it parses the next, so the unnamed statement is then gone (see
-// session.unnamedGone). A Parse skipped after an earlier error in its batch
+// stmtBook.unnamedGone). A Parse skipped after an earlier error in its batch
 // counts as failed too, where Postgres would still have the statement
 // before it: a Bind of it then fails rather than runs what the client
 // meant to replace, or the proxy's stand-in. So does any Parse of
-// the unnamed statement that the session numbers (see session.unnamedSeq).
+// the unnamed statement that the session numbers (see reuseState.unnamedSeq).
 // What the session remembers of a gone statement is dropped with it, so
 // it is not prepared again.
 func (s *session) reusedUnnamed() *serverStmt {
-	if s.unnamedSeq != 0 {
-		switch s.unnamedSeq {
-		case s.parsed.dropped.Load():
+	if s.reuse.unnamedSeq != 0 {
+		switch s.reuse.unnamedSeq {
+		case s.reuse.parsed.dropped.Load():
 			s.unnamedGoneNow()
-		case s.parsed.done.Load():
-			s.unnamedSeq = 0
+		case s.reuse.parsed.done.Load():
+			s.reuse.unnamedSeq = 0
 		}
 	}
-	if s.unnamed != nil && s.unnamed.state.Load() == stmtAbsent {
+	if s.reuse.unnamed != nil && s.reuse.unnamed.state.Load() == stmtAbsent {
 		s.unnamedGoneNow()
 	}
-	return s.unnamed
+	return s.reuse.unnamed
 }
 
-// unnamedGoneNow notes that the client's unnamed statement is gone: its
-// last Parse failed or was skipped.
+// unnamedGoneNow notes that the client's unnamed statement is gone (its
+// last Parse failed or was skipped, the client closed it, or the proxy
+// answered a Query that destroyed it) where the server may still have
+// one: a Bind or Describe of it closes that first (see
+// stmtBook.unnamedGone).
 func (s *session) unnamedGoneNow() {
-	s.unnamed, s.unnamedGone, s.unnamedSeq, s.unnamedClosed = nil, true, 0, nil
-	delete(s.stmts, "")
+	s.reuse.dropUnnamed()
+	s.book.unnamedGone, s.book.unnamedClosed = true, nil
+	delete(s.book.stmts, "")
 }
 
 // forgetReused drops what the session knows of its server-side statements,
@@ -261,95 +287,10 @@ func (s *session) forgetReused() {
 	if s.reusedUnnamed() != nil { // not one whose Parse failed
 		// The client still has its unnamed statement (unless this is a
 		// Query or a Parse of it, which drop this record).
-		s.unnamed = nil
-		if st := s.stmts[""]; st != nil {
+		s.reuse.unnamed = nil
+		if st := s.book.stmts[""]; st != nil {
 			st.again = unprepared
 		}
 	}
-	for _, ss := range s.reused {
-		ss.state.Store(stmtAbsent)
-	}
-	clear(s.reused)
-}
-
-// A simple Query whose Plan has ParamTypes runs as a prepared statement:
-// the proxy sends Parse (unless the session's backend has the statement),
-// Bind, Execute, the probe and Sync in its place, and keeps ParseComplete
-// and BindComplete from the client, which sees what its Query would get:
-// CommandComplete (or an error) and ReadyForQuery. A simple Query runs in
-// an implicit transaction that ends with it, as this one does at its Sync.
-
-// syncMessage is a Sync.
-var syncMessage = []byte{'S', 0, 0, 0, 4}
-
-// queryBound sends a Query's Plan.SQL as a prepared statement bound to
-// Plan.Params.
-func (s *session) queryBound(plan Plan) error {
-	// In a block known to have failed Postgres refuses the Parse, which
-	// leaves the unnamed portal as it was, as it would leave it for the
-	// Query.
-	s.unnamedGone, s.portalGone = true, !s.failedNow()
-	s.unnamedClosed, s.portalClosed = nil, nil
-	ss := s.reused[plan.SQL]
-	if ss != nil && !bytes.Equal(ss.params, plan.ParamTypes) {
-		ss = nil
-	}
-	name := ""
-	swallow := s.pipe.get(waitSwallow)
-	swallow.want = 2 // ParseComplete, BindComplete
-	swallow.origin = plan.Origin
-	for _, v := range plan.Params {
-		// Kept for an error reading them (see serverError); copied, for
-		// they may share the read buffer.
-		swallow.params = append(swallow.params, v...)
-		swallow.ends = append(swallow.ends, int32(len(swallow.params)))
-	}
-	switch {
-	case ss != nil && ss.state.Load() == stmtReady:
-		name, swallow.want = ss.name, 1
-	case ss != nil && ss.state.Load() == stmtPending, ss == nil && s.reuses == maxReused, s.blockMayHaveFailed(), s.txPool():
-		// Parse it unnamed: the pending Parse may yet fail, or the session
-		// prepared all it may, or a named Parse might meet a failed block.
-	default:
-		if ss == nil {
-			s.reuses++
-			ss = &serverStmt{name: s.reusedName(), params: bytes.Clone(plan.ParamTypes)}
-			if s.reused == nil {
-				s.reused = make(map[string]*serverStmt)
-			}
-			s.reused[plan.SQL] = ss
-		}
-		ss.state.Store(stmtPending)
-		name, swallow.reuse = ss.name, ss
-	}
-	if swallow.want == 2 {
-		if err := s.parseAs(name, plan.SQL, plan.ParamTypes, swallow); err != nil {
-			return err
-		}
-	} else {
-		s.pipe.push(swallow)
-	}
-	// Bind the unnamed portal, all values in text, all results in text.
-	s.out = append(append(s.out[:0], 'B', 0, 0, 0, 0, 0), name...)
-	s.out = append(s.out, 0, 0, 0)
-	s.out = binary.BigEndian.AppendUint16(s.out, uint16(len(plan.Params)))
-	for _, v := range plan.Params {
-		s.out = binary.BigEndian.AppendUint32(s.out, uint32(len(v)))
-		s.out = append(s.out, v...)
-	}
-	s.out = append(s.out, 0, 0)
-	binary.BigEndian.PutUint32(s.out[1:5], uint32(len(s.out)-1))
-	s.out = append(s.out, 'E', 0, 0, 0, 9, 0, 0, 0, 0, 0) // Execute the unnamed portal, all rows
-	if _, err := s.sw.Write(s.out); err != nil {
-		return err
-	}
-	s.pipe.push(executeWait)
-	if p := plan.probe(); p != nil {
-		if err := s.injectProbe(p); err != nil {
-			return err
-		}
-	}
-	s.pipe.push(s.syncWait())
-	_, err := s.sw.Write(syncMessage)
-	return err
+	s.reuse.dropAll()
 }

@@ -1,6 +1,3 @@
-// Package proxy is a Postgres wire-protocol proxy: one server connection per
-// client connection, bytes forwarded untouched unless a message matters, and
-// an Interceptor that decides what the messages that matter become.
 package proxy
 
 import (
@@ -60,7 +57,8 @@ type Config struct {
 	// not failed, with nothing in flight, is answered by the proxy at once
 	// and run on the server ahead of the client's next statement, in the
 	// same transaction when that is one write, so setting the fencing
-	// token costs no round trip to Postgres of its own (see settings.go).
+	// token costs no round trip to Postgres of its own (see Deferred
+	// settings in the package documentation).
 	// Event-loop sessions only.
 	ForwardSettings bool
 	// TransactionPooling says a transaction pooler (PgBouncer with
@@ -431,7 +429,7 @@ func (s *Server) dialUpstream(up *Upstream) (net.Conn, error) {
 	case 'N':
 		if up.TLSRequired {
 			conn.Close()
-			return nil, tlsFailure(errors.New("no TLS from Postgres, and the upstream URL's sslmode requires it"))
+			return nil, tlsFailure(errors.New("the upstream URL's sslmode requires TLS, and Postgres does not accept TLS"))
 		}
 		return conn, nil
 	}

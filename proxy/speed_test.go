@@ -28,6 +28,7 @@ import (
 // arrive whole and in order: backpressure must never make pgfence stop
 // reading one side while the other waits on it.
 func TestRandomSpeeds(t *testing.T) {
+	pgtest.Need(t)
 	up, err := leasetest.NewRelay(pgtest.Server().Addr())
 	if err != nil {
 		t.Fatal(err)

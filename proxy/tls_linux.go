@@ -5,16 +5,7 @@ import (
 	"net"
 )
 
-// TLS sessions are relayed by the event loop too. crypto/tls wants a
-// blocking net.Conn, so every tls.Conn pgfence makes is built on a
-// tlsTransport: until the loop takes the session it is the socket itself;
-// on the loop it reads ciphertext straight from the loop's descriptor and,
-// when that is drained, fails with errWouldBlock, which crypto/tls takes as
-// temporary (it keeps a partial record and reads on at the next call, as
-// after a read deadline; make test's TLS pass would catch a crypto/tls that
-// let it stick). What tls.Conn writes goes to a buffer the loop sends. So a
-// TLS side costs the loop a decryption and an encryption more than a plain
-// one, and no goroutine or system call more.
+// TLS on the event loop: see The event loop in the package documentation.
 
 // tlsTransport is what a tls.Conn of pgfence's reads and writes ciphertext
 // through.

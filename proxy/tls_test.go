@@ -93,6 +93,7 @@ func TestTLSBothSides(t *testing.T) {
 // cannot (the client's TLS ends at pgfence): a client that would use it gets
 // an error saying why and what to do.
 func TestAuthMethodsOverTLS(t *testing.T) {
+	pgtest.Need(t)
 	t.Run("scram, plain upstream", func(t *testing.T) {
 		s := newTLSSetup(t, "scram-sha-256", false)
 		for _, params := range []string{"sslmode=disable", "sslmode=require", "sslmode=verify-full&sslrootcert=" + s.rootCA} {
@@ -149,6 +150,7 @@ func TestAuthMethodsOverTLS(t *testing.T) {
 // An upstream URL that requires TLS meets a Postgres without it: a clear
 // error, not a plain-text session.
 func TestUpstreamRefusesTLS(t *testing.T) {
+	pgtest.Need(t)
 	// A Postgres of its own: the package's has ssl on under PGFENCE_TEST_TLS.
 	pg, err := pgserver.Start(ctx, pgserver.Options{})
 	if err != nil {

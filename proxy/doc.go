@@ -1,0 +1,135 @@
+// Package proxy is a Postgres wire-protocol proxy: one server connection per
+// client connection, bytes forwarded untouched unless a message matters, and
+// an Interceptor that decides what the messages that matter become.
+//
+// The notes below are the design of what the proxy sends the server in the
+// client's place; the code refers to them by their headings.
+//
+// # Statement reuse
+//
+// Drivers in the extended protocol without named statements (pgx's default,
+// libpq's PQexecParams, pgbench -M extended) send the same Parse of the
+// unnamed statement before every execution, and Postgres parses, analyses
+// and plans the text each time. For a text the Interceptor rewrote (Plan.
+// Reuse) that is pgfence's cost: the fenced text is several times the
+// client's. So the session prepares the rewritten text once under a name of
+// its own and answers later Parses of it with a Parse of a stand-in (see
+// standInParse), whose ParseComplete the client takes for its own, and
+// points the client's Binds and Describes of the unnamed statement at the
+// prepared one.
+//
+// # Bound Queries
+//
+// A simple Query whose Plan has ParamTypes runs as a prepared statement:
+// the proxy sends Parse (unless the session's backend has the statement),
+// Bind, Execute, the probe and Sync in its place, and keeps ParseComplete
+// and BindComplete from the client, which sees what its Query would get:
+// CommandComplete (or an error) and ReadyForQuery. A simple Query runs in
+// an implicit transaction that ends with it, as this one does at its Sync.
+//
+// # Deferred settings
+//
+// A transaction that sets the fencing token and then writes costs two round
+// trips to Postgres: the SET, then the write. When nothing is in flight and
+// the session is idle or in a transaction block that has not failed, the
+// proxy answers a SET the Interceptor vouches for (Plan.Setting) itself,
+// keeps the setting, and sets it on the server with a statement of its own
+// (set_config) ahead of the client's next statement, where Postgres would
+// have run the SET:
+//
+//   - Ahead of a unit that is one fenced write (Bind, an optional Describe,
+//     Execute and Sync, all in hand), with no Sync between them. Both run
+//     in one transaction: if the setting fails, Postgres skips the write
+//     and the client gets the error (fail closed).
+//   - Ahead of anything else that may run a statement, with a Sync of its
+//     own; what the proxy sends for the client's messages after it waits
+//     in the proxy until Postgres has answered (applyState.held). If the
+//     setting failed there, it is tried once more while idle; in a block,
+//     or failed twice, the session ends with the error: nothing may run
+//     without the setting the client was told is set.
+//
+// A setting answered while idle that joined a write in its implicit
+// transaction is rolled back with the write if that fails, where the
+// client's SET would have stood: it is kept until a unit that carried it
+// ends in ReadyForQuery with no error, and until then every unit carries
+// it again. One answered in a block (SET LOCAL too) is done once it ran:
+// from there Postgres undoes it when the client's SET would be undone. If
+// it failed ahead of a write, the block failed with the write, and the
+// client can only roll back past the SET; it is dropped.
+//
+// # Transaction pooling
+//
+// With Config.TransactionPooling, a transaction pooler such as PgBouncer
+// with pool_mode = transaction hands the server connection behind a session
+// to another client whenever a transaction ends, so nothing the proxy
+// leaves on it may outlive the transaction:
+//
+//   - The session's token settings live in the proxy. A plain SET or
+//     RESET of one outside a transaction block is answered at once and
+//     kept in setState.deferred (which then always holds the token setting,
+//     "" while unset); anything else that would change one for the session
+//     is refused by the Interceptor before it gets here.
+//   - Ahead of every statement that may need the token (Plan.NeedsToken),
+//     in its transaction, the proxy sets the kept values with set_config
+//     (..., true), which lasts until that transaction ends. It does so at
+//     most once per transaction: the statement also sets a marker setting
+//     per token setting (pgfence.tx.<name>), transaction-local too, and
+//     sets nothing while the marker is there, so a SET LOCAL the client
+//     ran after it in the same transaction stands. A client that never
+//     set a token gets "" set, so it cannot inherit one that another
+//     client left on the server connection.
+//   - Ahead of extended-protocol messages that is a Parse, Bind, Execute
+//     and Close of a statement of the session's own, closed before its
+//     portal runs; ahead of a simple Query, which runs in a transaction of
+//     its own, a statement put in front of the Query's text, whose replies
+//     the client does not see.
+//   - The proxy prepares nothing for reuse (Plan.Reuse and the named
+//     statements of bound Queries) and its probes' statements are closed
+//     as soon as they are bound.
+//
+// # Statement names
+//
+// The proxy's own statements on a server backend carry names no other
+// session's can: a tag drawn when the process starts, and the session's
+// number. Behind a transaction pooler that nobody told pgfence of (see
+// Config.TransactionPooling), a backend serves many clients in turn; with
+// names shared between sessions, a Bind of one session's statement could
+// run another's. With these it fails with 26000, which is as far as such a
+// mistake can go.
+//
+// # The event loop
+//
+// The event loop relays every session of the process (TCP or Unix socket,
+// plain or TLS) on one goroutine, the way PgBouncer does on its one thread:
+// one epoll set, non-blocking reads and writes straight on the file
+// descriptors. Two goroutines per session on Go's netpoller cost about
+// twice PgBouncer's CPU per message: every read first fails with EAGAIN,
+// and each message wakes a parked goroutine and often another thread. Here
+// a message costs a read and a write, and one epoll_wait serves many.
+//
+// Sockets are watched edge-triggered: epoll reports a socket once per
+// arrival rather than again at every wait until it is drained, which spares
+// each wait a poll of every socket it returned last time (up to 2 % of the
+// CPU per select-only transaction at a fixed rate). A read that returns less
+// than it had room for has drained the socket (whatever comes later is a
+// new edge), so no read ends in EAGAIN on the common path, and no epoll_ctl
+// is needed to pause a side whose peer is backed up: the loop just stops
+// reading it until the peer drains.
+//
+// While busy, the loop waits in epoll_wait as a raw system call, so the Go
+// scheduler never sees it block and never hands its P to another thread;
+// the loop goes back to an ordinary (scheduler-aware) wait after
+// hotTimeout without events. Each session's own goroutine waits for the
+// loop to hand it back at the end, and ends it as goroutines would.
+//
+// TLS sessions are relayed by the event loop too. crypto/tls wants a
+// blocking net.Conn, so every tls.Conn pgfence makes is built on a
+// tlsTransport: until the loop takes the session it is the socket itself;
+// on the loop it reads ciphertext straight from the loop's descriptor and,
+// when that is drained, fails with errWouldBlock, which crypto/tls takes as
+// temporary (it keeps a partial record and reads on at the next call, as
+// after a read deadline; make test's TLS pass would catch a crypto/tls that
+// let it stick). What tls.Conn writes goes to a buffer the loop sends. So a
+// TLS side costs the loop a decryption and an encryption more than a plain
+// one, and no goroutine or system call more.
+package proxy

@@ -1,0 +1,173 @@
+package proxy
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgproto3"
+)
+
+// SQLSTATEs the proxy itself raises.
+const (
+	codeProtocolViolation    = "08P01"
+	codeConnectionFailure    = "08006"
+	codeCannotConnect        = "08001"
+	codeTooManyConnections   = "53300"
+	codeRejected             = "08004" // sqlserver_rejected_establishment_of_sqlconnection
+	codeReadOnly             = "25006" // read_only_sql_transaction
+	codeAdminShutdown        = "57P01"
+	codeInvalidAuthorization = "28000"
+	codeUndefinedStatement   = "26000" // invalid_sql_statement_name: "prepared statement ... does not exist"
+)
+
+// clientError ends a session because of what the client sent; the client
+// is told why (code defaults to protocol_violation).
+type clientError struct {
+	err        error
+	code, hint string
+}
+
+func (e *clientError) Error() string { return e.err.Error() }
+func (e *clientError) Unwrap() error { return e.err }
+
+// errDrained ends a session that became idle while the proxy drains.
+var errDrained = errors.New("pgfence is shutting down")
+
+func isClosed(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) || errors.Is(err, io.ErrUnexpectedEOF)
+}
+
+// framingError makes a malformed client message an error the client is
+// told about before its session ends.
+func framingError(err error) error {
+	if errors.Is(err, ErrMalformed) {
+		return &clientError{err: err}
+	}
+	return err
+}
+
+// serverError forwards an ErrorResponse (or the Interceptor's replacement)
+// and notes what the server will skip because of it.
+func (s *session) serverError(w *wait, n int) error {
+	s.sets.ran = 0 // the unit's transaction is rolled back
+	b, e, err := s.readError(n)
+	if err != nil {
+		return err
+	}
+	if !s.started {
+		s.srv.upstreamFailed(&upstreamError{startupFailure(e.Code), errors.New(e.Message)})
+	}
+	moved := false
+	if e.Position != 0 && w != nil { // before skipToSync recycles w
+		// A position in the text Postgres got, which may not be the
+		// client's: point into the client's instead.
+		if p := w.position(s.c, e.Position); p != e.Position {
+			e.Position, moved = p, true
+		}
+	}
+	if w != nil && len(w.ends) > 0 {
+		if n, where, ok := boundParamContext(e.Where); ok {
+			// An error reading a value the proxy bound in place of the
+			// client's literal: say it as Postgres says it of a literal,
+			// at the literal and with no word of a parameter.
+			e.Where, moved = where, true
+			if e.Position == 0 && w.origin != nil {
+				e.Position = int32(w.origin.Param(s.c, n, w.bound()))
+			}
+		}
+	}
+	if w != nil {
+		switch w.kind {
+		case waitQuery:
+			if w.probes != nil {
+				w.probes = nil // the rest of the query string is not run
+			}
+		case waitExecute, waitProbe, waitSwallow, waitParse, waitPass:
+			s.pipe.skipToSync()
+		}
+	}
+	if e.Severity == "FATAL" || e.Severity == "PANIC" {
+		s.fatal = true
+	}
+	if e.Code == codeUndefinedStatement {
+		s.forget.lost.Store(true)
+	}
+	if e.Code == codeInvalidAuthorization && strings.Contains(e.Message, "channel binding negotiation") {
+		// The client supports channel binding and Postgres, over TLS,
+		// offered it to pgfence: a mismatch no client setting but one can
+		// fix. Say which.
+		e.Message, e.Hint = "pgfence: "+channelBindingHelp, channelBindingHint
+		out, err := e.Encode(s.out[:0:0])
+		if err != nil {
+			return err
+		}
+		_, err = s.cw.Write(out)
+		return err
+	}
+	r := s.srv.cfg.Interceptor.Error(s.c, &e)
+	if r == nil && moved {
+		r = &e
+	}
+	if r != nil {
+		out, err := r.Encode(s.out[:0:0])
+		if err != nil {
+			return err
+		}
+		_, err = s.cw.Write(out)
+		return err
+	}
+	return writeMessage(s.cw, 'E', b)
+}
+
+// readError consumes the server's ErrorResponse of n bytes and returns
+// its body (in the session's buffer) and what it says.
+func (s *session) readError(n int) ([]byte, pgproto3.ErrorResponse, error) {
+	var e pgproto3.ErrorResponse
+	b, err := body(s.sr, n, &s.sbuf)
+	if err != nil {
+		return nil, e, err
+	}
+	if err := e.Decode(b); err != nil {
+		return nil, e, fmt.Errorf("server sent a malformed ErrorResponse: %w", err)
+	}
+	return b, e, nil
+}
+
+// boundParamContext returns where without its last line if that is the
+// context Postgres gives an error reading the value of parameter n of the
+// unnamed portal ("unnamed portal parameter $2", with " = 'value'" when
+// log_parameter_max_length_on_error allows).
+func boundParamContext(where string) (n int, rest string, ok bool) {
+	i := strings.LastIndexByte(where, '\n') + 1
+	line, found := strings.CutPrefix(where[i:], "unnamed portal parameter $")
+	if !found {
+		return 0, "", false
+	}
+	digits, _, _ := strings.Cut(line, " = ")
+	n, err := strconv.Atoi(digits)
+	if err != nil || n < 1 {
+		return 0, "", false
+	}
+	return n, strings.TrimSuffix(where[:i], "\n"), true
+}
+
+// sendFatal tells the client why its session ends. Only called once the
+// server-to-client goroutine has stopped writing.
+func (s *session) sendFatal(code, msg, hint string) {
+	writeFatal(s.cw, code, msg, hint)
+	s.cw.Flush()
+}
+
+func writeFatal(w io.Writer, code, msg, hint string) {
+	writeError(w, "FATAL", code, msg, hint)
+}
+
+func writeError(w io.Writer, severity, code, msg, hint string) {
+	e := pgproto3.ErrorResponse{Severity: severity, SeverityUnlocalized: severity, Code: code, Message: "pgfence: " + msg, Hint: hint}
+	b, _ := e.Encode(nil)
+	w.Write(b)
+}

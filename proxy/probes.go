@@ -1,0 +1,200 @@
+package proxy
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync/atomic"
+)
+
+// probeState is what a session keeps of its probes (see Plan.Probes).
+//
+// ready says, by probe, whether the session's backend has the probe's
+// statement. The map is the client side's, which prepares a probe's
+// statement ahead of its run while its flag is false; the flags are set by
+// the server side once Postgres confirms the prepare, and cleared by
+// either side when the statement may be gone (the probe failed, or see
+// forgetState).
+//
+// row and rowBuf hold the last probe row captured, the server side's: a
+// probe's row is handed to its ProbeFunc before the next one arrives, so
+// one pair of buffers serves them all.
+type probeState struct {
+	ready  map[*Probe]*atomic.Bool
+	row    [][]byte
+	rowBuf []byte
+}
+
+// readyFlag returns p's flag in ready, made the first time p runs.
+func (ps *probeState) readyFlag(p *Probe) *atomic.Bool {
+	if ps.ready == nil {
+		ps.ready = make(map[*Probe]*atomic.Bool)
+	}
+	ready := ps.ready[p]
+	if ready == nil {
+		ready = new(atomic.Bool)
+		ps.ready[p] = ready
+	}
+	return ready
+}
+
+// forget makes every probe prepare its statement again before its next
+// run.
+func (ps *probeState) forget() {
+	for _, ready := range ps.ready {
+		ready.Store(false)
+	}
+}
+
+// capture decodes b, a probe's DataRow, into the state's buffers and
+// returns its values, valid until the next capture.
+func (ps *probeState) capture(b []byte) ([][]byte, error) {
+	ps.rowBuf = append(ps.rowBuf[:0], b...)
+	row, err := decodeRow(ps.rowBuf, ps.row[:0])
+	if err != nil {
+		return nil, err
+	}
+	ps.row = row
+	return row, nil
+}
+
+// injectProbe runs p, preparing its statement first unless this session's
+// backend is known to have it.
+func (s *session) injectProbe(p *Probe) error {
+	ready := s.probes.readyFlag(p)
+	w := s.pipe.get(waitProbe)
+	w.probe, w.want, w.ready = p, probeRunReplies, ready
+	// Prepared again also while a text that may have deallocated it is
+	// yet to make the session forget it (see forgetState): Postgres may have
+	// confirmed the prepare after the text was planned.
+	if !ready.Load() || s.forget.lost.Load() || s.txPool() {
+		w.want += probePrepareReplies
+		if _, err := s.sw.Write(p.prepare); err != nil {
+			return err
+		}
+	}
+	s.pipe.push(w)
+	if s.txPool() {
+		// Closed once bound, so that it does not outlive the transaction.
+		w.want++
+		s.out = append(append(append(s.out[:0], p.run[:p.bindLen]...), p.closeStmt...), p.run[p.bindLen:]...)
+		_, err := s.sw.Write(s.out)
+		return err
+	}
+	_, err := s.sw.Write(p.run)
+	return err
+}
+
+// probeReply handles a reply to an injected extended-protocol probe.
+func (s *session) probeReply(w *wait, typ byte, n int) error {
+	switch typ {
+	case '1': // ParseComplete: the backend has the statement now
+		w.ready.Store(true)
+	case '2', 'C', '3': // BindComplete, CommandComplete, CloseComplete
+	case 'D':
+		if err := s.captureRow(w, n); err != nil {
+			return err
+		}
+		w.seen++
+		return nil
+	case 'E':
+		s.log.Warn("probe failed; the client's transaction is aborted", "client", s.c.RemoteAddr)
+		w.ready.Store(false) // prepare it again next time, whatever went wrong
+		return s.serverError(w, n)
+	default:
+		return s.reply(w, typ, n)
+	}
+	w.seen++
+	if err := skip(s.sr, n); err != nil {
+		return err
+	}
+	if w.seen == w.want {
+		p, row := w.probe, w.row
+		s.pipe.pop() // recycles w
+		return s.probed(p, row)
+	}
+	return nil
+}
+
+// inProbe reports whether the statement now replying is a probe.
+func (w *wait) inProbe() bool {
+	return len(w.probes) > 0 && w.probes[0].Index == w.stmt
+}
+
+// queryProbeReply handles a reply to a probe statement inside a simple Query.
+func (s *session) queryProbeReply(w *wait, typ byte, n int) error {
+	switch typ {
+	case 'T':
+		return skip(s.sr, n)
+	case 'D':
+		return s.captureRow(w, n)
+	case 'C':
+		p, row := w.probes[0].Probe, w.row
+		w.probes = w.probes[1:]
+		w.stmt++
+		w.row = nil
+		if err := skip(s.sr, n); err != nil {
+			return err
+		}
+		return s.probed(p, row)
+	default:
+		return s.reply(w, typ, n)
+	}
+}
+
+// probed hands a probe's row to its ProbeFunc and relays the notice it
+// returns, if any.
+func (s *session) probed(p *Probe, row [][]byte) error {
+	notice := p.done(s.c, row)
+	if notice == nil {
+		return nil
+	}
+	b, err := notice.Encode(s.out[:0:0])
+	if err != nil {
+		return err
+	}
+	_, err = s.cw.Write(b)
+	return err
+}
+
+// captureRow keeps a probe's DataRow (n bytes) for its ProbeFunc, in w and
+// the session's probe buffers (see probeState).
+func (s *session) captureRow(w *wait, n int) error {
+	b, err := body(s.sr, n, &s.sbuf)
+	if err != nil {
+		return err
+	}
+	row, err := s.probes.capture(b)
+	if err != nil {
+		return err
+	}
+	w.row = row
+	return nil
+}
+
+// decodeRow splits a DataRow's body into its values (nil for NULL),
+// appended to row; they share b.
+func decodeRow(b []byte, row [][]byte) ([][]byte, error) {
+	if len(b) < 2 {
+		return nil, fmt.Errorf("server sent a malformed DataRow: %d bytes", len(b))
+	}
+	cols := int(binary.BigEndian.Uint16(b))
+	b = b[2:]
+	for range cols {
+		if len(b) < 4 {
+			return nil, errors.New("server sent a malformed DataRow: a column is cut short")
+		}
+		l := int(int32(binary.BigEndian.Uint32(b)))
+		b = b[4:]
+		switch {
+		case l < 0:
+			row = append(row, nil)
+		case l > len(b):
+			return nil, errors.New("server sent a malformed DataRow: a value is cut short")
+		default:
+			row = append(row, b[:l:l])
+			b = b[l:]
+		}
+	}
+	return row, nil
+}

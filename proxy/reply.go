@@ -1,0 +1,145 @@
+package proxy
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5/pgproto3"
+)
+
+// reply handles a server message the usual way: it notes what the message
+// answers (w is the wait at the head of the pipeline, nil if none) and,
+// unless it answers the proxy's own Sync after deferred settings, relays
+// it to the client.
+func (s *session) reply(w *wait, typ byte, n int) error {
+	switch typ {
+	case '1': // ParseComplete
+		if w != nil && w.kind == waitParse {
+			if w.reuse != nil {
+				w.reuse.state.Store(stmtReady)
+			}
+			if w.mark != nil {
+				w.mark.done.Store(w.seq)
+			}
+			s.pipe.pop()
+		}
+	case 'C', 'I', 's': // CommandComplete, EmptyQueryResponse, PortalSuspended
+		if w != nil {
+			switch w.kind {
+			case waitExecute:
+				s.pipe.pop()
+			case waitQuery:
+				if w.probes != nil {
+					w.stmt++
+				}
+			}
+		}
+	case 'Z':
+		var status byte
+		if b, err := s.sr.Peek(6); err == nil && n == 1 {
+			status = b[5]
+		}
+		s.started, s.rt.ended = true, true
+		if w != nil && w.held {
+			return s.heldReady(n, status)
+		}
+		s.sets.atReady(status)
+		s.failed.Store(status == 'E')
+		if changed := s.pipe.ready(); (changed || s.forget.reverting) && status != 0 {
+			s.forget.settled(changed, status)
+		}
+		if status != 0 && s.pipe.head() == nil {
+			if status == 'T' && s.pipe.single {
+				s.sets.quietBlock = true
+			}
+			if status == 'I' {
+				s.idle.Store(true)
+				if s.srv.draining.Load() {
+					if err := forward(s.cw, s.sr, n); err != nil {
+						return err
+					}
+					return errDrained
+				}
+			}
+		}
+	case 'E':
+		if w != nil && w.held {
+			return s.setFailed(n) // committing the settings failed
+		}
+		return s.serverError(w, n)
+	case 'S':
+		return s.parameterStatus(n)
+	case 'N':
+		return s.serverNotice(n)
+	case 'K':
+		s.keyData(n)
+	case 'R':
+		s.noteAuth(n)
+	}
+	return forward(s.cw, s.sr, n)
+}
+
+// swallowReply keeps the replies to messages the proxy sent on its own
+// (a re-prepare, or the Parse and Bind of a bound Query) from the client.
+func (s *session) swallowReply(w *wait, typ byte, n int) error {
+	switch typ {
+	case '1': // ParseComplete
+		if w.reuse != nil {
+			w.reuse.state.Store(stmtReady)
+			w.reuse = nil // an error now is the Bind's: the statement stays
+		}
+	case '2', '3': // BindComplete, CloseComplete
+	default:
+		return s.reply(w, typ, n)
+	}
+	if w.seen++; w.seen == w.want {
+		if w.reuse != nil { // a Close's (a Parse's is noted above)
+			w.reuse.state.Store(stmtReady)
+		}
+		s.pipe.pop()
+	}
+	return skip(s.sr, n)
+}
+
+// serverNotice forwards a NoticeResponse unless the Interceptor keeps it
+// from the client.
+func (s *session) serverNotice(n int) error {
+	b, err := body(s.sr, n, &s.sbuf)
+	if err != nil {
+		return err
+	}
+	var nr pgproto3.NoticeResponse
+	if err := nr.Decode(b); err != nil {
+		return fmt.Errorf("server sent a malformed NoticeResponse: %w", err)
+	}
+	if !s.srv.cfg.Interceptor.Notice(s.c, &nr) {
+		return nil
+	}
+	return writeMessage(s.cw, 'N', b)
+}
+
+func (s *session) parameterStatus(n int) error {
+	b, err := body(s.sr, n, &s.sbuf)
+	if err != nil {
+		return err
+	}
+	if name, rest, err := cstring(b); err == nil {
+		if v, _, err := cstring(rest); err == nil {
+			if s.srv.cfg.RequirePrimary && string(name) == "in_hot_standby" && string(v) == "on" {
+				return s.standby()
+			}
+			s.c.serverParam(string(name), string(v))
+		}
+	}
+	return writeMessage(s.cw, 'S', b)
+}
+
+// standby ends a session whose server is a standby (see
+// Config.RequirePrimary).
+func (s *session) standby() error {
+	writeFatal(s.cw, codeReadOnly, fmt.Sprintf("the server at %s is a standby (in_hot_standby = on), and pgfence was asked for a writable primary (target_session_attrs=read-write)", s.upstream),
+		"the primary has moved (a failover); reconnect, and pgfence connects you to the new primary once it has found it")
+	s.fatal = true
+	s.log.Warn("session ended: its server is a standby", "client", s.c.RemoteAddr, "upstream", s.upstream)
+	return errors.New("the server is a standby")
+}

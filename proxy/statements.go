@@ -1,0 +1,388 @@
+package proxy
+
+import (
+	"bytes"
+	"encoding/binary"
+
+	"github.com/jackc/pgx/v5/pgproto3"
+)
+
+// stmtBook is what the session knows of the client's prepared statements
+// and portals, and of where the server's unnamed statement and portal are
+// not what the client's view of the session says. The client side owns
+// it; the server side only writes the state of the serverStmt records it
+// points to, as Postgres answers.
+//
+// unnamedGone and portalGone each come with the proxy's last Close of what
+// they say is gone (unnamedClosed, portalClosed): set anew, the flag comes
+// with none, and one that Postgres confirmed clears the flag at its next
+// use (see closeGone). A record means nothing while its flag is clear.
+type stmtBook struct {
+	stmts   map[string]*prepared // the client's prepared statements, by name
+	portals map[string]*Probe    // portals bound to statements that need a probe per Execute
+	// recent are the last texts parsed as the unnamed statement (see
+	// recentUnnamed); recentNext is the oldest.
+	recent     [4]*prepared
+	recentNext int
+	// unnamedGone is set by a bound Query: Postgres would have destroyed
+	// the unnamed statement, but the server still has one (the client's
+	// last, or the proxy's own). A Bind or Describe of it before the next
+	// Parse closes it first, so that it fails as it would have.
+	unnamedGone bool
+	// portalGone is the same for the unnamed portal, which a bound Query
+	// leaves open: an Execute or Describe of it before the next Bind of it
+	// closes it first.
+	portalGone bool
+	// unnamedClosed and portalClosed are the proxy's last Close for each,
+	// which Postgres skips after an earlier error in its batch: the flag
+	// stays until it confirms one.
+	unnamedClosed, portalClosed *serverStmt
+	// closeRecs are the records closeGone notes those Closes in, one for
+	// each, reused while no reply is owed to the last.
+	closeRecs [2]serverStmt
+}
+
+// prepared is what the proxy remembers of a prepared statement, so that it
+// can be planned again after a configuration change.
+type prepared struct {
+	text   string // the client's SQL
+	params []byte // the Parse's parameter-type section
+	sent   string // the SQL sent in its place, "" for the client's own
+	probe  *Probe // run after each Execute of a portal bound to it
+	// setting, for a statement that is one SET the proxy may answer
+	// itself, is what it sets (see setState).
+	setting *Setting
+	// parsed, for such a statement, is stmtReady while the client has it
+	// as its Parse made it: Postgres answered that Parse (or the proxy
+	// did, see answerParse) and no text since may have deallocated it.
+	// Otherwise (nil, pending or absent) its Binds go to Postgres, to
+	// fail there if it is gone.
+	parsed *serverStmt
+	gen    uint64 // the Interceptor generation it was planned under
+	// token is the plan's NeedsToken (see Transaction pooling in the
+	// package documentation).
+	token bool
+	// again is set while the statement must be prepared again before its
+	// next Bind or Describe: the proxy's own statement the client's
+	// unnamed one stood for was forgotten (see forgetReused), or replan
+	// prepared it again and Postgres has not confirmed that yet (it skips
+	// the Parse after an earlier error in its batch, and so the Bind that
+	// needed it; a Bind in a later batch sends it again).
+	again *serverStmt
+}
+
+// is reports whether st is the statement of text with params.
+func (st *prepared) is(text, params []byte) bool {
+	return st != nil && st.text == string(text) && bytes.Equal(st.params, params)
+}
+
+// recentUnnamed returns what is remembered of text with params if it is one
+// of the last few unnamed statements, else a new record that it remembers
+// in place of the oldest. Each Parse plans the statement again, so a
+// record reused holds nothing stale.
+func (b *stmtBook) recentUnnamed(text, params []byte) *prepared {
+	for _, st := range b.recent {
+		if st.is(text, params) {
+			return st
+		}
+	}
+	st := &prepared{text: string(text), params: bytes.Clone(params)}
+	b.recent[b.recentNext] = st
+	b.recentNext = (b.recentNext + 1) % len(b.recent)
+	return st
+}
+
+// forgetParsed stops the session answering Binds of the client's SET
+// statements until they are parsed again (see prepared.parsed): a text
+// that may deallocate statements (DEALLOCATE, DISCARD) may have
+// deallocated them, and a 26000 from the server says something was.
+func (b *stmtBook) forgetParsed() {
+	for _, st := range b.stmts {
+		st.parsed = nil
+	}
+}
+
+// bind forwards a Bind, after what the proxy sends before it, if anything.
+func (s *session) bind(n int) error {
+	if s.txPool() {
+		if err := s.pooledBind(n); err != nil {
+			return err
+		}
+	}
+	err := s.bindAs(n)
+	s.pipe.loose++ // after the proxy's own: its reply comes after theirs
+	return err
+}
+
+func (s *session) bindAs(n int) error {
+	if len(s.book.stmts) == 0 && !s.book.unnamedGone && !s.book.portalGone {
+		return forward(s.sw, s.cr, n)
+	}
+	b, err := s.peek(n)
+	if err != nil {
+		return err
+	}
+	portal, rest, err1 := cstring(b)
+	stmt, _, err2 := cstring(rest)
+	if len(portal) == 0 && s.book.portalGone {
+		// The Bind replaces the portal a bound Query left only if it
+		// succeeds: close that first. After it the portal is the
+		// client's, or there is none, unless Postgres skips the Close
+		// (and so the Bind) after an earlier error in its batch: the flag
+		// stays until it confirms the Close (see closeGone).
+		if err := s.closeUnnamedPortal(); err != nil {
+			return err
+		}
+	}
+	if err1 != nil || err2 != nil {
+		// Names longer than peekLimit: Postgres limits names to 63 bytes, so
+		// the server will refuse this Bind; nothing to track.
+		return forward(s.sw, s.cr, n)
+	}
+	var p *Probe
+	if len(stmt) == 0 {
+		s.reusedUnnamed() // first: its Parse may have failed
+	}
+	if st := s.book.stmts[string(stmt)]; st != nil {
+		if err := s.replan(stmt, st); err != nil {
+			return err
+		}
+		p = st.probe
+	}
+	if p != nil {
+		if s.book.portals == nil {
+			s.book.portals = make(map[string]*Probe)
+		}
+		s.book.portals[string(portal)] = p
+	} else if len(s.book.portals) > 0 {
+		delete(s.book.portals, string(portal))
+	}
+	if len(stmt) == 0 && s.reusedUnnamed() != nil {
+		return s.bindReused(s.reuse.unnamed, portal, n)
+	}
+	if len(stmt) == 0 && s.book.unnamedGone {
+		if err := s.closeUnnamed(); err != nil {
+			return err
+		}
+	}
+	return forward(s.sw, s.cr, n)
+}
+
+// describe forwards a Describe, pointing one of the unnamed statement at
+// the statement it stands for, closing it first if a bound Query
+// destroyed it for the client (see stmtBook.unnamedGone), or preparing it
+// again first if it must be (see replan).
+func (s *session) describe(n int) error {
+	if len(s.book.stmts) == 0 && !s.book.unnamedGone && !s.book.portalGone || n != 2 {
+		return forward(s.sw, s.cr, n)
+	}
+	b, err := s.peek(n)
+	if err != nil {
+		return err
+	}
+	if b[0] == 'P' && b[1] == 0 && s.book.portalGone {
+		if err := s.closeUnnamedPortal(); err != nil {
+			return err
+		}
+	}
+	if b[0] != 'S' || b[1] != 0 {
+		return forward(s.sw, s.cr, n)
+	}
+	s.reusedUnnamed() // first: its Parse may have failed
+	if st := s.book.stmts[""]; st != nil {
+		if err := s.replan(nil, st); err != nil {
+			return err
+		}
+	}
+	if s.reusedUnnamed() == nil {
+		if s.book.unnamedGone {
+			if err := s.closeUnnamed(); err != nil {
+				return err
+			}
+		}
+		return forward(s.sw, s.cr, n)
+	}
+	if _, err := s.cr.Discard(5 + n); err != nil {
+		return err
+	}
+	s.out = append(append(append(s.out[:0], 'S'), s.reuse.unnamed.name...), 0)
+	return writeMessage(s.sw, 'D', s.out)
+}
+
+func (s *session) execute(n int) error {
+	var p *Probe
+	if len(s.book.portals) > 0 || s.book.portalGone {
+		b, err := s.peek(n)
+		if err != nil {
+			return err
+		}
+		if portal, _, err := cstring(b); err == nil {
+			p = s.book.portals[string(portal)]
+			if len(portal) == 0 && s.book.portalGone {
+				if err := s.closeUnnamedPortal(); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	s.pipe.push(executeWait)
+	if err := forward(s.sw, s.cr, n); err != nil {
+		return err
+	}
+	if p != nil {
+		// Run the probe right after the Execute, in the same transaction,
+		// before whatever the client sends next.
+		return s.injectProbe(p)
+	}
+	return nil
+}
+
+func (s *session) close(n int) error {
+	s.pipe.loose++
+	if len(s.book.stmts) == 0 && len(s.book.portals) == 0 {
+		return forward(s.sw, s.cr, n)
+	}
+	b, err := s.peek(n)
+	if err != nil {
+		return err
+	}
+	if len(b) > 1 {
+		if name, _, err := cstring(b[1:]); err == nil {
+			switch b[0] {
+			case 'S':
+				delete(s.book.stmts, string(name))
+				if len(name) == 0 && (s.reuse.unnamed != nil || s.reuse.unnamedSeq != 0) {
+					// If Postgres skips this Close (after an error in its
+					// batch), the client's unnamed statement stays, but
+					// the server's may be the proxy's stand-in: fail a
+					// Bind of it rather than run that.
+					s.unnamedGoneNow()
+				}
+			case 'P':
+				delete(s.book.portals, string(name))
+			}
+		}
+	}
+	return forward(s.sw, s.cr, n)
+}
+
+// pushSwallow pushes w, a waitSwallow for messages the proxy sends in the
+// middle of the client's, after a waitPass for the replies to the client's
+// Binds and Closes before them.
+func (s *session) pushSwallow(w *wait) {
+	if n := s.pipe.loose; n > 0 {
+		pw := s.pipe.get(waitPass)
+		pw.want = n
+		s.pipe.push(pw)
+	}
+	s.pipe.push(w)
+}
+
+// Closes of the unnamed statement and portal.
+var (
+	closeUnnamedMessage       = []byte{'C', 0, 0, 0, 6, 'S', 0}
+	closeUnnamedPortalMessage = []byte{'C', 0, 0, 0, 6, 'P', 0}
+)
+
+// closeUnnamed closes the server's unnamed statement, which the client's
+// view of the session says a Query destroyed (see stmtBook.unnamedGone).
+func (s *session) closeUnnamed() error {
+	return s.closeGone(&s.book.unnamedGone, &s.book.unnamedClosed, &s.book.closeRecs[0], closeUnnamedMessage)
+}
+
+// closeUnnamedPortal does the same for the unnamed portal (see
+// stmtBook.portalGone).
+func (s *session) closeUnnamedPortal() error {
+	return s.closeGone(&s.book.portalGone, &s.book.portalClosed, &s.book.closeRecs[1], closeUnnamedPortalMessage)
+}
+
+// closeGone sends the Close message m for what gone says is gone, noting
+// it in rec (or a new record while a reply to the last is owed), unless
+// Postgres confirmed the one sent last (closed), which clears gone, or has
+// yet to answer it: that one is ahead of whatever the client sends now,
+// and if Postgres skips it, it skips what follows in its batch too. (A
+// second Close would close the portal a client's Bind after the first
+// made.)
+func (s *session) closeGone(gone *bool, closed **serverStmt, rec *serverStmt, m []byte) error {
+	if c := *closed; c != nil {
+		switch c.state.Load() {
+		case stmtReady:
+			*gone, *closed = false, nil
+			return nil
+		case stmtPending:
+			return nil
+		}
+	}
+	c := rec
+	if c.state.Load() == stmtPending { // a wait still holds it
+		c = new(serverStmt)
+	}
+	c.state.Store(stmtPending)
+	*closed = c
+	return s.closeQuietly(m, c)
+}
+
+// closeQuietly sends the Close message m, keeping its reply from the
+// client; done, if not nil, notes when Postgres answers it.
+func (s *session) closeQuietly(m []byte, done *serverStmt) error {
+	w := s.pipe.get(waitSwallow)
+	w.want, w.reuse = 1, done // CloseComplete
+	s.pushSwallow(w)
+	_, err := s.sw.Write(m)
+	return err
+}
+
+// replan plans a statement prepared under an older configuration again.
+// If what should be sent for it changed (a table became guarded, say), the
+// statement is re-prepared under its own name before the Bind, so a
+// configuration change reaches statements prepared before it. So is one
+// marked to be prepared again (prepared.again). stmt is the statement's
+// name as the Bind holds it: made a string only here, off the path of
+// every Bind.
+func (s *session) replan(stmt []byte, st *prepared) error {
+	ic := s.srv.cfg.Interceptor
+	gen := ic.Generation()
+	redo := st.again != nil && st.again.state.Load() != stmtReady
+	if !redo {
+		st.again = nil
+	}
+	if st.gen == gen && !redo {
+		return nil
+	}
+	name := string(stmt)
+	if name != "" && s.failedNow() {
+		// Postgres refuses the Bind (a statement to plan again is no
+		// ROLLBACK), so prepare it at the next: a named Parse here can
+		// crash Postgres (see blockMayHaveFailed).
+		return nil
+	}
+	plan := ic.Parse(s.c, st.text)
+	st.gen, st.probe, st.setting, st.token = gen, plan.probe(), plan.Setting, plan.NeedsToken
+	if plan.SQL == st.sent && !redo {
+		return nil
+	}
+	st.sent = plan.SQL
+	if name == "" {
+		s.reuse.unnamed = nil // it stood for the statement of the old rewrite
+	}
+	sql := plan.SQL
+	if sql == "" {
+		sql = st.text
+	}
+	s.log.Debug("re-preparing a statement after a configuration or setting change", "statement", name)
+	st.again = &serverStmt{name: name}
+	st.again.state.Store(stmtPending)
+	w := s.pipe.get(waitSwallow)
+	w.want, w.origin, w.reuse = 2, plan.Origin, st.again
+	s.pushSwallow(w)
+	out, _ := (&pgproto3.Close{ObjectType: 'S', Name: name}).Encode(s.out[:0])
+	s.out = out
+	if _, err := s.sw.Write(out); err != nil {
+		return err
+	}
+	s.out = append(append(append(s.out[:0], 'P', 0, 0, 0, 0), name...), 0)
+	s.out = append(append(append(s.out, sql...), 0), st.params...)
+	binary.BigEndian.PutUint32(s.out[1:5], uint32(len(s.out)-1))
+	_, err := s.sw.Write(s.out)
+	return err
+}
