@@ -1,16 +1,63 @@
-# pgfence: build with cgo (Postgres's parser is C), run on a slim Debian.
-FROM golang:1.26-bookworm AS build
+# pgfence's container image: built with cgo (the SQL parser is Postgres's
+# own, in C) on Debian bookworm, run on bookworm-slim as a non-root user.
+#
+#   make image         podman build --isolation=chroot from local base images
+#                      (scripts/build-base-images.sh), tagged
+#                      localhost/pgfence:$(VERSION) and :latest
+#   make image IMAGE_BASES=registry
+#                      the same from docker.io's golang and debian images
+#   podman build .     / docker build .: from docker.io's, as below
+#
+# The base images are build arguments with fully qualified names (podman
+# refuses short ones), e.g.
+#   --build-arg BUILD_IMAGE=localhost/golang:1.26-bookworm
+#   --build-arg RUNTIME_IMAGE=localhost/debian:bookworm-slim
+# The build stage's Go must be go.mod's release: GOTOOLCHAIN=local, no
+# toolchain is downloaded. See deploy/container/README.md.
+ARG BUILD_IMAGE=docker.io/library/golang:1.26-bookworm
+ARG RUNTIME_IMAGE=docker.io/library/debian:bookworm-slim
+
+FROM ${BUILD_IMAGE} AS build
+# The module proxy to download modules from (make image passes go env GOPROXY).
+ARG GOPROXY=https://proxy.golang.org,direct
+# No .git in the build context (.dockerignore): the version is VERSION's.
+ENV CGO_ENABLED=1 GOFLAGS=-buildvcs=false GOTOOLCHAIN=local
 WORKDIR /src
 COPY go.mod go.sum ./
-RUN go mod download
+# The module and build caches are cache mounts (BuildKit, and buildah
+# 1.24 and later): kept between builds on the same machine, never in a layer.
+RUN --mount=type=cache,id=pgfence-gomod,target=/go/pkg/mod \
+	go mod download
 COPY . .
+# What `pgfence version` and pgfence_build_info say: make image passes the
+# checkout's git describe and commit (see the Makefile's build target).
 ARG VERSION=dev
-RUN CGO_ENABLED=1 go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /out/pgfence ./cmd/pgfence
+ARG COMMIT=
+RUN --mount=type=cache,id=pgfence-gomod,target=/go/pkg/mod \
+	--mount=type=cache,id=pgfence-gobuild,target=/root/.cache/go-build \
+	go build -trimpath -ldflags "-s -w -X main.version=${VERSION} -X main.commit=${COMMIT}" \
+		-o /out/pgfence ./cmd/pgfence \
+	&& /out/pgfence version
 
-FROM debian:bookworm-slim
-RUN useradd --system --uid 10001 pgfence
+FROM ${RUNTIME_IMAGE}
+# CA certificates for --upstream sslmode=verify-full without sslrootcert
+# (bookworm-slim has none; the build image's, rather than apt in this stage).
+COPY --from=build /etc/ssl/certs/ca-certificates.crt /etc/ssl/certs/ca-certificates.crt
+RUN groupadd --gid 10001 pgfence \
+	&& useradd --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
+		--shell /usr/sbin/nologin pgfence
 COPY --from=build /out/pgfence /usr/local/bin/pgfence
-USER pgfence
+USER 10001:10001
+# Every flag of `pgfence serve` can come from PGFENCE_<FLAG> (PGFENCE_UPSTREAM,
+# PGFENCE_GUARD, ...), the upstream password from PGPASSWORD or a PGPASSFILE:
+# none belongs on the command line. These two listen on every address of the
+# container; the command line, or the environment, can say otherwise.
+ENV PGFENCE_LISTEN=0.0.0.0:6432 PGFENCE_METRICS_LISTEN=0.0.0.0:9187
+# 6432: clients (the Postgres protocol); 9187: /metrics, /healthz (liveness)
+# and /readyz (readiness).
 EXPOSE 6432 9187
+# SIGTERM drains (pgfence stops accepting and lets open transactions finish
+# for up to --drain-timeout, 30s): give `podman stop` / Kubernetes that long.
+STOPSIGNAL SIGTERM
 ENTRYPOINT ["pgfence"]
-CMD ["serve", "--listen", "0.0.0.0:6432", "--metrics-listen", "0.0.0.0:9187"]
+CMD ["serve"]

@@ -1,0 +1,457 @@
+// Package container_test checks pgfence's container image (the Dockerfile,
+// built by `make image` as localhost/pgfence:latest) and docker-compose.yml,
+// with podman, for real:
+//
+//   - TestImage: the image runs `pgfence version`, as a non-root user.
+//   - TestPod: a pod with localhost/postgres:15 and pgfence, which reaches
+//     Postgres over the pod's localhost (password from the environment, and
+//     required there: initdb --auth-host=scram-sha-256); from this host with
+//     psql through pgfence's published port, a write with token 5 goes
+//     through and a stale one with token 3 changes nothing; Postgres itself
+//     shows the first write, and pgfence's published metrics count the
+//     fenced one.
+//   - TestCompose: the same check on docker-compose.yml as written, run by
+//     podman-compose with local images and free ports, then `down`.
+//
+// Podman, podman-compose and the base images come from
+// scripts/install-podman.sh and scripts/build-base-images.sh; `make test`
+// runs both and `make image` before the tests. Without podman the tests
+// fail, unless PGFENCE_TEST_CONTAINERS=0 says to skip them (for `go test
+// ./...` on a development machine without podman). Each run uses names of
+// its own and removes what it made.
+package container_test
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pgfence/pgfence/internal/pgserver"
+)
+
+const (
+	pgfenceImage  = "localhost/pgfence:latest"
+	postgresImage = "localhost/postgres:15"
+	// The init script docker-compose.yml gives Postgres: table accounts
+	// with a fence_epoch column, rows 1 and 2.
+	initSQL = "testdata/compose-init.sql"
+
+	installHint = "install podman and podman-compose with `bash scripts/install-podman.sh` " +
+		"(or set PGFENCE_TEST_CONTAINERS=0 to skip the container tests)"
+)
+
+// podman finds podman, failing the test (not skipping it) when it is
+// missing, unless PGFENCE_TEST_CONTAINERS=0.
+func podman(t *testing.T) string {
+	t.Helper()
+	if os.Getenv("PGFENCE_TEST_CONTAINERS") == "0" {
+		t.Skip("PGFENCE_TEST_CONTAINERS=0: skipping the container tests")
+	}
+	p, err := exec.LookPath("podman")
+	if err != nil {
+		t.Fatalf("podman not found on PATH: %s", installHint)
+	}
+	return p
+}
+
+// requireImage fails the test if the image is not in podman's storage.
+func requireImage(t *testing.T, podmanPath, image, how string) {
+	t.Helper()
+	if err := exec.Command(podmanPath, "image", "exists", image).Run(); err != nil {
+		t.Fatalf("image %s not found (podman image exists: %v): %s", image, err, how)
+	}
+}
+
+func requireImages(t *testing.T, podmanPath string) {
+	t.Helper()
+	requireImage(t, podmanPath, pgfenceImage, "build it with `make image` (make test does)")
+	requireImage(t, podmanPath, postgresImage, "make it with `bash scripts/build-base-images.sh` (make image does)")
+}
+
+// repoRoot is the checkout's top directory.
+func repoRoot(t *testing.T) string {
+	t.Helper()
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(root, "docker-compose.yml")); err != nil {
+		t.Fatalf("no docker-compose.yml at the checkout's top (%s): %v", root, err)
+	}
+	return root
+}
+
+// psqlPath finds the psql client: on PATH, else beside the Postgres server
+// binaries (internal/pgserver's search, PGFENCE_PG_BINDIR first).
+func psqlPath(t *testing.T) string {
+	t.Helper()
+	if p, err := exec.LookPath("psql"); err == nil {
+		return p
+	}
+	if dir, err := pgserver.FindBinDir(); err == nil {
+		if p := filepath.Join(dir, "psql"); fileExists(p) {
+			return p
+		}
+	}
+	t.Fatal("psql not found on PATH or beside the Postgres server binaries: bash scripts/ensure-postgres.sh installs it")
+	return ""
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
+}
+
+// uniqueName is a name no other run uses: prefix, pid, random suffix.
+func uniqueName(prefix string) string {
+	b := make([]byte, 4)
+	if _, err := rand.Read(b); err != nil {
+		panic(err)
+	}
+	return fmt.Sprintf("%s-%d-%s", prefix, os.Getpid(), hex.EncodeToString(b))
+}
+
+// password is a fresh random password; it goes to podman and psql only
+// through their environment.
+func password(t *testing.T) string {
+	t.Helper()
+	b := make([]byte, 12)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return hex.EncodeToString(b)
+}
+
+// freePorts returns n TCP ports free on 127.0.0.1 right now.
+func freePorts(t *testing.T, n int) []int {
+	t.Helper()
+	var ls []net.Listener
+	var ports []int
+	for i := 0; i < n; i++ {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ls = append(ls, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	for _, l := range ls {
+		l.Close()
+	}
+	return ports
+}
+
+// runner runs commands with a deadline, in a directory, with extra
+// environment variables (never passwords in argv).
+type runner struct {
+	t   *testing.T
+	dir string
+	env []string
+}
+
+func (r runner) cmd(ctx context.Context, name string, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Dir = r.dir
+	cmd.Env = append(os.Environ(), r.env...)
+	cmd.WaitDelay = 5 * time.Second
+	return cmd
+}
+
+// output runs the command and returns its combined output, or an error
+// that includes it.
+func (r runner) output(timeout time.Duration, name string, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	out, err := r.cmd(ctx, name, args...).CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("%s %s: %v\n%s", filepath.Base(name), strings.Join(args, " "), err, out)
+	}
+	return string(out), nil
+}
+
+// must runs the command and fails the test if it fails.
+func (r runner) must(timeout time.Duration, name string, args ...string) string {
+	r.t.Helper()
+	out, err := r.output(timeout, name, args...)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return out
+}
+
+// logs prints the containers' logs into the test's log, for a failure.
+func logs(t *testing.T, podmanPath string, containers ...string) {
+	t.Helper()
+	for _, c := range containers {
+		out, _ := exec.Command(podmanPath, "logs", "--tail", "40", c).CombinedOutput()
+		t.Logf("podman logs --tail 40 %s:\n%s", c, out)
+	}
+}
+
+// waitReady waits for pgfence's /readyz on the metrics port to say 200.
+func waitReady(t *testing.T, metricsPort int, timeout time.Duration, onFail func()) {
+	t.Helper()
+	url := fmt.Sprintf("http://127.0.0.1:%d/readyz", metricsPort)
+	client := &http.Client{Timeout: 3 * time.Second}
+	deadline := time.Now().Add(timeout)
+	var last string
+	for time.Now().Before(deadline) {
+		resp, err := client.Get(url)
+		if err == nil {
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				t.Logf("GET %s: 200 %s", url, strings.TrimSpace(string(body)))
+				return
+			}
+			last = fmt.Sprintf("%d %s", resp.StatusCode, strings.TrimSpace(string(body)))
+		} else {
+			last = err.Error()
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	onFail()
+	t.Fatalf("pgfence's %s did not say 200 within %v; last: %s", url, timeout, last)
+}
+
+// staleWriteCheck writes through pgfence on 127.0.0.1:port as two lease
+// holders, token 5 then the stale token 3, with psql from this host.
+func staleWriteCheck(t *testing.T, r runner, port int) {
+	t.Helper()
+	psql := psqlPath(t)
+	conn := fmt.Sprintf("host=127.0.0.1 port=%d user=postgres dbname=postgres sslmode=disable connect_timeout=10", port)
+	write := func(token string, balance int) string {
+		out := r.must(time.Minute, psql, "-X", "-v", "ON_ERROR_STOP=1", conn,
+			"-c", fmt.Sprintf("SET fence.token = '%s'", token),
+			"-c", fmt.Sprintf("UPDATE accounts SET balance = %d WHERE id = 1", balance))
+		return strings.TrimSpace(out)
+	}
+	if got := write("5", 1); got != "SET\nUPDATE 1" {
+		t.Fatalf("token 5 through pgfence: psql said %q, want SET and UPDATE 1", got)
+	}
+	if got := write("3", 2); got != "SET\nUPDATE 0" {
+		t.Fatalf("stale token 3 through pgfence: psql said %q, want SET and UPDATE 0 (the stale write fenced)", got)
+	}
+}
+
+// checkRow reads row 1 of accounts straight from Postgres in its container
+// (psql over its Unix socket): the first write stands.
+func checkRow(t *testing.T, r runner, podmanPath, container string) {
+	t.Helper()
+	out := r.must(time.Minute, podmanPath, "exec", container,
+		"psql", "-X", "-At", "-U", "postgres", "-d", "postgres",
+		"-c", "SELECT balance, fence_epoch FROM accounts WHERE id = 1")
+	if got := strings.TrimSpace(out); got != "1|5" {
+		t.Fatalf("row 1 in Postgres: balance|fence_epoch = %q, want 1|5 (token 5's write stands, token 3's fenced)", got)
+	}
+}
+
+var rejectLine = regexp.MustCompile(`^fencing_reject_total\{([^}]*)\} (\S+)$`)
+var tableLabel = regexp.MustCompile(`(?:^|,)table="([^"]*)"`)
+
+// checkRejects reads pgfence's /metrics on this host's metricsPort: one
+// stale write fenced on table accounts. The label is the schema-qualified
+// name once the catalog is read (public.accounts), the name as guarded
+// before; both count.
+func checkRejects(t *testing.T, metricsPort int) {
+	t.Helper()
+	url := fmt.Sprintf("http://127.0.0.1:%d/metrics", metricsPort)
+	resp, err := (&http.Client{Timeout: 5 * time.Second}).Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %s", url, resp.Status)
+	}
+	var total float64
+	var series []string
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 0, 64*1024), 1024*1024)
+	for sc.Scan() {
+		m := rejectLine.FindStringSubmatch(sc.Text())
+		if m == nil {
+			continue
+		}
+		tbl := tableLabel.FindStringSubmatch(m[1])
+		if tbl == nil || (tbl[1] != "accounts" && tbl[1] != "public.accounts") {
+			continue
+		}
+		v, err := strconv.ParseFloat(m[2], 64)
+		if err != nil {
+			t.Fatalf("%s: %q: %v", url, sc.Text(), err)
+		}
+		total += v
+		series = append(series, sc.Text())
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if total != 1 {
+		t.Fatalf("fencing_reject_total for table accounts: %v, want 1; series:\n%s", total, strings.Join(series, "\n"))
+	}
+	t.Logf("pgfence's metrics on the published port:\n%s", strings.Join(series, "\n"))
+}
+
+// TestImage: the image runs, says its version, and is not root.
+func TestImage(t *testing.T) {
+	t.Parallel()
+	pm := podman(t)
+	requireImage(t, pm, pgfenceImage, "build it with `make image` (make test does)")
+	r := runner{t: t}
+	out := r.must(time.Minute, pm, "run", "--rm", pgfenceImage, "version")
+	if !strings.HasPrefix(out, "pgfence ") {
+		t.Fatalf("podman run %s version: %q", pgfenceImage, out)
+	}
+	t.Logf("%s: %s", pgfenceImage, strings.TrimSpace(out))
+	user := strings.TrimSpace(r.must(time.Minute, pm, "image", "inspect", "--format", "{{.Config.User}}", pgfenceImage))
+	if user == "" || user == "0" || user == "root" || strings.HasPrefix(user, "0:") || strings.HasPrefix(user, "root:") {
+		t.Fatalf("%s runs as user %q, want a non-root user", pgfenceImage, user)
+	}
+}
+
+// TestPod: Postgres and pgfence in one pod; the stale write is fenced.
+func TestPod(t *testing.T) {
+	t.Parallel()
+	pm := podman(t)
+	requireImages(t, pm)
+	root := repoRoot(t)
+	pw := password(t)
+	r := runner{t: t, dir: root, env: []string{"POSTGRES_PASSWORD=" + pw, "PGPASSWORD=" + pw}}
+
+	pod := uniqueName("pgfence-test-pod")
+	ports := freePorts(t, 2)
+	port, metricsPort := ports[0], ports[1]
+	r.must(time.Minute, pm, "pod", "create", "--name", pod,
+		"-p", fmt.Sprintf("127.0.0.1:%d:6432", port),
+		"-p", fmt.Sprintf("127.0.0.1:%d:9187", metricsPort))
+	t.Cleanup(func() {
+		if out, err := exec.Command(pm, "pod", "rm", "-f", "-t", "2", pod).CombinedOutput(); err != nil {
+			t.Errorf("podman pod rm -f %s: %v\n%s", pod, err, out)
+		}
+	})
+
+	pgName, pgfName := pod+"-postgres", pod+"-pgfence"
+	// The password reaches the containers by name only (-e NAME takes the
+	// value from podman's environment). Connections over the pod's
+	// localhost need it too: --auth-host=scram-sha-256.
+	r.must(2*time.Minute, pm, "run", "-d", "--pod", pod, "--name", pgName,
+		"-e", "POSTGRES_PASSWORD",
+		"-e", "POSTGRES_INITDB_ARGS=--auth-host=scram-sha-256",
+		"--mount", "type=tmpfs,destination=/var/lib/postgresql/data",
+		"-v", filepath.Join(root, initSQL)+":/docker-entrypoint-initdb.d/init.sql:ro",
+		postgresImage)
+	r.must(2*time.Minute, pm, "run", "-d", "--pod", pod, "--name", pgfName,
+		"-e", "PGFENCE_UPSTREAM=postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable",
+		"-e", "PGFENCE_GUARD=accounts",
+		"-e", "PGPASSWORD",
+		pgfenceImage)
+
+	waitReady(t, metricsPort, 90*time.Second, func() { logs(t, pm, pgName, pgfName) })
+	staleWriteCheck(t, r, port)
+	checkRow(t, r, pm, pgName)
+	checkRejects(t, metricsPort)
+
+	// Neither password is on a command line: not pgfence's, not podman's
+	// record of how the containers were made.
+	for _, c := range []string{pgName, pgfName} {
+		out := r.must(time.Minute, pm, "inspect", "--format", "{{.Config.Cmd}} {{.Config.Entrypoint}} {{.Args}}", c)
+		if strings.Contains(out, pw) {
+			t.Errorf("the password is on %s's command line: %s", c, out)
+		}
+	}
+}
+
+// TestCompose: docker-compose.yml as written, with podman-compose.
+func TestCompose(t *testing.T) {
+	t.Parallel()
+	pm := podman(t)
+	compose, err := exec.LookPath("podman-compose")
+	if err != nil {
+		t.Fatalf("podman-compose not found on PATH: %s", installHint)
+	}
+	requireImages(t, pm)
+	root := repoRoot(t)
+	pw := password(t)
+	ports := freePorts(t, 2)
+	port, metricsPort := ports[0], ports[1]
+	// Project names: lower case letters, digits, - and _.
+	project := strings.ReplaceAll(uniqueName("pgfencetest"), "-", "_")
+	r := runner{t: t, dir: root, env: []string{
+		"POSTGRES_PASSWORD=" + pw,
+		"PGPASSWORD=" + pw,
+		"POSTGRES_IMAGE=" + postgresImage,
+		"PGFENCE_IMAGE=" + pgfenceImage,
+		// Only used if the image had to be built (it does not: it exists).
+		"BUILD_IMAGE=localhost/golang:1.26-bookworm",
+		"RUNTIME_IMAGE=localhost/debian:bookworm-slim",
+		"BUILDAH_ISOLATION=chroot",
+		"PGFENCE_PORT=" + strconv.Itoa(port),
+		"PGFENCE_METRICS_PORT=" + strconv.Itoa(metricsPort),
+	}}
+	composeArgs := func(args ...string) []string {
+		return append([]string{"-p", project, "-f", filepath.Join(root, "docker-compose.yml")}, args...)
+	}
+	down := func() (string, error) {
+		return r.output(2*time.Minute, compose, composeArgs("down", "-v", "-t", "2")...)
+	}
+	t.Cleanup(func() {
+		// After a failure, or a down that did not finish: remove what is
+		// left of the project, and its network (podman-compose 1.0.3's down
+		// leaves it).
+		if out, err := exec.Command(pm, "ps", "-a", "-q", "--filter", "label=io.podman.compose.project="+project).Output(); err == nil && len(strings.TrimSpace(string(out))) > 0 {
+			if _, err := down(); err != nil {
+				t.Errorf("cleanup: %v", err)
+			}
+		}
+		if out, err := exec.Command(pm, "volume", "ls", "-q", "--filter", "label=io.podman.compose.project="+project).Output(); err == nil {
+			for _, v := range strings.Fields(string(out)) {
+				exec.Command(pm, "volume", "rm", "-f", v).Run()
+			}
+		}
+		net := project + "_default"
+		if exec.Command(pm, "network", "exists", net).Run() == nil {
+			if out, err := exec.Command(pm, "network", "rm", "-f", net).CombinedOutput(); err != nil {
+				t.Errorf("cleanup: podman network rm %s: %v\n%s", net, err, out)
+			}
+		}
+	})
+
+	out, err := r.output(3*time.Minute, compose, composeArgs("up", "-d")...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(out, pw) {
+		t.Errorf("podman-compose up printed the password (it must pass it by name only):\n%s", out)
+	}
+	pgName, pgfName := project+"_postgres_1", project+"_pgfence_1"
+	for _, c := range []string{pgName, pgfName} {
+		if exec.Command(pm, "container", "exists", c).Run() != nil {
+			t.Fatalf("podman-compose up made no container %s:\n%s", c, out)
+		}
+	}
+
+	waitReady(t, metricsPort, 90*time.Second, func() { logs(t, pm, pgName, pgfName) })
+	staleWriteCheck(t, r, port)
+	checkRow(t, r, pm, pgName)
+	checkRejects(t, metricsPort)
+
+	if out, err := down(); err != nil {
+		t.Fatalf("podman-compose down: %v", err)
+	} else if ids, _ := exec.Command(pm, "ps", "-a", "-q", "--filter", "label=io.podman.compose.project="+project).Output(); len(strings.TrimSpace(string(ids))) > 0 {
+		t.Fatalf("containers left after podman-compose down: %s\n%s", ids, out)
+	}
+}
