@@ -449,8 +449,8 @@ func TestUndeclaredPoolerEndsSession(t *testing.T) {
 	if err == nil {
 		_, err = a.Exec(ctx, "SELECT 1", simple)
 	}
-	if pe := pgErr(t, err); pe.Code != "08006" || !strings.Contains(pe.Hint, "--upstream-pooling=transaction") {
-		t.Fatalf("a session moved to another server connection: %s %q (hint %q), want 08006 naming --upstream-pooling=transaction", pe.Code, pe.Message, pe.Hint)
+	if pe := pgErr(t, err); pe.Code != "08006" || !strings.Contains(pe.Hint, "transaction pooler") {
+		t.Fatalf("a session moved to another server connection: %s %q (hint %q), want 08006 saying to declare the transaction pooler", pe.Code, pe.Message, pe.Hint)
 	}
 	if v, e := row(t, tbl, 2); v != "b" && e != 6 {
 		t.Fatalf("a write landed with epoch %d", e)

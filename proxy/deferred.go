@@ -309,7 +309,7 @@ func (s *session) checkBackend(n int) error {
 				return nil
 			}
 			writeFatal(s.cw, codeConnectionFailure, fmt.Sprintf("the server process behind this session changed between transactions (%s, then %s): a transaction pooler stands between pgfence and Postgres", s.apply.backendPID, pid),
-				"run pgfence with transaction pooling declared (pgfence serve --upstream-pooling=transaction), or connect it to Postgres directly")
+				s.srv.cfg.Hints.Pooler)
 			s.fatal = true
 			s.log.Error("session ended: its server process changed between transactions; a transaction pooler is behind pgfence", "client", s.c.RemoteAddr, "first", s.apply.backendPID, "now", string(pid))
 			return errors.New("the server process behind the session changed: a transaction pooler is behind pgfence")

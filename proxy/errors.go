@@ -43,8 +43,11 @@ func isClosed(err error) bool {
 
 // framingError makes a malformed client message an error the client is
 // told about before its session ends.
-func framingError(err error) error {
-	if errors.Is(err, ErrMalformed) {
+func (s *session) framingError(err error) error {
+	switch {
+	case errors.Is(err, errTooLarge):
+		return &clientError{err: err, hint: s.srv.cfg.Hints.MessageTooLarge}
+	case errors.Is(err, ErrMalformed):
 		return &clientError{err: err}
 	}
 	return err

@@ -358,7 +358,7 @@ func (l *loop) relayed(x *side) {
 	}
 	if err := x.dispatch(); err != nil {
 		if x.client {
-			err = framingError(err)
+			err = x.ls.s.framingError(err)
 		}
 		l.end(x.ls, x.client, err)
 		return

@@ -41,10 +41,13 @@ func header(r msgReader, max int) (typ byte, n int, err error) {
 		return 0, 0, fmt.Errorf("%w: message %q has length %d, the minimum is 4", ErrMalformed, h[0], l)
 	}
 	if l-4 > max {
-		return 0, 0, fmt.Errorf("%w: message %q of %d bytes is over the %d-byte limit (--max-message-size)", ErrMalformed, h[0], l-4, max)
+		return 0, 0, fmt.Errorf("%w: message %q of %d bytes is over the %d-byte limit: %w", ErrMalformed, h[0], l-4, max, errTooLarge)
 	}
 	return h[0], l - 4, nil
 }
+
+// errTooLarge marks a message over the size limit.
+var errTooLarge = errors.New("too large")
 
 // forward copies the next message (header and body of n bytes) from r to w
 // untouched, without an intermediate buffer or allocation.

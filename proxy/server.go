@@ -80,6 +80,9 @@ type Config struct {
 	// libpq's target_session_attrs=read-write would not use it: after a
 	// failover the address pgfence was given may be a standby for a while.
 	RequirePrimary bool
+	// Hints are what clients are told to do about limits and faults that
+	// the deployment sets; the zero value gives generic ones.
+	Hints Hints
 	// UpstreamFailed, if set, is told why a session could not be
 	// connected to Postgres: a failure to connect, or an error from
 	// Postgres before the session's first ReadyForQuery.
@@ -90,6 +93,30 @@ type Config struct {
 	// Postgres took, nor the wait for a socket to be readable). Event-loop
 	// sessions only.
 	RoundTrip func(time.Duration)
+}
+
+// Hints word the hints of errors whose remedy is in how the proxy was
+// configured, so that a program built on the proxy can name its own
+// settings (pgfence serve names its flags). Empty ones are generic.
+type Hints struct {
+	TooManyClients  string // a client over MaxClientConns
+	CannotConnect   string // Postgres could not be reached
+	MessageTooLarge string // a client message over MaxMessageSize
+	Pooler          string // a transaction pooler found behind an undeclared proxy
+}
+
+// withDefaults fills in the generic hints.
+func (h Hints) withDefaults() Hints {
+	def := func(s *string, d string) {
+		if *s == "" {
+			*s = d
+		}
+	}
+	def(&h.TooManyClients, "try again later, or raise the proxy's limit on client connections")
+	def(&h.CannotConnect, "check that Postgres is running and the proxy's upstream address is right; try again")
+	def(&h.MessageTooLarge, "send smaller messages, or raise the proxy's message size limit")
+	def(&h.Pooler, "declare the transaction pooler to the proxy, or connect it to Postgres directly")
+	return h
 }
 
 // Server accepts clients and relays each to its own Postgres connection.
@@ -132,6 +159,7 @@ func New(cfg Config) (*Server, error) {
 	if cfg.StartupTimeout <= 0 {
 		cfg.StartupTimeout = 30 * time.Second
 	}
+	cfg.Hints = cfg.Hints.withDefaults()
 	if cfg.DialTimeout <= 0 {
 		cfg.DialTimeout = 5 * time.Second
 	}
@@ -329,7 +357,7 @@ func (s *Server) handle(conn net.Conn) {
 	sess.startPooled()
 	if !s.admit(conn, sess) {
 		log.Warn("client refused: too many client connections", "max_client_conns", s.cfg.MaxClientConns)
-		writeError(cw, "FATAL", codeTooManyConnections, fmt.Sprintf("too many client connections: pgfence allows %d at once", s.cfg.MaxClientConns), "try again later, or raise --max-client-conns")
+		writeError(cw, "FATAL", codeTooManyConnections, fmt.Sprintf("too many client connections: pgfence allows %d at once", s.cfg.MaxClientConns), s.cfg.Hints.TooManyClients)
 		cw.Flush()
 		return
 	}
@@ -349,7 +377,7 @@ func (s *Server) handle(conn net.Conn) {
 	if err != nil {
 		s.upstreamFailed(err)
 		log.Warn("cannot reach Postgres", "upstream", up.Addr, "err", err)
-		writeFatal(cw, codeCannotConnect, fmt.Sprintf("cannot connect to Postgres at %s: %v", up.Addr, err), "check that Postgres is running and --upstream is right; try again")
+		writeFatal(cw, codeCannotConnect, fmt.Sprintf("cannot connect to Postgres at %s: %v", up.Addr, err), s.cfg.Hints.CannotConnect)
 		cw.Flush()
 		ic.SessionEnd(c, err)
 		return

@@ -223,7 +223,7 @@ func (s *session) clientToServer() error {
 		}
 		typ, n, err := header(s.cr, s.srv.cfg.MaxMessageSize)
 		if err != nil {
-			return framingError(err)
+			return s.framingError(err)
 		}
 		if s.c.held && (typ == 'Q' || typ == 'P') {
 			if err := s.sw.Flush(); err != nil {

@@ -315,6 +315,12 @@ func start(o serveOptions, log *slog.Logger) (*instance, error) {
 		TransactionPooling:  txPool,
 		TokenSetting:        cfg.TokenSetting,
 		Admit:               func() error { return inst.admit() },
+		Hints: proxy.Hints{
+			TooManyClients:  "try again later, or raise --max-client-conns",
+			CannotConnect:   "check that Postgres is running and --upstream is right; try again",
+			MessageTooLarge: "send smaller messages, or raise --max-message-size",
+			Pooler:          "run pgfence with transaction pooling declared (pgfence serve --upstream-pooling=transaction), or connect it to Postgres directly",
+		},
 	}})
 	if err != nil {
 		return nil, err
