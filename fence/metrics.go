@@ -5,6 +5,8 @@ import (
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/pgfence/pgfence/sqlrewrite"
 )
 
 // Metrics are pgfence's Prometheus series. Counters that every statement
@@ -40,6 +42,11 @@ type Metrics struct {
 	tokenGap       *prometheus.HistogramVec
 	acceptedTable  *tokenMaxes
 	acceptedDomain *tokenMaxes
+	// watched are the table and domain labels of the guards in force, so
+	// that a reload retires the series of those no longer guarded.
+	watchMu sync.Mutex
+	watched map[string]bool
+	domains map[string]bool
 }
 
 // tokenGapBuckets: a lease that expired under its holder is usually beaten
@@ -105,6 +112,40 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m.fenceErrors = m.errors.WithLabelValues("fence")
 	m.sessionErrors = m.errors.WithLabelValues("session")
 	return m
+}
+
+// guards makes the series of gs exist at zero (see watch) and retires
+// those of tables and lock domains no longer guarded: a table guarded by
+// another name now (public.accounts once the catalog says what accounts
+// is) keeps one set of series.
+func (m *Metrics) guards(gs []sqlrewrite.Guard) {
+	m.watchMu.Lock()
+	defer m.watchMu.Unlock()
+	tables, domains := map[string]bool{}, map[string]bool{}
+	for _, g := range gs {
+		m.watch(g.Label(), g.Rollout.String(), g.Domain)
+		tables[g.Label()] = true
+		if g.Domain != "" {
+			domains[g.Domain] = true
+		}
+	}
+	for t := range m.watched {
+		if !tables[t] {
+			l := prometheus.Labels{"table": t}
+			m.rejects.DeletePartialMatch(l)
+			m.withoutToken.DeletePartialMatch(l)
+			m.guardedWrites.DeletePartialMatch(l)
+			m.unfenced.DeletePartialMatch(l)
+			m.tokenGap.DeletePartialMatch(l)
+			m.acceptedTable.m.Delete(t)
+		}
+	}
+	for d := range m.domains {
+		if !domains[d] {
+			m.acceptedDomain.m.Delete(d)
+		}
+	}
+	m.watched, m.domains = tables, domains
 }
 
 // watch makes a table's main series exist from the start, at zero, so a

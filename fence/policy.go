@@ -160,9 +160,7 @@ func (p *Policy) Reload(cfg Config) error {
 		st.texts, _ = lru.New[string, *planned](size)
 		st.seen.seed = maphash.MakeSeed()
 	}
-	for _, g := range cfg.Guards {
-		p.m.watch(g.Label(), g.Rollout.String(), g.Domain)
-	}
+	p.m.guards(cfg.Guards)
 	p.m.guarded.Set(float64(len(cfg.Guards)))
 	p.state.Store(st)
 	p.gen.Add(1)

@@ -40,3 +40,32 @@ func TestSeriesStartAtZero(t *testing.T) {
 		}
 	}
 }
+
+// A reload retires the series of tables no longer guarded: a table
+// guarded by another name now keeps one set of series.
+func TestSeriesRetired(t *testing.T) {
+	tbl := table(t)
+	p := pgtest.StartProxy(t, []string{tbl})
+	cfg := p.Policy.Config()
+	cfg.Guards[0].As = "public." + tbl
+	if err := p.Policy.Reload(cfg); err != nil {
+		t.Fatal(err)
+	}
+	mfs, err := p.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	labels := map[string]int{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "table" {
+					labels[l.GetValue()]++
+				}
+			}
+		}
+	}
+	if labels[tbl] != 0 || labels["public."+tbl] == 0 {
+		t.Fatalf("series by table label after the reload: %v; want only public.%s", labels, tbl)
+	}
+}

@@ -91,5 +91,9 @@ func (i *instance) admit() error {
 	if why := i.pooler.Load(); why != nil {
 		return errors.New(*why) // the proxy says "pgfence: " itself
 	}
+	if !i.known.Load() {
+		return errors.New("it has not read Postgres's catalog yet, so it cannot tell which tables to fence (" + i.statusLine() +
+			"); it tries every second: connect again shortly")
+	}
 	return nil
 }

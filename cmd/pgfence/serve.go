@@ -236,6 +236,10 @@ type instance struct {
 	mu       sync.Mutex // serialises reloads
 	opts     serveOptions
 	lastGood *catalogRead // the last catalog read that worked
+	// known is set once a catalog read has worked: until then pgfence
+	// cannot tell which tables to fence (discovered ones, partitions), and
+	// refuses clients (see admit).
+	known atomic.Bool
 	// notWatching is why the backstop's event trigger is not in place, as
 	// last logged.
 	notWatching string
@@ -372,6 +376,9 @@ func start(o serveOptions, log *slog.Logger) (*instance, error) {
 				return
 			}
 			ok, what := inst.readiness(r.Context())
+			if ok && !inst.known.Load() {
+				ok, what = false, "pgfence has not read the catalog yet"
+			}
 			if !ok {
 				http.Error(w, "not ready: "+what+"\n"+inst.statusLine()+"\n", http.StatusServiceUnavailable)
 				return
@@ -433,12 +440,13 @@ func (i *instance) reload(ctx context.Context, o serveOptions) {
 		i.setStatus(fmt.Sprintf("catalog: last read failed (%v); guarding the tables of the last good read", err))
 	case err != nil:
 		i.metrics.DiscoveryOK(false)
-		i.log.Error("cannot read the catalog, and it never has been: only --guard tables are guarded until it works (by name, in every schema; their partitions and the tables only discovery finds are not); retrying",
+		i.log.Error("cannot read the catalog, and it never has been: clients are refused until it works, as pgfence cannot tell which tables to fence; retrying every second",
 			"upstream", i.upstream, "err", err)
-		i.setStatus(fmt.Sprintf("catalog: never read (%v); guarding only --guard tables", err))
+		i.setStatus(fmt.Sprintf("catalog: never read (%v); clients refused until it is", err))
 	default:
 		i.metrics.DiscoveryOK(true)
 		i.lastGood = read
+		i.known.Store(true)
 		for _, p := range read.problems {
 			i.log.Error("guarded table problem", "problem", p)
 		}
@@ -567,11 +575,17 @@ func (o serveOptions) catalogOptions() catalogOptions {
 // starts after the request, and its channel is closed when the read is
 // done, whether it worked or not.
 func (i *instance) rediscover(ctx context.Context, every time.Duration) {
-	var tick <-chan time.Time
+	var tick, retry <-chan time.Time
 	if every > 0 {
 		t := time.NewTicker(every)
 		defer t.Stop()
 		tick = t.C
+	}
+	if !i.known.Load() {
+		// Clients wait for the first read that works: try every second.
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		retry = t.C
 	}
 	var waiting []chan struct{}
 	defer func() {
@@ -584,6 +598,11 @@ func (i *instance) rediscover(ctx context.Context, every time.Duration) {
 		case <-ctx.Done():
 			return
 		case <-tick:
+		case <-retry:
+			if i.known.Load() {
+				retry = nil
+				continue
+			}
 		case w := <-i.ddl:
 			waiting = append(waiting, w)
 		}

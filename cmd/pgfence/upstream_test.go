@@ -91,10 +91,13 @@ func TestServeFollowsPrimary(t *testing.T) {
 	}
 }
 
-// Pointed at a real streaming standby (a Patroni cluster's), with
-// target_session_attrs=read-write, pgfence ends every session there with
-// 25006 (the standby says in_hot_standby = on), and /readyz says why it is
-// not ready.
+// Pointed at one node of a Patroni cluster, with
+// target_session_attrs=read-write, pgfence serves while it leads; once a
+// switchover makes it a streaming standby, pgfence ends every new session
+// there with 25006 (the standby says in_hot_standby = on), and /readyz says
+// why it is not ready. Pointed at a standby from the start, it never reads
+// the catalog (its connection must be read-write) and refuses clients
+// with 08004 saying so.
 func TestServeRefusesStandby(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -115,9 +118,19 @@ func TestServeRefusesStandby(t *testing.T) {
 		}
 	}
 	s := &serveTest{t: t}
-	inst := s.serve(serveOptions{upstream: standby.URL("postgres") + "&target_session_attrs=read-write", backstop: "off"})
-	_, err = pgx.Connect(ctx, "postgres://postgres@"+inst.Addr()+"/postgres?sslmode=disable")
 	var pe *pgconn.PgError
+	onStandby := s.serve(serveOptions{upstream: standby.URL("postgres") + "&target_session_attrs=read-write", backstop: "off"})
+	_, err = pgx.Connect(ctx, "postgres://postgres@"+onStandby.Addr()+"/postgres?sslmode=disable")
+	if !errors.As(err, &pe) || pe.Code != "08004" || !strings.Contains(pe.Message, "catalog") || !strings.Contains(pe.Message, "read only") {
+		t.Fatalf("a session through a pgfence that only ever saw a standby: %v, want FATAL 08004 saying it cannot read the catalog there", err)
+	}
+
+	inst := s.serve(serveOptions{upstream: leader.URL("postgres") + "&target_session_attrs=read-write", backstop: "off"})
+	s.client(inst, "") // served while it leads
+	if _, err := c.Failover(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_, err = pgx.Connect(ctx, "postgres://postgres@"+inst.Addr()+"/postgres?sslmode=disable")
 	if !errors.As(err, &pe) || pe.Code != "25006" || !strings.Contains(pe.Message, "standby") {
 		t.Fatalf("a session on a standby: %v, want FATAL 25006 saying the server is a standby", err)
 	}

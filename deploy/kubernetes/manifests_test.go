@@ -945,7 +945,7 @@ func TestChecksFail(t *testing.T) {
 		{"metrics on the default", beside, "  PGFENCE_METRICS_LISTEN: \":9187\"\n", "", `--metrics-listen "127.0.0.1:9187" is a loopback address`},
 		{"metrics port moved", beside, `PGFENCE_METRICS_LISTEN: ":9187"`, `PGFENCE_METRICS_LISTEN: ":9188"`, `port metrics (9187) is neither`},
 		{"declared port on loopback", beside, `PGFENCE_LISTEN: ":6432"`, `PGFENCE_LISTEN: "127.0.0.1:6432"`, `is loopback-only`},
-		{"no limits", sidecar, "            limits:\n              cpu: \"1\"\n              memory: 256Mi\n          securityContext:\n            # The image's", "          securityContext:\n            # The image's", `no resources.limits.memory`},
+		{"no limits", sidecar, "            limits:\n              cpu: \"1\"\n              memory: 256Mi\n          securityContext:\n            # The image runs", "          securityContext:\n            # The image runs", `no resources.limits.memory`},
 		{"request above limit", beside, "              cpu: 250m", "              cpu: \"3\"", `resources.requests.cpu 3 is above the limit 2`},
 		{"GOMEMLIMIT over the limit", sidecar, `value: "200MiB"`, `value: "300MiB"`, `GOMEMLIMIT "300MiB" is not below`},
 		{"runAsNonRoot false", sidecar, "            runAsUser: 10001\n            runAsGroup: 10001\n            runAsNonRoot: true", "            runAsUser: 10001\n            runAsGroup: 10001\n            runAsNonRoot: false", `runAsNonRoot is not true`},
