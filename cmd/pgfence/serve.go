@@ -62,7 +62,7 @@ type serveOptions struct {
 func (o *serveOptions) addFlags(cmd *cobra.Command) {
 	f := cmd.Flags()
 	f.StringVar(&o.configFile, "config", "", "YAML file with the same keys as these flags (flags win)")
-	f.StringVar(&o.listen, "listen", "127.0.0.1:6432", "address clients connect to")
+	f.StringVar(&o.listen, "listen", "127.0.0.1:6432", "address clients connect to: host:port, or the absolute path of a Unix socket (e.g. /run/pgfence/.s.PGSQL.6432, which clients reach with host=/run/pgfence port=6432)")
 	f.StringVar(&o.unixSocketDir, "unix-socket-dir", "", "also listen on a Unix socket in this directory, named as Postgres names its own (.s.PGSQL.<--listen's port>), so that clients connect with host=DIR")
 	f.StringVar(&o.upstream, "upstream", "", "postgres:// URL of the real server; its user and password serve only pgfence's own queries")
 	f.StringVar(&o.metricsListen, "metrics-listen", "127.0.0.1:9187", "address of /metrics, /healthz and /readyz (\"\" to disable)")
@@ -330,9 +330,9 @@ func start(o serveOptions, log *slog.Logger) (*instance, error) {
 		return nil, err
 	}
 	srv, policy, metrics := built.Server, built.Policy, built.Metrics
-	ln, err := net.Listen("tcp", o.listen)
+	ln, err := listen(o.listen)
 	if err != nil {
-		return nil, fmt.Errorf("--listen: %w", err)
+		return nil, err
 	}
 	unixLn, err := listenUnix(o.unixSocketDir, ln.Addr())
 	if err != nil {
