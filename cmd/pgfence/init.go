@@ -39,6 +39,9 @@ be installed). Give it the flags serve runs with; then run serve with
 domain's row.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := loadEnv(cmd); err != nil {
+				return err
+			}
 			if o.upstream == "" {
 				return errors.New("--upstream is required: the postgres:// URL of the database holding the guarded tables (a role that owns them); put the password in PGPASSWORD or ~/.pgpass, not in the URL")
 			}

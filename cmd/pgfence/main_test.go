@@ -138,8 +138,11 @@ func TestRewriteCommand(t *testing.T) {
 		err := cmd.Execute()
 		return out.String(), err
 	}
-	// A simple-protocol write: the statement its literals are bound to.
-	out, err := run("--guard", "accounts", "UPDATE accounts SET balance = 0, note = 'it''s' WHERE id = 1 -- keep me")
+	// A simple-protocol write: the statement its literals are bound to
+	// (the guard from the environment, as serve takes it).
+	t.Setenv("PGFENCE_GUARD", "accounts")
+	out, err := run("UPDATE accounts SET balance = 0, note = 'it''s' WHERE id = 1 -- keep me")
+	os.Unsetenv("PGFENCE_GUARD")
 	if err != nil {
 		t.Fatal(err)
 	}

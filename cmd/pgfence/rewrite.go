@@ -33,6 +33,9 @@ the text from stdin. The exit status is 1 when the statement is refused.`,
 		Example: `  pgfence rewrite --guard accounts "UPDATE accounts SET balance = 0 WHERE id = 1"`,
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := loadEnv(cmd); err != nil {
+				return err
+			}
 			sql := args[0]
 			if sql == "-" {
 				b, err := io.ReadAll(cmd.InOrStdin())
