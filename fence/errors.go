@@ -26,7 +26,7 @@ func (p *Policy) Error(c *proxy.Client, e *pgproto3.ErrorResponse) *pgproto3.Err
 		}
 	case "55000":
 		r.Hint = fmt.Sprintf("set the lease's fencing token first: SET %s = '<token>' (or SET LOCAL inside a transaction)", setting)
-		table := markerTable(r.Message)
+		table := sqlrewrite.RefusedTable(r.Message)
 		p.m.withoutToken.WithLabelValues(table, "enforce", "refused").Inc()
 		p.log.Warn("write without fencing token refused", "table", table,
 			"client", c.RemoteAddr, "application_name", c.ApplicationName(), "user", c.User)
@@ -37,7 +37,7 @@ func (p *Policy) Error(c *proxy.Client, e *pgproto3.ErrorResponse) *pgproto3.Err
 			r.Hint = fmt.Sprintf("the fencing token must be a whole number, e.g. SET %s = '42'", setting)
 		}
 	case codeStaleDomain:
-		table := markerTable(r.Message)
+		table := sqlrewrite.RefusedTable(r.Message)
 		token, newer, _ := sqlrewrite.StaleDomainTokens(r.Message)
 		p.m.rejects.WithLabelValues(table, "enforce", "domain", "rewrite").Inc()
 		p.staleWrite(c, table, "enforce", "domain", "rewrite", token, newer)

@@ -130,21 +130,3 @@ func quoteAll(ss []string) []string {
 	}
 	return out
 }
-
-// markerTable finds the table named in a pgfence error message
-// (`... guarded table "T"; ...`).
-func markerTable(msg string) string {
-	const key = `guarded table "`
-	i := strings.Index(msg, key)
-	if i < 0 {
-		return ""
-	}
-	rest := msg[i+len(key):]
-	if j := strings.LastIndex(rest, `";`); j >= 0 {
-		return rest[:j]
-	}
-	if j := strings.LastIndex(rest, `"`); j >= 0 {
-		return rest[:j]
-	}
-	return rest
-}

@@ -202,3 +202,42 @@ func TestDomainProbe(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// RefusedTable reads back the table pgfence's own messages name.
+func TestRefusedTable(t *testing.T) {
+	for msg, want := range map[string]string{
+		`pgfence: no fencing token is set for this write to guarded table "accounts"; set fence.token first`:                                                                                  "accounts",
+		`pgfence: no fencing token is set for this write to guarded table "public.accounts" in lock domain "billing"; set fence.token.billing or fence.token first`:                           "public.accounts",
+		`pgfence: stale fencing token for lock domain "billing" (guarded table "accounts"): a newer holder has written to it; stop writing and re-acquire the lock; token: 4; newer token: 7`: "accounts",
+		`pgfence: no fencing token is set for this write to lock domain "billing"; set fence.token.billing or fence.token first`:                                                              "",
+	} {
+		if got := RefusedTable(msg); got != want {
+			t.Errorf("RefusedTable(%q) = %q, want %q", msg, got, want)
+		}
+	}
+}
+
+// The table names RefusedTable reads back are the ones the rewriter puts in
+// its refusals, quoted names included.
+func TestRefusedTableFromRefusals(t *testing.T) {
+	for _, spec := range []string{"accounts", "public.accounts", `"Odd"".Name"`} {
+		g, err := ParseGuard(spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, domain := range []string{"", "billing"} {
+			g.Domain = domain
+			r, err := New(Config{Guards: []Guard{g}, TokenSetting: "fence.token"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			gi := &r.guards[0]
+			for _, msg := range []string{forgedEpoch(gi).Message, noColumnList(gi).Message, positioned("UPDATE", gi).Message,
+				"pgfence: no fencing token is set for this write to " + tableSubject(gi.name, domain) + "; set fence.token first"} {
+				if got := RefusedTable(msg); got != g.Name() {
+					t.Errorf("RefusedTable(%q) = %q, want %q", msg, got, g.Name())
+				}
+			}
+		}
+	}
+}

@@ -190,3 +190,30 @@ func settingsIn(s string) (string, bool) {
 	}
 	return "", false
 }
+
+// RefusedTable finds the guarded table a refusal of pgfence names (its
+// messages say `... guarded table "T"; ...`, see tableSubject), "" if
+// none.
+func RefusedTable(msg string) string {
+	const key = `guarded table "`
+	i := strings.Index(msg, key)
+	if i < 0 {
+		return ""
+	}
+	rest := msg[i+len(key):]
+	// The name ends where what follows it in the messages begins (a name
+	// may hold quotes itself, as "Accounts" does).
+	end := -1
+	for _, after := range []string{`"; `, `" in lock domain "`, `"):`, `" holds`, `" cannot`, `" needs`, `" in lock domain`} {
+		if j := strings.Index(rest, after); j >= 0 && (end < 0 || j < end) {
+			end = j
+		}
+	}
+	if end < 0 {
+		end = strings.LastIndex(rest, `"`)
+	}
+	if end < 0 {
+		return rest
+	}
+	return rest[:end]
+}
