@@ -180,7 +180,9 @@ func (p *Policy) rewrite(st *state, c *proxy.Client, sess *session, sql string, 
 			p.m.cacheHits.Inc()
 			return pl, pl.params
 		}
-		par, writes := sqlrewrite.Parameterize(sql)
+		b := &sess.bind
+		b.p, b.st, b.c, b.last = p, st, c, nil
+		par, ok, writes := sqlrewrite.BindLiterals(sql, b)
 		if !writes {
 			// What Rewrite would say, without scanning the text again.
 			p.m.cacheMisses.Inc()
@@ -191,20 +193,7 @@ func (p *Policy) rewrite(st *state, c *proxy.Client, sess *session, sql string, 
 			}
 			return pl, nil
 		}
-		pl := p.boundPlan(st, c, par)
-		if pl != nil && pl.keep != nil {
-			// Strings where a parameter may not mean what they do stay in
-			// the text; the others are still parameters.
-			par = sqlrewrite.ParameterizeKeeping(sql, pl.keep)
-			if pl = p.boundPlan(st, c, par); pl != nil && pl.keep != nil {
-				pl = nil
-			}
-		}
-		if pl == nil && par.Strings() {
-			par = sqlrewrite.ParameterizeNumbers(sql)
-			pl = p.boundPlan(st, c, par)
-		}
-		if pl != nil && pl.keep == nil {
+		if pl := b.last; ok {
 			if cacheable && st.seen.again(sql) { // a text sent again is then a plain cache hit
 				whole := &planned{res: pl.res, plan: pl.plan, params: make([]string, len(par.Values))}
 				for i, v := range par.Values {
@@ -227,6 +216,25 @@ func (p *Policy) rewrite(st *state, c *proxy.Client, sess *session, sql string, 
 // every execution, so the plan is cached by template, where a text with
 // new literals finds it, and the proxy prepares its rewrite once per
 // session.
+// binder plans templates for sqlrewrite.BindLiterals through the policy's
+// caches (boundPlan); last is the plan of the last template it planned.
+// Each session has one, so that planning allocates no closure.
+type binder struct {
+	p    *Policy
+	st   *state
+	c    *proxy.Client
+	last *planned
+}
+
+func (b *binder) PlanTemplate(par sqlrewrite.Parameterized) (bool, []int) {
+	pl := b.p.boundPlan(b.st, b.c, par)
+	b.last = pl
+	if pl == nil {
+		return false, nil
+	}
+	return pl.keep == nil, pl.keep
+}
+
 func (p *Policy) boundPlan(st *state, c *proxy.Client, par sqlrewrite.Parameterized) *planned {
 	if par.SQL == "" || len(par.SQL) > maxCachedText {
 		return nil

@@ -28,6 +28,8 @@ type session struct {
 	// what they are called, until a text that ends a transaction (see
 	// noteDDL).
 	ddl bool
+	// bind plans a simple-protocol write's templates (see binder).
+	bind binder
 }
 
 // passes reports whether sql is the text last passed untouched, under the

@@ -393,31 +393,78 @@ func (r *Rewriter) RewriteTemplate(p Parameterized) (res *Result, ok bool, err e
 	return res, true, nil
 }
 
-// Template is what the proxy does with sql, a simple-protocol Query (the
-// policy does the same steps, with caches between them): the template it
-// prepares and binds sql's literals to, and the template's rewrite. Strings
-// are taken out where RewriteTemplate keeps the template, those
-// StringsToKeep names stay in the text, and where that does not do either,
-// only numbers are taken out. ok is false when sql is rewritten as sent.
-func (r *Rewriter) Template(sql string) (p Parameterized, res *Result, ok bool, err error) {
-	if p, _ = Parameterize(sql); p.SQL == "" {
-		return p, nil, false, nil
+// TemplatePlanner plans a template for BindLiterals: ok when it has a plan
+// (a rewrite to prepare and bind), else the indexes of the strings to keep
+// in the text and try again (StringsToKeep), or nil. The policy's planner
+// keeps what it learns in its caches; Rewriter.Template's plans afresh.
+type TemplatePlanner interface {
+	PlanTemplate(p Parameterized) (ok bool, keep []int)
+}
+
+// BindLiterals is the one way a simple-protocol Query comes to run bound to
+// its literals, for the proxy's policy and pgfence rewrite alike: the
+// template with every literal a parameter; where that has no plan but
+// names strings a parameter may not stand for, the same with those strings
+// left in the text; else, if it had strings, the template with only its
+// numbers taken out. It returns the template that has a plan (ok), and
+// writes false, trying nothing, when sql spells no write keyword.
+func BindLiterals(sql string, pl TemplatePlanner) (p Parameterized, ok, writes bool) {
+	if p, writes = Parameterize(sql); p.SQL == "" {
+		return p, false, writes
 	}
-	if res, ok, err = r.RewriteTemplate(p); ok || err != nil || !p.Strings() {
-		return p, res, ok, err
+	ok, keep := pl.PlanTemplate(p)
+	if ok || !p.Strings() {
+		return p, ok, true
 	}
-	if keep := StringsToKeep(p); keep != nil {
+	if keep != nil {
 		if q := ParameterizeKeeping(sql, keep); q.SQL != "" {
-			if res, ok, err = r.RewriteTemplate(q); ok || err != nil {
-				return q, res, ok, err
+			if ok, _ := pl.PlanTemplate(q); ok {
+				return q, true, true
 			}
 		}
 	}
-	if p = ParameterizeNumbers(sql); p.SQL == "" {
-		return p, nil, false, nil
+	if q := ParameterizeNumbers(sql); q.SQL != "" {
+		if ok, _ := pl.PlanTemplate(q); ok {
+			return q, true, true
+		}
 	}
-	res, ok, err = r.RewriteTemplate(p)
-	return p, res, ok, err
+	return p, false, true
+}
+
+// Template is what the proxy does with sql, a simple-protocol Query
+// (BindLiterals, planning each template afresh): the template it prepares
+// and binds sql's literals to, and the template's rewrite. ok is false
+// when sql is rewritten as sent.
+func (r *Rewriter) Template(sql string) (p Parameterized, res *Result, ok bool, err error) {
+	tp := &templatePlanner{r: r}
+	p, ok, _ = BindLiterals(sql, tp)
+	if !ok {
+		return p, nil, false, tp.err
+	}
+	return p, tp.res, true, nil
+}
+
+// templatePlanner plans templates with RewriteTemplate, keeping the last
+// plan and the first error.
+type templatePlanner struct {
+	r   *Rewriter
+	res *Result
+	err error
+}
+
+func (tp *templatePlanner) PlanTemplate(p Parameterized) (bool, []int) {
+	res, ok, err := tp.r.RewriteTemplate(p)
+	if err != nil {
+		if tp.err == nil {
+			tp.err = err
+		}
+		return false, nil
+	}
+	if ok {
+		tp.res = res
+		return true, nil
+	}
+	return false, StringsToKeep(p)
 }
 
 // stringParamsSafe reports whether every untyped parameter (a string
