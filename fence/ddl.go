@@ -10,7 +10,7 @@ import (
 // server has answered the DDL (from any goroutine; it must not block) and
 // returns a channel closed once a read of the catalog that started after
 // the call is done. A text that may create,
-// rename, move, attach or inherit a table (sqlrewrite.MayChangeTables)
+// rename, move, attach or inherit a table (sqlrewrite.ChangesTables)
 // holds the session's next Query or Parse until then; so does the first
 // text that ends the transaction it ran in, after which the change is
 // committed and visible to the read. Other sessions are not held: a write
@@ -28,28 +28,28 @@ func (p *Policy) SetDDLHook(read func() <-chan struct{}) { p.onDDL.Store(&read) 
 // otherwise be judged in the old encoding). A session that waits for each
 // reply before it sends on never waits. It reports whether sql is such a
 // text, which the session must not memoise as passed for good.
-func (p *Policy) noteChange(c *proxy.Client, sess *session, sql string) bool {
-	if sqlrewrite.MayChangeReading(sql) {
+func (p *Policy) noteChange(c *proxy.Client, sess *session, cl sqlrewrite.Class) bool {
+	if cl.Has(sqlrewrite.ChangesReading) {
 		c.HoldNextStatement(nil)
-		p.noteDDL(c, sess, sql)
+		p.noteDDL(c, sess, cl)
 		return true
 	}
-	return p.noteDDL(c, sess, sql)
+	return p.noteDDL(c, sess, cl)
 }
 
 // noteDDL holds the session's next statement as SetDDLHook says. It
 // reports whether sql may change tables.
-func (p *Policy) noteDDL(c *proxy.Client, sess *session, sql string) bool {
+func (p *Policy) noteDDL(c *proxy.Client, sess *session, cl sqlrewrite.Class) bool {
 	read := p.onDDL.Load()
 	if read == nil {
 		return false
 	}
 	switch {
-	case sqlrewrite.MayChangeTables(sql):
+	case cl.Has(sqlrewrite.ChangesTables):
 		sess.ddl = true
 		c.HoldNextStatement(*read)
 		return true
-	case sess.ddl && sqlrewrite.EndsTransaction(sql):
+	case sess.ddl && cl.Has(sqlrewrite.EndsTx):
 		sess.ddl = false
 		c.HoldNextStatement(*read)
 	}

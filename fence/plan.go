@@ -30,18 +30,21 @@ func (p *Policy) planIn(st *state, c *proxy.Client, sql string, mode sqlrewrite.
 	// encoding); any other goes on to unreadable, which refuses it. Only
 	// sessions whose client encoding is not UTF8 pay for the check, and
 	// only when a guarded name is not ASCII.
+	var cl sqlrewrite.Class // what one pass over sql says (see sqlrewrite.Classify)
 	if st.nonASCIINames && misreadsNonASCII(c) && !isASCII(sql) {
-		p.noteChange(c, sess, sql)
-		if !sqlrewrite.MayWrite(sql) {
+		cl = st.rw.Classify(sql)
+		p.noteChange(c, sess, cl)
+		if !cl.Has(sqlrewrite.Writes) {
 			p.m.passthrough.Inc()
-			return proxy.Plan{Forget: sess.invalidates(sql)}
+			return proxy.Plan{Forget: sess.invalidates(cl)}
 		}
 	} else {
 		if sess.passes(st, sql) {
 			p.m.passthrough.Inc()
 			return proxy.Plan{}
 		}
-		ddl := p.noteChange(c, sess, sql)
+		cl = st.rw.Classify(sql)
+		ddl := p.noteChange(c, sess, cl)
 		if set, ok := st.tokens.Match(sql); ok {
 			// It changes no prepared statement and touches no table; the
 			// proxy may answer it itself (see proxy.Plan.Setting).
@@ -51,21 +54,21 @@ func (p *Policy) planIn(st *state, c *proxy.Client, sql string, mode sqlrewrite.
 		// Plan.Forget has the proxy prepare its own statements again: on a
 		// false alarm that costs a Parse, a miss fails the next write that
 		// uses one (once: the proxy also forgets them on a 26000).
-		if !st.rw.MayTouch(sql) && !sess.mayExecute(sql) {
+		if !cl.Has(sqlrewrite.Touches) && !sess.mayExecute(cl) {
 			p.m.passthrough.Inc()
-			forget := sess.invalidates(sql)
+			forget := sess.invalidates(cl)
 			if !forget && !ddl {
-				sess.passed(st, sql)
+				sess.passed(st, sql, cl)
 			}
 			return proxy.Plan{Forget: forget}
 		}
-		if readOnly(c, sql) {
+		if readOnly(c, sql, cl) {
 			p.m.passthrough.Inc()
-			return proxy.Plan{Forget: sess.invalidates(sql)}
+			return proxy.Plan{Forget: sess.invalidates(cl)}
 		}
 	}
-	forget := sess.invalidates(sql)
-	pl, params := p.rewrite(st, c, sess, sql, mode, forget)
+	forget := sess.invalidates(cl)
+	pl, params := p.rewrite(st, c, sess, sql, mode, forget, cl)
 	if st.nonASCIISpliced && pl.res.Refusal == nil && pl.plan.SQL != "" && misreadsNonASCII(c) && !isASCII(pl.plan.SQL) {
 		// The fence spells guarded names and epoch columns in UTF-8 (and
 		// the rewrite may be another session's, from the cache), which
@@ -109,14 +112,14 @@ func (p *Policy) planIn(st *state, c *proxy.Client, sql string, mode sqlrewrite.
 	return plan
 }
 
-// readOnly reports, without scanning, that sql spells no write keyword
-// (see sqlrewrite.MayWrite): a query of a guarded table, which then needs
+// readOnly reports, from its class, that sql spells no write keyword
+// (see sqlrewrite.Writes): a query of a guarded table, which then needs
 // neither the rewriter nor the cache. Postgres converts other client
 // encodings to UTF8 before it parses, so the bytes are taken for what the
 // server reads only in an encoding that needs no conversion, or when they
 // are all ASCII.
-func readOnly(c *proxy.Client, sql string) bool {
-	if sqlrewrite.MayWrite(sql) {
+func readOnly(c *proxy.Client, sql string, cl sqlrewrite.Class) bool {
+	if cl.Has(sqlrewrite.Writes) {
 		return false
 	}
 	enc := c.ClientEncoding()
@@ -163,7 +166,7 @@ func (p *Policy) newPlanned(st *state, sql string, res *sqlrewrite.Result) *plan
 // rewrite returns sql's rewrite and plan, from the cache when it can. For
 // a simple-protocol write it may instead return the plan of sql's
 // parameterized form with the values to bind to it (see boundPlan).
-func (p *Policy) rewrite(st *state, c *proxy.Client, sess *session, sql string, mode sqlrewrite.Mode, forget bool) (*planned, []string) {
+func (p *Policy) rewrite(st *state, c *proxy.Client, sess *session, sql string, mode sqlrewrite.Mode, forget bool, cl sqlrewrite.Class) (*planned, []string) {
 	if ref := unreadable(st, c, sql); ref != nil {
 		return p.newPlanned(st, sql, sqlrewrite.Refuse(ref)), nil
 	}
@@ -175,14 +178,14 @@ func (p *Policy) rewrite(st *state, c *proxy.Client, sess *session, sql string, 
 			return pl, nil
 		}
 	}
-	if mode == sqlrewrite.Simple && st.bound != nil && !forget && !sess.mayExecute(sql) && !c.SimpleOnly() {
+	if mode == sqlrewrite.Simple && st.bound != nil && !forget && !sess.mayExecute(cl) && !c.SimpleOnly() {
 		if pl, ok := st.texts.Get(sql); ok {
 			p.m.cacheHits.Inc()
 			return pl, pl.params
 		}
 		b := &sess.bind
 		b.p, b.st, b.c, b.last = p, st, c, nil
-		par, ok, writes := sqlrewrite.BindLiterals(sql, b)
+		par, ok, writes := sqlrewrite.BindLiterals(sql, cl, b)
 		if !writes {
 			// What Rewrite would say, without scanning the text again.
 			p.m.cacheMisses.Inc()
@@ -207,7 +210,7 @@ func (p *Policy) rewrite(st *state, c *proxy.Client, sess *session, sql string, 
 	if cacheable {
 		p.m.cacheMisses.Inc()
 	}
-	return p.rewriteText(st, c, sess, sql, key, cacheable), nil
+	return p.rewriteText(st, c, sess, sql, key, cacheable, cl), nil
 }
 
 // boundPlan returns the plan of a parameterized simple-protocol write, nil
@@ -319,7 +322,7 @@ func paramTypes(oids []uint32) []byte {
 }
 
 // rewriteText rewrites sql as sent and caches the outcome under key.
-func (p *Policy) rewriteText(st *state, c *proxy.Client, sess *session, sql string, key cacheKey, cacheable bool) *planned {
+func (p *Policy) rewriteText(st *state, c *proxy.Client, sess *session, sql string, key cacheKey, cacheable bool, cl sqlrewrite.Class) *planned {
 	mode := key.mode
 	// The proxy's text is only lent (see proxy.Interceptor): the rewrite
 	// and the cache keep this copy.
@@ -335,7 +338,7 @@ func (p *Policy) rewriteText(st *state, c *proxy.Client, sess *session, sql stri
 	if len(sess.prepared) > 0 {
 		s = sess
 	}
-	res, err := st.rw.Rewrite(sql, mode, s)
+	res, err := st.rw.RewriteClass(sql, mode, s, cl)
 	if err != nil {
 		// Never forward a statement the rewriter could not judge.
 		p.log.Error("rewriter failed; refusing the statement", "err", err, "client", c.RemoteAddr)

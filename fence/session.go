@@ -42,8 +42,8 @@ func (s *session) passes(st *state, sql string) bool {
 
 // passed notes sql, which the policy passes untouched under st because no
 // guarded table may be in it and it invalidates nothing, for passes.
-func (s *session) passed(st *state, sql string) {
-	if len(s.prepared) > 0 || len(sql) > maxCachedText || sqlrewrite.EndsTransaction(sql) {
+func (s *session) passed(st *state, sql string, cl sqlrewrite.Class) {
+	if len(s.prepared) > 0 || len(sql) > maxCachedText || cl.Has(sqlrewrite.EndsTx) {
 		return
 	}
 	s.last, s.lastState = append(s.last[:0], sql...), st
@@ -84,25 +84,25 @@ func (s *session) remember(ps []sqlrewrite.PreparedWrite) {
 }
 
 // invalidates reports whether sql may drop the proxy's prepared statements
-// or change what they stand for (sqlrewrite.MayInvalidate), or ends a
+// or change what they stand for (sqlrewrite.Invalidates), or ends a
 // transaction after a text that may have changed a setting, which then
 // changes back (SET LOCAL, or a SET rolled back). The proxy sees a
 // transaction end in ReadyForQuery too, but only after it has sent what
 // the client pipelined behind it.
-func (s *session) invalidates(sql string) bool {
-	if sqlrewrite.MayInvalidate(sql) {
+func (s *session) invalidates(cl sqlrewrite.Class) bool {
+	if cl.Has(sqlrewrite.Invalidates) {
 		s.changed = true
 		return true
 	}
-	if s.changed && sqlrewrite.EndsTransaction(sql) {
+	if s.changed && cl.Has(sqlrewrite.EndsTx) {
 		s.changed = false
 		return true
 	}
 	return false
 }
 
-// mayExecute reports whether sql could EXECUTE a prepared write of this
-// session, which the text need not name.
-func (s *session) mayExecute(sql string) bool {
-	return len(s.prepared) > 0 && sqlrewrite.ContainsFold(sql, "execute")
+// mayExecute reports whether a text of class cl could EXECUTE a prepared
+// write of this session, which the text need not name.
+func (s *session) mayExecute(cl sqlrewrite.Class) bool {
+	return len(s.prepared) > 0 && cl.Has(sqlrewrite.Executes)
 }

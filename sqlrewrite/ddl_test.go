@@ -19,8 +19,8 @@ func TestMayChangeTables(t *testing.T) {
 		{"SELECT altered, creator FROM t", false},
 		{"INSERT INTO t VALUES (1)", false},
 	} {
-		if got := MayChangeTables(c.sql); got != c.want {
-			t.Errorf("MayChangeTables(%q) = %v, want %v", c.sql, got, c.want)
+		if got := Classify(c.sql).Has(ChangesTables); got != c.want {
+			t.Errorf("ChangesTables of %q: %v, want %v", c.sql, got, c.want)
 		}
 	}
 }
@@ -43,8 +43,8 @@ func TestMayChangeReading(t *testing.T) {
 		{"UPDATE accounts SET balance = 0 WHERE id = 1", false},
 		{"SELECT 1 UNION ALL SELECT 2", false},
 	} {
-		if got := MayChangeReading(c.sql); got != c.want {
-			t.Errorf("MayChangeReading(%q) = %v, want %v", c.sql, got, c.want)
+		if got := Classify(c.sql).Has(ChangesReading); got != c.want {
+			t.Errorf("ChangesReading of %q: %v, want %v", c.sql, got, c.want)
 		}
 	}
 }

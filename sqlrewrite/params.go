@@ -85,6 +85,11 @@ func parameterize(sql string, keep func(i int) bool) (p Parameterized, writes bo
 	if !MayWrite(sql) {
 		return p, false
 	}
+	return parameterizeWrite(sql, keep)
+}
+
+// parameterizeWrite is parameterize for a text that spells a write keyword.
+func parameterizeWrite(sql string, keep func(i int) bool) (p Parameterized, writes bool) {
 	var buf [16]textRange
 	lx, ok := scanLiterals(sql, buf[:0])
 	if !ok {
@@ -408,8 +413,11 @@ type TemplatePlanner interface {
 // left in the text; else, if it had strings, the template with only its
 // numbers taken out. It returns the template that has a plan (ok), and
 // writes false, trying nothing, when sql spells no write keyword.
-func BindLiterals(sql string, pl TemplatePlanner) (p Parameterized, ok, writes bool) {
-	if p, writes = Parameterize(sql); p.SQL == "" {
+func BindLiterals(sql string, cl Class, pl TemplatePlanner) (p Parameterized, ok, writes bool) {
+	if !cl.Has(Writes) {
+		return p, false, false
+	}
+	if p, writes = parameterizeWrite(sql, nil); p.SQL == "" {
 		return p, false, writes
 	}
 	ok, keep := pl.PlanTemplate(p)
@@ -437,7 +445,7 @@ func BindLiterals(sql string, pl TemplatePlanner) (p Parameterized, ok, writes b
 // when sql is rewritten as sent.
 func (r *Rewriter) Template(sql string) (p Parameterized, res *Result, ok bool, err error) {
 	tp := &templatePlanner{r: r}
-	p, ok, _ = BindLiterals(sql, tp)
+	p, ok, _ = BindLiterals(sql, Classify(sql), tp)
 	if !ok {
 		return p, nil, false, tp.err
 	}

@@ -7,74 +7,6 @@ import (
 	pg_query "github.com/pganalyze/pg_query_go/v6"
 )
 
-// MayWrite is a conservative, allocation-free prefilter for the scanner's
-// hasWriteKeyword: it returns false only when no write keyword is spelled
-// in sql as a word of its own (see spellsKeyword), ignoring ASCII case as
-// the scanner does. A keyword token is always such a word, so a text
-// without one holds none and passes unchanged, whatever its literals,
-// comments and quoting.
-func MayWrite(sql string) bool {
-	for i := 0; i < len(sql); i++ {
-		var kw string
-		switch sql[i] | 0x20 { // ASCII lower case; other bytes match no case below
-		case 'i':
-			kw = "insert"
-		case 'u':
-			kw = "update"
-		case 'd':
-			kw = "delete"
-		case 'm':
-			kw = "merge"
-		case 't':
-			kw = "truncate"
-		case 'c':
-			kw = "copy"
-		case 'e':
-			kw = "execute"
-		default:
-			continue
-		}
-		if spellsKeyword(sql, i, kw) {
-			return true
-		}
-	}
-	return false
-}
-
-// MayInvalidate reports, conservatively, whether sql could drop prepared
-// statements or change the tables their names stand for: whether it spells
-// DEALLOCATE, DISCARD or search_path as a word of its own, calls set_config
-// on the role (or on a setting it cannot name), or has a statement that is
-// RESET ALL, sets the role (SET ROLE, SET SESSION AUTHORIZATION, their
-// RESETs), or may undo such a change while a transaction goes on (ROLLBACK
-// TO SAVEPOINT, COMMIT AND CHAIN). (Postgres plans a statement again after
-// a search_path change, but with the parameter types it was first prepared
-// with, which a table of the same name elsewhere may not take. The role is
-// what "$user" in search_path stands for.)
-func MayInvalidate(sql string) bool {
-	for i := 0; i < len(sql); i++ {
-		switch c := sql[i]; {
-		case c|0x20 == 'd':
-			if spellsKeyword(sql, i, "deallocate") || spellsKeyword(sql, i, "discard") {
-				return true
-			}
-		case c == '_':
-			if i >= len("search") && spellsKeyword(sql, i-len("search"), "search_path") {
-				return true
-			}
-			if i >= len("set") && spellsKeyword(sql, i-len("set"), "set_config") &&
-				setConfigMaySetRole(sql, i-len("set")+len("set_config")) {
-				return true
-			}
-		case c == ';':
-			if statementMayInvalidate(sql, i+1) {
-				return true
-			}
-		}
-	}
-	return statementMayInvalidate(sql, 0)
-}
-
 // statementMayInvalidate reports whether the statement at sql[i:] (up to
 // the next ";", which errs on the safe side) is RESET ALL, a SET or RESET
 // that names the role, or ends a transaction or part of one but goes on
@@ -117,29 +49,6 @@ func statementMayInvalidate(sql string, i int) bool {
 		}
 	}
 	return false
-}
-
-// EndsTransaction reports, conservatively, whether a statement of sql
-// starts COMMIT, END, ROLLBACK, ABORT or PREPARE TRANSACTION.
-func EndsTransaction(sql string) bool {
-	for i := 0; ; {
-		j := skipSpace(sql, i)
-		if j < len(sql) {
-			switch sql[j] | 0x20 {
-			case 'c', 'e', 'r', 'a', 'p':
-				if spellsKeyword(sql, j, "commit") || spellsKeyword(sql, j, "end") ||
-					spellsKeyword(sql, j, "rollback") || spellsKeyword(sql, j, "abort") ||
-					spellsKeyword(sql, j, "prepare") && spellsKeyword(sql, skipSpace(sql, j+len("prepare")), "transaction") {
-					return true
-				}
-			}
-		}
-		k := strings.IndexByte(sql[i:], ';')
-		if k < 0 {
-			return false
-		}
-		i += k + 1
-	}
 }
 
 // setConfigMaySetRole reports whether the set_config call whose name ends

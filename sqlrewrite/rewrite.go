@@ -45,10 +45,16 @@ type plan struct {
 // PREPAREd. Rewrite returns an error only for internal failures; refusals
 // are in Result.Refusal.
 func (r *Rewriter) Rewrite(sql string, mode Mode, s Session) (*Result, error) {
-	if !r.MayTouch(sql) && (s == nil || !ContainsFold(sql, "execute")) {
+	return r.RewriteClass(sql, mode, s, r.Classify(sql))
+}
+
+// RewriteClass is Rewrite for a text whose class the caller has from
+// r.Classify, so that it is not scanned again.
+func (r *Rewriter) RewriteClass(sql string, mode Mode, s Session, cl Class) (*Result, error) {
+	if !cl.Has(Touches) && (s == nil || !cl.Has(Executes)) {
 		return &Result{SQL: sql}, nil
 	}
-	if !MayWrite(sql) {
+	if !cl.Has(Writes) {
 		return &Result{SQL: sql}, nil
 	}
 	if strings.IndexByte(sql, 0) >= 0 {

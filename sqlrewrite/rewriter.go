@@ -24,6 +24,9 @@ type Rewriter struct {
 	setting string
 	allow   Allow
 	needles []string // lower-cased table names as they must appear in SQL text
+	// firsts are the bytes a needle, or a Unicode escape (u&), may start
+	// with, either case.
+	firsts [256]bool
 }
 
 // guardInfo is a guard with the SQL fragments derived from it.
@@ -86,7 +89,10 @@ func New(cfg Config) (*Rewriter, error) {
 			gi.fenceByDomain(cfg.TokenSetting)
 		}
 		r.guards = append(r.guards, gi)
-		r.needles = append(r.needles, asciiLower(strings.ReplaceAll(g.Table, `"`, `""`)))
+		n := asciiLower(strings.ReplaceAll(g.Table, `"`, `""`))
+		r.needles = append(r.needles, n)
+		r.firsts[n[0]], r.firsts[toUpper(n[0])] = true, true
+		r.firsts['u'], r.firsts['U'] = true, true
 	}
 	return r, nil
 }
@@ -121,27 +127,6 @@ func validSettingName(s string) bool {
 		}
 	}
 	return true
-}
-
-// MayTouch is a conservative, allocation-free prefilter: it returns false
-// only when sql certainly cannot name a guarded table, because no guarded
-// table name occurs in it (ASCII case-insensitively, with any " doubled as
-// a quoted name must be written) and it has no U& escaped identifier. (An
-// EXECUTE of a prepared write names no table; Rewrite checks for it when it
-// has a Session.)
-func (r *Rewriter) MayTouch(sql string) bool {
-	if len(r.needles) == 0 {
-		return false
-	}
-	if ContainsFold(sql, "u&") {
-		return true
-	}
-	for _, n := range r.needles {
-		if ContainsFold(sql, n) {
-			return true
-		}
-	}
-	return false
 }
 
 // ContainsFold reports whether s contains needle, which must be lower-case,
@@ -404,4 +389,18 @@ func strictCheck(setting, table, domain string) (cast, gate string) {
 		" THEN (" + bad + " OPERATOR(pg_catalog.||) " + v + ")::pg_catalog.int8" +
 		" ELSE " + cast + " END IS NOT NULL"
 	return cast, gate
+}
+
+// MayTouch is a conservative, allocation-free prefilter: it returns false
+// only when sql cannot name one of r's guarded tables (see Touches).
+func (r *Rewriter) MayTouch(sql string) bool {
+	if len(r.needles) == 0 {
+		return false
+	}
+	for i := range len(sql) {
+		if r.nameAt(sql, i) {
+			return true
+		}
+	}
+	return false
 }
