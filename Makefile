@@ -54,7 +54,7 @@ STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # Every test that needs no database (protocol, rewriter, parsing, policy
 # logic), in well under a minute: the others skip when PGFENCE_UNIT=1.
 unit:
-	PGFENCE_UNIT=1 $(GO) test -count=1 ./sqlrewrite ./proxy ./fence ./backstop ./upstream
+	PGFENCE_UNIT=1 $(GO) test -count=1 ./sqlrewrite ./proxy ./fence ./backstop ./upstream ./internal/pgscript
 
 vet:
 	$(GO) vet ./...

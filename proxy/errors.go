@@ -46,7 +46,7 @@ func isClosed(err error) bool {
 func (s *session) framingError(err error) error {
 	switch {
 	case errors.Is(err, errTooLarge):
-		return &clientError{err: err, hint: s.srv.cfg.Hints.MessageTooLarge}
+		return &clientError{err: err, code: codeProtocolViolation, hint: s.srv.cfg.Hints.MessageTooLarge}
 	case errors.Is(err, ErrMalformed):
 		return &clientError{err: err}
 	}

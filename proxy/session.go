@@ -189,6 +189,9 @@ func (s *session) finish(fromClient bool, err error) error {
 		var ce *clientError
 		if errors.As(err, &ce) {
 			code, hint := ce.code, ce.hint
+			if hint == "" {
+				hint = "the connection was closed by pgfence; other sessions are not affected"
+			}
 			if code == "" {
 				code, hint = codeProtocolViolation, "the connection was closed by pgfence; other sessions are not affected"
 			}

@@ -38,6 +38,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/pgfence/pgfence/internal/pgserver"
+	"github.com/pgfence/pgfence/internal/pgtest"
 	"github.com/pgfence/pgfence/lease"
 	"github.com/pgfence/pgfence/lease/leasetest"
 )
@@ -375,12 +376,12 @@ func etcdClient(t *testing.T, endpoints ...string) *clientv3.Client {
 type process struct {
 	cmd  *exec.Cmd
 	done chan struct{}
-	log  *lockedBuffer
+	log  *pgtest.LogBuffer
 }
 
 func startProcess(t *testing.T, cmd *exec.Cmd) *process {
 	t.Helper()
-	p := &process{cmd: cmd, done: make(chan struct{}), log: &lockedBuffer{}}
+	p := &process{cmd: cmd, done: make(chan struct{}), log: &pgtest.LogBuffer{}}
 	if cmd.Stdout == nil {
 		cmd.Stdout = p.log
 	}
@@ -417,23 +418,6 @@ func (p *process) exited() bool {
 	default:
 		return false
 	}
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // pgfence is a running `pgfence serve`.

@@ -93,5 +93,7 @@ func newRelayMetrics(reg prometheus.Registerer) *relayMetrics {
 	return m
 }
 
-func (m *relayMetrics) upstreamFailed(c proxy.UpstreamFailure) { m.failures.WithLabelValues(string(c)).Inc() }
-func (m *relayMetrics) roundTrip(d time.Duration)              { m.latency.Observe(d.Seconds()) }
+func (m *relayMetrics) upstreamFailed(c proxy.UpstreamFailure) {
+	m.failures.WithLabelValues(string(c)).Inc()
+}
+func (m *relayMetrics) roundTrip(d time.Duration) { m.latency.Observe(d.Seconds()) }
