@@ -115,8 +115,8 @@ func watchDDL(ctx context.Context, tx pgx.Tx, column, discovered, truncate strin
 	case enabled != nil && *enabled == "O":
 		return "", nil
 	case !super:
-		return "pgfence's --upstream role is not a superuser, so it cannot create the event trigger " + EventTrigger +
-			": a table that gets the epoch column by DDL outside pgfence is fenced from pgfence's next discovery (--discover-interval) on; " +
+		return "the role pgfence connects as is not a superuser, so it cannot create the event trigger " + EventTrigger +
+			": a table that gets the epoch column by DDL outside pgfence is fenced from pgfence's next read of the catalog on; " +
 			"a superuser can run 'pgfence init' once to create it", nil
 	case enabled != nil:
 		_, err := tx.Exec(ctx, "ALTER EVENT TRIGGER "+ident(EventTrigger)+" ENABLE")

@@ -106,7 +106,7 @@ func TestEventTriggerNeedsSuperuser(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r.WatchingDDL || !strings.Contains(r.NotWatchingDDL, "not a superuser") || !strings.Contains(r.NotWatchingDDL, "next discovery") {
+	if r.WatchingDDL || !strings.Contains(r.NotWatchingDDL, "not a superuser") || !strings.Contains(r.NotWatchingDDL, "next read of the catalog") {
 		t.Fatalf("Install as a role that is not a superuser: %v %q", r.WatchingDDL, r.NotWatchingDDL)
 	}
 }

@@ -129,7 +129,7 @@ func Setup(ctx context.Context, conn *pgx.Conn) error {
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("cannot create or update pgfence's schema objects (pgfence's --upstream role must own the pgfence schema and the guarded tables, or run 'pgfence init' as a role that does): %w", err)
+		return fmt.Errorf("cannot create or update pgfence's schema objects (the role pgfence connects as must own the pgfence schema and the guarded tables, or run 'pgfence init' as a role that does): %w", err)
 	}
 	return nil
 }
@@ -472,7 +472,7 @@ func installFailure(table string, err error) string {
 	if errors.As(err, &pe) {
 		switch pe.Code {
 		case "42501":
-			return fmt.Sprintf("cannot install the backstop on table %s: %s; pgfence's --upstream role must own the table (or be a member of its owner) "+
+			return fmt.Sprintf("cannot install the backstop on table %s: %s; the role pgfence connects as must own the table (or be a member of its owner) "+
 				"to create its triggers; pgfence still fences what it sees", table, pe.Message)
 		case "55P03":
 			return fmt.Sprintf("cannot install the backstop on table %s yet: a long transaction holds a lock on it (lock_timeout 5s); retrying at the next discovery", table)

@@ -305,8 +305,8 @@ func TestPooledSettingForms(t *testing.T) {
 		"DISCARD ALL",
 	} {
 		_, err := c.Exec(ctx, sql, simple)
-		if pe := pgErr(t, err); pe.Code != "0A000" || !strings.Contains(pe.Message, "--upstream-pooling=transaction") {
-			t.Errorf("%s: %s %q, want 0A000 naming --upstream-pooling=transaction", sql, pe.Code, pe.Message)
+		if pe := pgErr(t, err); pe.Code != "0A000" || !strings.Contains(pe.Message, "transaction pooler") {
+			t.Errorf("%s: %s %q, want 0A000 naming the transaction pooler", sql, pe.Code, pe.Message)
 		}
 	}
 	exec(t, c, simple, "BEGIN")

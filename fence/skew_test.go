@@ -147,7 +147,7 @@ func TestPooledGrammarSkew(t *testing.T) {
 
 	_, err := c.Exec(ctx, "UPDATE "+plain+" SET system_user = 'x' WHERE id = 1; SET fence.token = '99'", simple)
 	if pe := pgErr(t, err); pe.Code != "42601" || !strings.Contains(pe.Message, `(PostgreSQL 17's grammar): syntax error at or near "system_user"; `) ||
-		!strings.Contains(pe.Message, "--upstream-pooling=transaction") || pe.Hint == "" {
+		!strings.Contains(pe.Message, "transaction pooler") || pe.Hint == "" {
 		t.Errorf("unreadable token change behind a pooler: %s %q (hint %q)", pe.Code, pe.Message, pe.Hint)
 	}
 	var su *string

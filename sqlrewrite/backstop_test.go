@@ -256,8 +256,8 @@ func TestBackstopRefusalHint(t *testing.T) {
 	for _, c := range []struct {
 		domain, msg, hint string
 	}{
-		{"", `pgfence: MERGE on guarded table "public.orders" cannot be fenced yet`, "(serve's default, --backstop install)"},
-		{"billing", `pgfence: MERGE on guarded table "public.orders" cannot be fenced yet`, "(serve's default, --backstop install)"},
+		{"", `pgfence: MERGE on guarded table "public.orders" cannot be fenced yet`, "(pgfence serve does by default)"},
+		{"billing", `pgfence: MERGE on guarded table "public.orders" cannot be fenced yet`, "(pgfence serve does by default)"},
 	} {
 		r := backstopRewriter(t, Enforce, true, c.domain, Allow{})
 		res, err := r.Rewrite("MERGE INTO orders o USING t ON true WHEN MATCHED THEN DELETE", Simple, nil)

@@ -18,7 +18,7 @@ import (
 // The parts of the refusal of a session-level change of the token behind a
 // transaction pooler (PooledRefusal), which pooledHint reads back.
 const (
-	pooledChange  = " would change the fencing token for the session on a server connection that a transaction pooler shares (--upstream-pooling=transaction); pgfence follows "
+	pooledChange  = " would change the fencing token for the session on a server connection that a transaction pooler shares (pgfence runs behind one); pgfence follows "
 	pooledFollows = " only through a plain SET or RESET of it sent on its own outside a transaction block"
 )
 

@@ -87,7 +87,7 @@ func TestSessionChange(t *testing.T) {
 		if ok != (tc.want != "") || got != tc.want || (unread != nil) != (tc.want == unreadForm) {
 			t.Errorf("SessionChange(%q) = %q, %v, %v; want %q", tc.sql, got, ok, unread, tc.want)
 		}
-		if unread != nil && (unread.Code != codeSyntax || !strings.Contains(unread.Message, "--upstream-pooling=transaction") ||
+		if unread != nil && (unread.Code != codeSyntax || !strings.Contains(unread.Message, "transaction pooler") ||
 			!strings.Contains(unread.Message, parserGrammar) || unread.Hint == "") {
 			t.Errorf("SessionChange(%q) refusal: %+v", tc.sql, unread)
 		}

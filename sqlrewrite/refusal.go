@@ -17,7 +17,7 @@ const (
 
 	hintForgedEpoch  = "pgfence sets it to the session's token itself; remove it from the statement"
 	hintUnsupported  = "write guarded tables with INSERT (with a column list), UPDATE or DELETE statements, which pgfence fences"
-	hintMerge        = "write it as INSERT ... ON CONFLICT, UPDATE and DELETE statements, which pgfence fences, or let pgfence install its database backstop on the table (serve's default, --backstop install), with which MERGE runs fenced by Postgres"
+	hintMerge        = "write it as INSERT ... ON CONFLICT, UPDATE and DELETE statements, which pgfence fences, or let pgfence install its database backstop on the table (pgfence serve does by default), with which MERGE runs fenced by Postgres"
 	hintReservedName = "rename the WITH query: pgfence adds WITH queries named pgfence_domain_<n> itself"
 	hintStaleDomain  = "a newer holder of the lock has written to this lock domain with a higher fencing token: stop acting as the holder and acquire the lock again"
 )

@@ -68,7 +68,7 @@ func unparsable(err error) *Refusal {
 // transaction pooler (see TokenSettings.SessionChange).
 func unparsableSessionChange(err error) *Refusal {
 	return unparsableRefusal(err,
-		"may change the fencing token for the session on a server connection that a transaction pooler shares (--upstream-pooling=transaction)",
+		"may change the fencing token for the session on a server connection that a transaction pooler shares (pgfence runs behind one)",
 		"let the token change where it cannot follow it")
 }
 

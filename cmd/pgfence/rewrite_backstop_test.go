@@ -22,7 +22,7 @@ func TestRewriteBackstop(t *testing.T) {
 	}
 	merge := "WITH o AS (UPDATE orders SET q = 1 WHERE id = 2 RETURNING id) MERGE INTO accounts a USING o ON a.id = o.id WHEN MATCHED THEN DELETE"
 	out, err := run("--guard", "accounts", "--guard", "orders", merge)
-	if !errors.Is(err, errRefused) || !strings.Contains(out, "SQLSTATE: 0A000") || !strings.Contains(out, "--backstop") {
+	if !errors.Is(err, errRefused) || !strings.Contains(out, "SQLSTATE: 0A000") || !strings.Contains(out, "database backstop") {
 		t.Errorf("MERGE without --backstop: %v\n%s", err, out)
 	}
 	out, err = run("--guard", "accounts", "--guard", "orders", "--backstop", merge)
