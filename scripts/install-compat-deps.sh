@@ -14,39 +14,14 @@ set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-say() { printf 'install-compat-deps: %s\n' "$*"; }
-die() { printf 'install-compat-deps: %s\n' "$*" >&2; exit 1; }
-
-SUDO=
-if [ "$(id -u)" -ne 0 ]; then
-	if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
-		SUDO=sudo
-	else
-		SUDO=none
-	fi
-fi
-
-APT_UPDATED=
-apt_install() {
-	[ "$#" -gt 0 ] || return 0
-	if [ "$SUDO" = none ] || ! command -v apt-get >/dev/null 2>&1; then
-		die "please install these Debian packages (needs root and apt-get): $*"
-	fi
-	if [ -z "$APT_UPDATED" ]; then
-		say "running apt-get update"
-		$SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -q
-		APT_UPDATED=1
-	fi
-	say "installing: $*"
-	$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$@" </dev/null
-}
+NAME=install-compat-deps
+. scripts/lib.sh
 
 # Debian packages are installed for Debian's own interpreter, whatever
 # python3 comes first on PATH (pyenv and the like).
 PYTHON=${COMPAT_PYTHON:-/usr/bin/python3}
 
 missing=()
-dpkg_missing() { ! dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'; }
 for pkg in python3-psycopg2 python3-psycopg python3-asyncpg libpostgresql-jdbc-java; do
 	dpkg_missing "$pkg" && missing+=("$pkg")
 done

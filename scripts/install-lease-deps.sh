@@ -17,19 +17,9 @@
 # if systemd is running the unit is stopped and disabled afterwards.
 set -euo pipefail
 
-say() { printf 'install-lease-deps: %s\n' "$*"; }
-die() { printf 'install-lease-deps: %s\n' "$*" >&2; exit 1; }
+NAME=install-lease-deps
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-SUDO=
-if [ "$(id -u)" -ne 0 ]; then
-	if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
-		SUDO=sudo
-	else
-		SUDO=none
-	fi
-fi
-
-dpkg_missing() { ! dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'; }
 
 missing=()
 for pkg in etcd-server zookeeper; do
@@ -37,25 +27,7 @@ for pkg in etcd-server zookeeper; do
 done
 
 if [ "${#missing[@]}" -gt 0 ]; then
-	if [ "$SUDO" = none ] || ! command -v apt-get >/dev/null 2>&1; then
-		die "please install these Debian packages (needs root and apt-get): ${missing[*]}"
-	fi
-	# Keep the packages' services from starting during the install
-	# (invoke-rc.d asks policy-rc.d; 101 means "action forbidden").
-	policy=/usr/sbin/policy-rc.d
-	added_policy=
-	if [ ! -e "$policy" ]; then
-		$SUDO sh -c "printf '#!/bin/sh\nexit 101\n' > $policy && chmod 755 $policy"
-		added_policy=1
-	fi
-	cleanup() { if [ -n "$added_policy" ]; then $SUDO rm -f "$policy"; fi; }
-	trap cleanup EXIT
-	say "running apt-get update"
-	$SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -q
-	say "installing: ${missing[*]}"
-	$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" </dev/null
-	cleanup
-	trap - EXIT
+	apt_install "${missing[@]}"
 	# On a machine with systemd, make sure no system-wide etcd runs.
 	if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
 		$SUDO systemctl disable --now etcd.service >/dev/null 2>&1 || true

@@ -18,19 +18,9 @@
 # scripts/ensure-postgres.sh and etcd from scripts/install-lease-deps.sh.
 set -euo pipefail
 
-say() { printf 'install-patroni: %s\n' "$*"; }
-die() { printf 'install-patroni: %s\n' "$*" >&2; exit 1; }
+NAME=install-patroni
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-SUDO=
-if [ "$(id -u)" -ne 0 ]; then
-	if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
-		SUDO=sudo
-	else
-		SUDO=none
-	fi
-fi
-
-dpkg_missing() { ! dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'; }
 
 missing=()
 for pkg in patroni python3-etcd; do
@@ -38,28 +28,10 @@ for pkg in patroni python3-etcd; do
 done
 
 if [ "${#missing[@]}" -gt 0 ]; then
-	if [ "$SUDO" = none ] || ! command -v apt-get >/dev/null 2>&1; then
-		die "please install these Debian packages (needs root and apt-get): ${missing[*]}"
-	fi
-	# Keep the package's service from starting during the install
-	# (invoke-rc.d asks policy-rc.d; 101 means "action forbidden").
-	policy=/usr/sbin/policy-rc.d
-	added_policy=
-	if [ ! -e "$policy" ]; then
-		$SUDO sh -c "printf '#!/bin/sh\nexit 101\n' > $policy && chmod 755 $policy"
-		added_policy=1
-	fi
-	cleanup() { if [ -n "$added_policy" ]; then $SUDO rm -f "$policy"; fi; }
-	trap cleanup EXIT
-	say "running apt-get update"
-	$SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -q
-	say "installing: ${missing[*]}"
 	# --no-install-recommends skips iproute2 (only used for Patroni's
 	# callbacks/VIP scripts, not by the harness); Suggests (postgresql,
 	# etcd-server, haproxy ...) are never installed by default.
-	$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" </dev/null
-	cleanup
-	trap - EXIT
+	apt_install "${missing[@]}"
 else
 	say "patroni and python3-etcd already installed"
 fi

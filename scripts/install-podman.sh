@@ -39,26 +39,8 @@
 # and removes it again.
 set -euo pipefail
 
-say() { printf 'install-podman: %s\n' "$*"; }
-die() { printf 'install-podman: %s\n' "$*" >&2; exit 1; }
-
-SUDO=
-if [ "$(id -u)" -ne 0 ]; then
-	if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
-		SUDO=sudo
-	else
-		SUDO=none
-	fi
-fi
-# run runs a command as root.
-run() {
-	if [ "$SUDO" = none ]; then
-		die "need root (or password-less sudo) to run: $*"
-	fi
-	$SUDO "$@"
-}
-
-dpkg_missing() { ! dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'; }
+NAME=install-podman
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 packages=(podman buildah runc conmon netavark aardvark-dns iptables
 	fuse-overlayfs uidmap slirp4netns catatonit podman-compose debootstrap)
@@ -70,27 +52,9 @@ for p in "${packages[@]}"; do
 done
 
 if [ "${#missing[@]}" -gt 0 ]; then
-	if [ "$SUDO" = none ] || ! command -v apt-get >/dev/null 2>&1; then
-		die "please install the Debian packages ${missing[*]} (needs root and apt-get)"
-	fi
-	# Keep the packages' services from starting during the install
-	# (invoke-rc.d asks policy-rc.d; 101 means "action forbidden").
-	policy=/usr/sbin/policy-rc.d
-	added_policy=
-	if [ ! -e "$policy" ]; then
-		run sh -c "printf '#!/bin/sh\nexit 101\n' > $policy && chmod 755 $policy"
-		added_policy=1
-	fi
-	cleanup() { if [ -n "$added_policy" ]; then run rm -f "$policy"; fi; }
-	trap cleanup EXIT
-	say "running apt-get update"
-	run env DEBIAN_FRONTEND=noninteractive apt-get update -q
-	say "installing: ${missing[*]}"
 	# --no-install-recommends: not crun, dbus-user-session, containers-storage
 	# and the rest; what podman needs here is listed above.
-	run env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" </dev/null
-	cleanup
-	trap - EXIT
+	apt_install "${missing[@]}"
 else
 	say "podman, buildah, podman-compose and debootstrap already installed"
 fi
@@ -99,9 +63,9 @@ fi
 if [ "$SUDO" != none ] && command -v systemctl >/dev/null 2>&1; then
 	for unit in podman.socket podman.service podman-restart.service podman-auto-update.timer; do
 		if [ -d /run/systemd/system ]; then
-			run systemctl disable --now "$unit" >/dev/null 2>&1 || true
+			as_root systemctl disable --now "$unit" >/dev/null 2>&1 || true
 		else
-			run systemctl disable "$unit" >/dev/null 2>&1 || true
+			as_root systemctl disable "$unit" >/dev/null 2>&1 || true
 		fi
 	done
 fi
@@ -120,8 +84,8 @@ write_file() {
 	if [ -f "$path" ] && [ "$(cat "$path")" = "$content" ]; then
 		return 1
 	fi
-	run mkdir -p "$(dirname "$path")"
-	printf '%s\n' "$content" | run tee "$path" >/dev/null
+	as_root mkdir -p "$(dirname "$path")"
+	printf '%s\n' "$content" | as_root tee "$path" >/dev/null
 	say "wrote $path"
 }
 
@@ -190,9 +154,9 @@ check_run() {
 		cp --parents -L "$f" "$dir/"
 	done
 	local ok=0 out
-	if ! out=$(tar -C "$dir" -c . | run podman import --quiet - "$check_image" 2>&1); then
+	if ! out=$(tar -C "$dir" -c . | as_root podman import --quiet - "$check_image" 2>&1); then
 		ok=1
-	elif ! out=$(run podman run --rm --name "pgfence-podman-check-$$" "$check_image" /bin/sh -c 'echo container-ok' 2>&1) ||
+	elif ! out=$(as_root podman run --rm --name "pgfence-podman-check-$$" "$check_image" /bin/sh -c 'echo container-ok' 2>&1) ||
 		[ "$(printf '%s' "$out" | tail -n1)" != container-ok ]; then
 		ok=1
 	fi
@@ -200,7 +164,7 @@ check_run() {
 		printf '%s\n' "$out" >&2
 		check_errors=$out
 	fi
-	run podman rmi -f "$check_image" >/dev/null 2>&1 || true
+	as_root podman rmi -f "$check_image" >/dev/null 2>&1 || true
 	rm -rf "$dir"
 	return "$ok"
 }
@@ -209,7 +173,7 @@ if ! check_run; then
 	if [ -n "$fresh_storage" ] && grep -q 'driver = "overlay"' "$storage_conf" &&
 		printf '%s' "$check_errors" | grep -qi overlay; then
 		say "overlay storage does not work here; falling back to vfs"
-		run podman system reset --force >/dev/null 2>&1 || true
+		as_root podman system reset --force >/dev/null 2>&1 || true
 		write_file "$storage_conf" "$(storage_content vfs)" || true
 		check_run || die "podman cannot run a container here (vfs storage); see the errors above"
 	else
@@ -223,6 +187,6 @@ printf '  %s\n' "$(buildah --version 2>&1 | head -n1)"
 printf '  %s\n' "$(runc --version 2>&1 | head -n1)"
 printf '  %s\n' "$(podman-compose version 2>/dev/null | grep -i 'podman-compose' | head -n1)"
 printf '  storage driver: %s, cgroup manager: %s\n' \
-	"$(run podman info --format '{{.Store.GraphDriverName}}' 2>/dev/null)" \
-	"$(run podman info --format '{{.Host.CgroupManager}}' 2>/dev/null)"
+	"$(as_root podman info --format '{{.Store.GraphDriverName}}' 2>/dev/null)" \
+	"$(as_root podman info --format '{{.Host.CgroupManager}}' 2>/dev/null)"
 say "podman runs containers (checked with $check_image)"

@@ -15,41 +15,13 @@
 # is stopped and disabled afterwards.
 set -euo pipefail
 
-say() { printf 'install-prometheus: %s\n' "$*"; }
-die() { printf 'install-prometheus: %s\n' "$*" >&2; exit 1; }
+NAME=install-prometheus
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-SUDO=
-if [ "$(id -u)" -ne 0 ]; then
-	if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
-		SUDO=sudo
-	else
-		SUDO=none
-	fi
-fi
-
-dpkg_missing() { ! dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'; }
 
 if dpkg_missing prometheus; then
-	if [ "$SUDO" = none ] || ! command -v apt-get >/dev/null 2>&1; then
-		die "please install the Debian package prometheus (needs root and apt-get)"
-	fi
-	# Keep the package's service from starting during the install
-	# (invoke-rc.d asks policy-rc.d; 101 means "action forbidden").
-	policy=/usr/sbin/policy-rc.d
-	added_policy=
-	if [ ! -e "$policy" ]; then
-		$SUDO sh -c "printf '#!/bin/sh\nexit 101\n' > $policy && chmod 755 $policy"
-		added_policy=1
-	fi
-	cleanup() { if [ -n "$added_policy" ]; then $SUDO rm -f "$policy"; fi; }
-	trap cleanup EXIT
-	say "running apt-get update"
-	$SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -q
-	say "installing: prometheus"
 	# --no-install-recommends: not prometheus-node-exporter and friends.
-	$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus </dev/null
-	cleanup
-	trap - EXIT
+	apt_install prometheus
 else
 	say "prometheus already installed"
 fi

@@ -6,7 +6,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -66,24 +65,15 @@ func TestServeRefusesUntilCatalogRead(t *testing.T) {
 	}()
 
 	inst, err := start(serveOptions{listen: "127.0.0.1:0", metricsListen: "127.0.0.1:0", discoverInterval: time.Minute,
-		upstream: "postgres://postgres@" + ln.Addr().String() + "/postgres?sslmode=disable",
+		upstream:      "postgres://postgres@" + ln.Addr().String() + "/postgres?sslmode=disable",
 		policyOptions: policyOptions{tokenSetting: "fence.token"}, discover: true, discoverColumn: "fence_epoch", backstop: "off"},
 		slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer inst.Close()
-	readyz := func() (int, string) {
-		resp, err := http.Get("http://" + inst.MetricsAddr() + "/readyz")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
-	}
 	url := "postgres://postgres@" + inst.Addr() + "/postgres?sslmode=disable"
-	if code, body := readyz(); code != 503 || !strings.Contains(body, "never read") {
+	if code, body := readyz(t, inst); code != 503 || !strings.Contains(body, "never read") {
 		t.Fatalf("readyz before any catalog read: %d %q, want 503 saying the catalog was never read", code, body)
 	}
 	_, err = pgx.Connect(bg, url)
@@ -93,7 +83,7 @@ func TestServeRefusesUntilCatalogRead(t *testing.T) {
 	}
 
 	up.Store(true)
-	poll.Eventually(t, 10*time.Second, "readiness once Postgres answers", func() bool { code, _ := readyz(); return code == 200 })
+	poll.Eventually(t, 10*time.Second, "readiness once Postgres answers", func() bool { code, _ := readyz(t, inst); return code == 200 })
 	c, err := pgx.Connect(bg, url)
 	if err != nil {
 		t.Fatal(err)
