@@ -84,6 +84,12 @@ func scanLiterals(sql string, literals []textRange) (lx lexed, ok bool) {
 				end, ok = quoted(sql, end+1, sql[end+1], true) // U&'' and U&""
 				lx.token(kind)
 			default:
+				switch {
+				case len(word) == len("conflict") && equalFoldASCII(word, "conflict"):
+					lx.conflict(i, len(sql))
+				case len(word) == len("do") && equalFoldASCII(word, "do"):
+					lx.do(i, len(sql))
+				}
 				lx.keyword(word)
 				lx.word(word)
 			}
@@ -133,7 +139,6 @@ func (lx *lexed) keyword(word string) {
 		{"merge", true, false, false}, {"truncate", true, false, false}, {"copy", true, false, false},
 		{"execute", true, false, false},
 		{"order", false, false, true}, {"group", false, false, true}, {"distinct", false, false, true},
-		{"conflict", false, false, true},
 	} {
 		if len(word) == len(k.word) && equalFoldASCII(word, k.word) {
 			lx.writes = lx.writes || k.writes

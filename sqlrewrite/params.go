@@ -104,7 +104,38 @@ func parameterizeWrite(sql string, keep func(i int) bool) (p Parameterized, writ
 	case lx.refuse || !lx.dml || len(lx.literals) > maxParams:
 		return p, true
 	}
-	return parameterized(sql, lx.literals, keep), true
+	return parameterized(sql, lx.outsideTarget(), keep), true
+}
+
+// conflict notes the CONFLICT keyword at sql[at], in a text len long: the
+// ON CONFLICT target starts there (the first one: a column named conflict
+// before it only keeps more literals in the text).
+func (lx *lexed) conflict(at, len int) {
+	if lx.target.end == 0 {
+		lx.target = textRange{at + 1, len}
+	}
+}
+
+// do notes the DO keyword at sql[at]: the ON CONFLICT target ends there.
+func (lx *lexed) do(at, len int) {
+	if lx.target.end == len && lx.target.start > 0 {
+		lx.target.end = at
+	}
+}
+
+// outsideTarget returns the literals that are not in the ON CONFLICT
+// target, in place.
+func (lx *lexed) outsideTarget() []textRange {
+	if lx.target.end == 0 {
+		return lx.literals
+	}
+	out := lx.literals[:0]
+	for _, l := range lx.literals {
+		if l.start < lx.target.start || l.start >= lx.target.end {
+			out = append(out, l)
+		}
+	}
+	return out
 }
 
 // textRange is where a token is in a text: sql[start:end].
@@ -116,6 +147,11 @@ type lexed struct {
 	dml      bool        // INSERT, UPDATE or DELETE
 	refuse   bool        // a token that rules a template out: see Parameterize
 	literals []textRange // the numeric and plain string literals to take out, in text order
+	// target is the ON CONFLICT target (from CONFLICT to DO, or to the end
+	// of the text), whose literals stay in the text: an arbiter index's
+	// expressions and predicate are matched against them, which a
+	// parameter would not match. from is 0 until CONFLICT is seen.
+	target textRange
 
 	prev      tokKind // the last token but comments: see plainString
 	prevTaken bool    // it is a string in literals
@@ -151,8 +187,11 @@ func scanLiteralsPG(sql string) (lx lexed, ok bool) {
 			lx.literals = append(lx.literals, textRange{start, end})
 		case pg_query.Token_INSERT, pg_query.Token_UPDATE, pg_query.Token_DELETE_P:
 			lx.dml = true
-		case pg_query.Token_PARAM, pg_query.Token_ORDER, pg_query.Token_GROUP_P,
-			pg_query.Token_DISTINCT, pg_query.Token_CONFLICT:
+		case pg_query.Token_CONFLICT:
+			lx.conflict(start, len(sql))
+		case pg_query.Token_DO:
+			lx.do(start, len(sql))
+		case pg_query.Token_PARAM, pg_query.Token_ORDER, pg_query.Token_GROUP_P, pg_query.Token_DISTINCT:
 			lx.refuse = true
 		case pg_query.Token_ASCII_59: // ';': one statement only
 			lx.refuse = lx.refuse || !onlyTrailing(toks, t)
@@ -390,7 +429,7 @@ func (r *Rewriter) RewriteTemplate(p Parameterized) (res *Result, ok bool, err e
 	}
 	for _, f := range res.Fenced {
 		switch f.Kind {
-		case "UPDATE", "DELETE", "INSERT":
+		case "UPDATE", "DELETE", "INSERT", "UPSERT":
 		default:
 			return nil, false, nil
 		}

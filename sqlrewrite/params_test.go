@@ -71,7 +71,18 @@ func TestParameterize(t *testing.T) {
 		{sql: "DELETE FROM t WHERE id IN (SELECT id FROM t ORDER BY 1 LIMIT 5)", writes: true},
 		{sql: "INSERT INTO t SELECT a, count(*) FROM s GROUP BY 1", writes: true},
 		{sql: "INSERT INTO t SELECT DISTINCT ON (1) a FROM s", writes: true},
-		{sql: "INSERT INTO t VALUES (1) ON CONFLICT (a) WHERE b > 0 DO NOTHING", writes: true},
+		// An upsert: the literals of its ON CONFLICT target stay (an
+		// arbiter index's expressions and predicate are matched against
+		// them); the others are parameters, in DO UPDATE too.
+		{sql: "INSERT INTO t VALUES (1, 'x') ON CONFLICT (a) WHERE b > 0 DO NOTHING", writes: true,
+			want: "INSERT INTO t VALUES ($1, $2) ON CONFLICT (a) WHERE b > 0 DO NOTHING", types: []uint32{oidInt4, 0}, values: []string{"1", "x"}},
+		{sql: "insert into t (a, v) values (7, 2) on conflict ((a + 1)) where b = 'y' do update set v = t.v + 3 where t.c < 4", writes: true,
+			want:  "insert into t (a, v) values ($1, $2) on conflict ((a + 1)) where b = 'y' do update set v = t.v + $3 where t.c < $4",
+			types: []uint32{oidInt4, oidInt4, oidInt4, oidInt4}, values: []string{"7", "2", "3", "4"}},
+		{sql: "INSERT INTO t VALUES (5) ON CONFLICT ON CONSTRAINT k DO UPDATE SET v = 6", writes: true,
+			want: "INSERT INTO t VALUES ($1) ON CONFLICT ON CONSTRAINT k DO UPDATE SET v = $2", types: []uint32{oidInt4, oidInt4}, values: []string{"5", "6"}},
+		// With no DO after it, every literal after CONFLICT stays.
+		{sql: "INSERT INTO t (conflict) VALUES (8)", writes: true, want: "INSERT INTO t (conflict) VALUES (8)"},
 		{sql: "UPDATE t SET a = 0x1F", writes: true},
 		{sql: "UPDATE t SET a = 1_000", writes: true},
 		{sql: "TRUNCATE t", writes: true},
@@ -183,11 +194,22 @@ func FuzzParameterize(f *testing.F) {
 			t.Fatalf("template %q has %d tokens, %q has %d", p.SQL, len(tmpl.Tokens), sql, len(orig.Tokens))
 		}
 		k := 0
+		inTarget, seen := false, false // in the ON CONFLICT target, where literals stay
 		for i, a := range orig.Tokens {
 			b := tmpl.Tokens[i]
 			at, bt := sql[a.Start:a.End], p.SQL[b.Start:b.End]
-			switch a.Token {
-			case pg_query.Token_ICONST, pg_query.Token_FCONST:
+			switch {
+			case a.Token == pg_query.Token_CONFLICT && !seen:
+				inTarget, seen = true, true
+			case a.Token == pg_query.Token_DO:
+				inTarget = false
+			}
+			switch {
+			case inTarget:
+				if b.Token != a.Token || bt != at {
+					t.Fatalf("template %q: %q in the ON CONFLICT target became %q", p.SQL, at, bt)
+				}
+			case a.Token == pg_query.Token_ICONST || a.Token == pg_query.Token_FCONST:
 				k++
 				if b.Token != pg_query.Token_PARAM || bt != "$"+strconv.Itoa(k) || p.Values[k-1] != at {
 					t.Fatalf("template %q: literal %q became %q (value %q)", p.SQL, at, bt, p.Values[k-1])
@@ -195,7 +217,7 @@ func FuzzParameterize(f *testing.F) {
 				if literalType(at) != p.Types[k-1] {
 					t.Fatalf("%q typed %d", at, p.Types[k-1])
 				}
-			case pg_query.Token_SCONST:
+			case a.Token == pg_query.Token_SCONST:
 				if b.Token == a.Token && bt == at {
 					break // it stays
 				}
