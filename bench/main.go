@@ -150,8 +150,10 @@ func main() {
 		err = r.benchBackstopOnly()
 	case only == "pooling":
 		err = r.benchPoolingOnly()
+	case only == "shapes":
+		err = r.benchShapesOnly()
 	case only != "":
-		err = fmt.Errorf("BENCH_ONLY=%q: the sections that run alone are domain, backstop and pooling", only)
+		err = fmt.Errorf("BENCH_ONLY=%q: the sections that run alone are domain, backstop, pooling and shapes", only)
 	default:
 		err = r.bench()
 	}

@@ -72,6 +72,28 @@ UPDATE pgbench_accounts SET abalance = abalance + :delta, fence_epoch = 1000 WHE
 \endif
 `
 
+// Upserts (issue 30's write shapes): one row, and three rows of one
+// VALUES list, each new or an update of an existing account.
+const upsertByPgfence = `SET fence.token = '1000';
+INSERT INTO pgbench_accounts (aid, bid, abalance, filler) VALUES (:aid, 1, :delta, 'u') ON CONFLICT (aid) DO UPDATE SET abalance = pgbench_accounts.abalance + EXCLUDED.abalance;
+`
+
+const upsertByHand = `SET fence.token = '1000';
+INSERT INTO pgbench_accounts (aid, bid, abalance, filler, fence_epoch) VALUES (:aid, 1, :delta, 'u', 1000) ON CONFLICT (aid) DO UPDATE SET abalance = pgbench_accounts.abalance + EXCLUDED.abalance, fence_epoch = 1000 WHERE pgbench_accounts.fence_epoch <= 1000;
+`
+
+const upsert3ByPgfence = `\set aid2 (:aid %% %[1]d) + 1
+\set aid3 (:aid2 %% %[1]d) + 1
+SET fence.token = '1000';
+INSERT INTO pgbench_accounts (aid, bid, abalance, filler) VALUES (:aid, 1, :delta, 'u'), (:aid2, 1, :delta, 'u'), (:aid3, 1, :delta, 'u') ON CONFLICT (aid) DO UPDATE SET abalance = pgbench_accounts.abalance + EXCLUDED.abalance;
+`
+
+const upsert3ByHand = `\set aid2 (:aid %% %[1]d) + 1
+\set aid3 (:aid2 %% %[1]d) + 1
+SET fence.token = '1000';
+INSERT INTO pgbench_accounts (aid, bid, abalance, filler, fence_epoch) VALUES (:aid, 1, :delta, 'u', 1000), (:aid2, 1, :delta, 'u', 1000), (:aid3, 1, :delta, 'u', 1000) ON CONFLICT (aid) DO UPDATE SET abalance = pgbench_accounts.abalance + EXCLUDED.abalance, fence_epoch = 1000 WHERE pgbench_accounts.fence_epoch <= 1000;
+`
+
 // writeScripts writes the scripts into dir and returns their paths by name.
 func writeScripts(dir string) (map[string]string, error) {
 	paths := map[string]string{}
@@ -80,6 +102,8 @@ func writeScripts(dir string) (map[string]string, error) {
 		"fenced-str-pgfence": fencedStrByPgfence, "fenced-str-hand": fencedStrByHand,
 		"fenced-tx-pgfence": fencedTxByPgfence, "fenced-tx-hand": fencedTxByHand,
 		"storm-pgfence": stormByPgfence, "storm-hand": stormByHand,
+		"upsert-pgfence": upsertByPgfence, "upsert-hand": upsertByHand,
+		"upsert3-pgfence": fmt.Sprintf(upsert3ByPgfence, accounts), "upsert3-hand": fmt.Sprintf(upsert3ByHand, accounts),
 	} {
 		p := filepath.Join(dir, name+".sql")
 		if err := os.WriteFile(p, []byte(fmt.Sprintf(vars, accounts)+body), 0o644); err != nil {

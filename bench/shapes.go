@@ -1,0 +1,80 @@
+package main
+
+// Write shapes (issue 30): fenced writes of other shapes than the UPDATE of
+// the main tables, each against the same write fenced by hand through
+// PgBouncer, at -M simple, extended and prepared. Simple-protocol text with
+// its literals inline is what psycopg2, many ORMs and hand-written tooling
+// send; pgfence binds such a write to a statement it prepares once per
+// session, where the shape allows.
+//
+// BENCH_ONLY=shapes runs this section alone and writes its table to
+// bench/last-run-shapes.md.
+
+import (
+	"fmt"
+	"strings"
+	"time"
+)
+
+var shapesModes = []string{"simple", "extended", "prepared"}
+
+// shapesWorkloads are the section's workloads: label, the script through
+// PgBouncer (fenced by hand), and through pgfence.
+var shapesWorkloads = []struct{ label, hand, pgfence string }{
+	{"UPDATE (reference)", "fenced-hand", "fenced-pgfence"},
+	{"upsert, one row", "upsert-hand", "upsert-pgfence"},
+	{"upsert, three rows", "upsert3-hand", "upsert3-pgfence"},
+}
+
+// benchShapesOnly is BENCH_ONLY=shapes.
+func (r *runner) benchShapesOnly() error {
+	start := time.Now()
+	load := loadAvg()
+	if err := r.setup(); err != nil {
+		return err
+	}
+	pf, _, err := r.startPgfence("pgfence guarded", r.pgfenceBin, "--backstop", "off", "--guard", "pgbench_accounts")
+	if err != nil {
+		return err
+	}
+	if err := r.checkFencing(pf); err != nil {
+		return err
+	}
+	var ms []measurement
+	for _, w := range shapesWorkloads {
+		ms = append(ms, measurement{"PgBouncer: " + w.label, r.pgbouncer, []string{"-f", r.scripts[w.hand]}},
+			measurement{"pgfence: " + w.label, pf, []string{"-f", r.scripts[w.pgfence]}})
+	}
+	res, err := r.interleaveModes("write shapes", shapesModes, ms)
+	if err != nil {
+		return err
+	}
+	r.sectionReport("shapes", fmt.Sprintf("pgbench -c %d -j %d -T %d per run", r.clients, r.threads, r.seconds), start, load, renderShapes(res))
+	return nil
+}
+
+func renderShapes(res map[string]map[string]series) string {
+	var b strings.Builder
+	b.WriteString("### Write shapes (pgfence against PgBouncer with the fence written by hand)\n\n")
+	var t table
+	t.add("mode", "workload", "PgBouncer tps", "pgfence tps", "ratio", "Postgres CPU µs/txn: PgBouncer", "pgfence")
+	var raw []string
+	for _, mode := range shapesModes {
+		for _, w := range shapesWorkloads {
+			h, p := res[mode]["PgBouncer: "+w.label], res[mode]["pgfence: "+w.label]
+			t.add(mode, w.label, f0(h.tps()), f0(p.tps()), f2(ratio(p, h)), f1(h.pgCPUUs()), f1(p.pgCPUUs()))
+			for _, l := range []string{"PgBouncer: " + w.label, "pgfence: " + w.label} {
+				var parts []string
+				for _, x := range res[mode][l] {
+					parts = append(parts, fmt.Sprintf("%.0f/%.1f", x.tps, x.pgCPUUs))
+				}
+				raw = append(raw, fmt.Sprintf("%-9s %-36s %s", mode, l, strings.Join(parts, "  ")))
+			}
+		}
+	}
+	b.WriteString(t.String())
+	b.WriteString("\n<details><summary>Every run, in round order (tps/Postgres CPU µs/txn)</summary>\n\n```\n")
+	b.WriteString(strings.Join(raw, "\n"))
+	b.WriteString("\n```\n</details>\n\n")
+	return b.String()
+}
