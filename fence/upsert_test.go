@@ -56,3 +56,36 @@ func TestBoundUpserts(t *testing.T) {
 		t.Fatalf("fencing_reject_total = %v, want 1", got)
 	}
 }
+
+// A multi-row INSERT reads and checks the token at its first row and casts
+// it at the others: a missing or malformed token still fails the statement
+// with pgfence's own error, whatever the protocol and plan, and a good one
+// stamps every row alike.
+func TestMultiRowInsertToken(t *testing.T) {
+	tbl := table(t)
+	p := pgtest.StartProxy(t, []string{tbl})
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeExec, pgx.QueryExecModeCacheStatement} {
+		t.Run(mode.String(), func(t *testing.T) {
+			c := p.Connect(t)
+			pgtest.Exec(t, c, "SET plan_cache_mode = force_generic_plan")
+			insert := "INSERT INTO " + tbl + " (id, val) VALUES ($1, 'a'), ($2, 'b'), ($3, 'c')"
+			base := 10 * (int(mode) + 1)
+			for _, tc := range []struct{ set, code string }{{"RESET fence.token", "55000"}, {"SET fence.token = '5x'", "22023"}, {"SET fence.token = ''", "55000"}} {
+				pgtest.Exec(t, c, tc.set)
+				_, err := c.Exec(ctx, insert, mode, base, base+1, base+2)
+				if pe := pgErr(t, err); pe.Code != tc.code {
+					t.Fatalf("%s: %s %s, want %s", tc.set, pe.Code, pe.Message, tc.code)
+				}
+			}
+			pgtest.Exec(t, c, "SET fence.token = ' 7 '")
+			if tag, err := c.Exec(ctx, insert, mode, base, base+1, base+2); err != nil || tag.String() != "INSERT 0 3" {
+				t.Fatalf("good token: %v %v", tag, err)
+			}
+			for id := base; id < base+3; id++ {
+				if _, e := row(t, tbl, id); e != 7 {
+					t.Fatalf("row %d stamped %d, want 7", id, e)
+				}
+			}
+		})
+	}
+}

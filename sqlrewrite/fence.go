@@ -429,7 +429,7 @@ func (src span) stampValues(edits []edit, sel *pg_query.SelectStmt, g *guardInfo
 		if closeRow < 0 {
 			break
 		}
-		edits = append(edits, edit{at: src.start(closeRow), text: ", " + g.insert})
+		edits = append(edits, edit{at: src.start(closeRow), text: ", " + g.rowStamp(rows)})
 		rows++
 		k = src.nextCode(closeRow+1, src.stop)
 		if k < 0 || src.toks[k].Token != ',' || src.depth[k] != src.level {
@@ -441,6 +441,20 @@ func (src span) stampValues(edits []edit, sel *pg_query.SelectStmt, g *guardInfo
 		return nil, fmt.Errorf("sqlrewrite: found %d VALUES rows in INSERT at byte %d, the parse tree has %d", rows, n.Relation.Location, len(sel.ValuesLists))
 	}
 	return edits, nil
+}
+
+// rowStamp is the epoch value of row i (from 0) of an INSERT's VALUES
+// list. The first row reads and checks the token (V); the others, under a
+// strict guard outside a lock domain, cast the setting (TOKC), as the
+// UPDATE does: Postgres computes VALUES rows in order, so a missing or
+// malformed token has failed the statement at the first row with pgfence's
+// error before a later row casts it, and a token the check passed casts to
+// the same number. That spares Postgres the check's subquery per row.
+func (g *guardInfo) rowStamp(i int) string {
+	if i > 0 && g.cast != "" && !g.domainFenced() {
+		return g.cast
+	}
+	return g.insert
 }
 
 // stampTargets adds V after the last target of a plain SELECT: before the

@@ -802,10 +802,20 @@ func (v *verifier) unfenceInsert(g *guardInfo, n *pg_query.InsertStmt) error {
 	}
 	switch {
 	case len(sel.ValuesLists) > 0:
-		for _, row := range sel.ValuesLists {
+		// The first row reads and checks the token; the others of a strict
+		// guard outside a lock domain cast it, as UPDATE does.
+		later := val
+		if g.Rollout == Enforce && !g.AllowMissingToken && !domainChecked(g) {
+			later = v.expr(v.strictCast(g))
+		}
+		for i, row := range sel.ValuesLists {
 			items := row.GetList().GetItems()
-			if len(items) == 0 || !isVal(items[len(items)-1]) {
-				return fmt.Errorf("%s: a VALUES row does not end with the epoch", g.name)
+			want := val
+			if i > 0 {
+				want = later
+			}
+			if len(items) == 0 || !proto.Equal(items[len(items)-1], want) {
+				return fmt.Errorf("%s: VALUES row %d does not end with the epoch", g.name, i+1)
 			}
 			row.GetList().Items = items[:len(items)-1]
 		}
