@@ -94,6 +94,73 @@ SET fence.token = '1000';
 INSERT INTO pgbench_accounts (aid, bid, abalance, filler, fence_epoch) VALUES (:aid, 1, :delta, 'u', 1000), (:aid2, 1, :delta, 'u', 1000), (:aid3, 1, :delta, 'u', 1000) ON CONFLICT (aid) DO UPDATE SET abalance = pgbench_accounts.abalance + EXCLUDED.abalance, fence_epoch = 1000 WHERE pgbench_accounts.fence_epoch <= 1000;
 `
 
+// More shapes: a DELETE whose IN list has 1 to 3 entries (of accounts
+// beyond the table: it deletes nothing, so the table stays as it is), an
+// INSERT of 1 to 3 rows into pgbench_fenced_log (pgbench_history's shape
+// with an epoch column), an INSERT ... SELECT upsert of 5 accounts, and a
+// writable CTE that updates an account and logs it.
+const shapeVars = `\set n random(1, 3)
+\set far :aid + %[1]d
+`
+
+const deleteInByPgfence = `SET fence.token = '1000';
+\if :n = 1
+DELETE FROM pgbench_accounts WHERE aid IN (:far);
+\elif :n = 2
+DELETE FROM pgbench_accounts WHERE aid IN (:far, :far + 1);
+\else
+DELETE FROM pgbench_accounts WHERE aid IN (:far, :far + 1, :far + 2);
+\endif
+`
+
+const deleteInByHand = `SET fence.token = '1000';
+\if :n = 1
+DELETE FROM pgbench_accounts WHERE aid IN (:far) AND fence_epoch <= 1000;
+\elif :n = 2
+DELETE FROM pgbench_accounts WHERE aid IN (:far, :far + 1) AND fence_epoch <= 1000;
+\else
+DELETE FROM pgbench_accounts WHERE aid IN (:far, :far + 1, :far + 2) AND fence_epoch <= 1000;
+\endif
+`
+
+const insertRowsByPgfence = `SET fence.token = '1000';
+\if :n = 1
+INSERT INTO pgbench_fenced_log (tid, bid, aid, delta, mtime) VALUES (1, 1, :aid, :delta, now());
+\elif :n = 2
+INSERT INTO pgbench_fenced_log (tid, bid, aid, delta, mtime) VALUES (1, 1, :aid, :delta, now()), (2, 1, :aid, :delta, now());
+\else
+INSERT INTO pgbench_fenced_log (tid, bid, aid, delta, mtime) VALUES (1, 1, :aid, :delta, now()), (2, 1, :aid, :delta, now()), (3, 1, :aid, :delta, now());
+\endif
+`
+
+const insertRowsByHand = `SET fence.token = '1000';
+\if :n = 1
+INSERT INTO pgbench_fenced_log (tid, bid, aid, delta, mtime, fence_epoch) VALUES (1, 1, :aid, :delta, now(), 1000);
+\elif :n = 2
+INSERT INTO pgbench_fenced_log (tid, bid, aid, delta, mtime, fence_epoch) VALUES (1, 1, :aid, :delta, now(), 1000), (2, 1, :aid, :delta, now(), 1000);
+\else
+INSERT INTO pgbench_fenced_log (tid, bid, aid, delta, mtime, fence_epoch) VALUES (1, 1, :aid, :delta, now(), 1000), (2, 1, :aid, :delta, now(), 1000), (3, 1, :aid, :delta, now(), 1000);
+\endif
+`
+
+const insertSelectByPgfence = `\set b random(1, %[1]d - 5)
+SET fence.token = '1000';
+INSERT INTO pgbench_accounts (aid, bid, abalance, filler) SELECT g, 1, :delta, 's' FROM generate_series(:b, :b + 4) g ON CONFLICT (aid) DO UPDATE SET abalance = pgbench_accounts.abalance + EXCLUDED.abalance;
+`
+
+const insertSelectByHand = `\set b random(1, %[1]d - 5)
+SET fence.token = '1000';
+INSERT INTO pgbench_accounts (aid, bid, abalance, filler, fence_epoch) SELECT g, 1, :delta, 's', 1000 FROM generate_series(:b, :b + 4) g ON CONFLICT (aid) DO UPDATE SET abalance = pgbench_accounts.abalance + EXCLUDED.abalance, fence_epoch = 1000 WHERE pgbench_accounts.fence_epoch <= 1000;
+`
+
+const cteByPgfence = `SET fence.token = '1000';
+WITH u AS (UPDATE pgbench_accounts SET abalance = abalance + :delta WHERE aid = :aid RETURNING aid) INSERT INTO pgbench_fenced_log (tid, bid, aid, delta, mtime) SELECT 1, 1, aid, :delta, now() FROM u;
+`
+
+const cteByHand = `SET fence.token = '1000';
+WITH u AS (UPDATE pgbench_accounts SET abalance = abalance + :delta, fence_epoch = 1000 WHERE aid = :aid AND fence_epoch <= 1000 RETURNING aid) INSERT INTO pgbench_fenced_log (tid, bid, aid, delta, mtime, fence_epoch) SELECT 1, 1, aid, :delta, now(), 1000 FROM u;
+`
+
 // writeScripts writes the scripts into dir and returns their paths by name.
 func writeScripts(dir string) (map[string]string, error) {
 	paths := map[string]string{}
@@ -104,6 +171,10 @@ func writeScripts(dir string) (map[string]string, error) {
 		"storm-pgfence": stormByPgfence, "storm-hand": stormByHand,
 		"upsert-pgfence": upsertByPgfence, "upsert-hand": upsertByHand,
 		"upsert3-pgfence": fmt.Sprintf(upsert3ByPgfence, accounts), "upsert3-hand": fmt.Sprintf(upsert3ByHand, accounts),
+		"delete-in-pgfence": fmt.Sprintf(shapeVars, accounts) + deleteInByPgfence, "delete-in-hand": fmt.Sprintf(shapeVars, accounts) + deleteInByHand,
+		"insert-rows-pgfence": fmt.Sprintf(shapeVars, accounts) + insertRowsByPgfence, "insert-rows-hand": fmt.Sprintf(shapeVars, accounts) + insertRowsByHand,
+		"insert-select-pgfence": fmt.Sprintf(insertSelectByPgfence, accounts), "insert-select-hand": fmt.Sprintf(insertSelectByHand, accounts),
+		"cte-pgfence": cteByPgfence, "cte-hand": cteByHand,
 	} {
 		p := filepath.Join(dir, name+".sql")
 		if err := os.WriteFile(p, []byte(fmt.Sprintf(vars, accounts)+body), 0o644); err != nil {

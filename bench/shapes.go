@@ -24,6 +24,10 @@ var shapesWorkloads = []struct{ label, hand, pgfence string }{
 	{"UPDATE (reference)", "fenced-hand", "fenced-pgfence"},
 	{"upsert, one row", "upsert-hand", "upsert-pgfence"},
 	{"upsert, three rows", "upsert3-hand", "upsert3-pgfence"},
+	{"DELETE ... IN (1 to 3)", "delete-in-hand", "delete-in-pgfence"},
+	{"INSERT of 1 to 3 rows", "insert-rows-hand", "insert-rows-pgfence"},
+	{"INSERT ... SELECT upsert, 5 rows", "insert-select-hand", "insert-select-pgfence"},
+	{"writable CTE", "cte-hand", "cte-pgfence"},
 }
 
 // benchShapesOnly is BENCH_ONLY=shapes.
@@ -33,7 +37,12 @@ func (r *runner) benchShapesOnly() error {
 	if err := r.setup(); err != nil {
 		return err
 	}
-	pf, _, err := r.startPgfence("pgfence guarded", r.pgfenceBin, "--backstop", "off", "--guard", "pgbench_accounts")
+	// A guarded log the INSERTs go to, emptied by nothing: pgbench_history's
+	// shape with an epoch column.
+	if err := r.sql("CREATE TABLE pgbench_fenced_log (LIKE pgbench_history INCLUDING ALL, fence_epoch bigint NOT NULL DEFAULT 0)"); err != nil {
+		return err
+	}
+	pf, _, err := r.startPgfence("pgfence guarded", r.pgfenceBin, "--backstop", "off", "--guard", "pgbench_accounts", "--guard", "pgbench_fenced_log")
 	if err != nil {
 		return err
 	}
