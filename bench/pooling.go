@@ -15,7 +15,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/pgfence/pgfence/internal/pgbouncer"
@@ -25,7 +24,7 @@ var poolingModes = []string{"simple", "extended"}
 
 // poolingWorkloads are the section's workloads: label, the script through
 // PgBouncer alone (fence by hand), and through pgfence.
-var poolingWorkloads = []struct{ label, hand, pgfence string }{
+var poolingWorkloads = []workload{
 	{"select-only", "", ""},
 	{"fenced write", "fenced-hand", "fenced-pgfence"},
 	{"fenced write in a block", "fenced-tx-hand", "fenced-tx-pgfence"},
@@ -73,27 +72,6 @@ func (r *runner) benchPoolingOnly() error {
 }
 
 func renderPooling(res map[string]map[string]series) string {
-	var b strings.Builder
-	b.WriteString("### Behind a transaction pooler (pgfence --upstream-pooling=transaction → PgBouncer, against PgBouncer alone with the fence by hand)\n\n")
-	var t table
-	t.add("mode", "workload", "PgBouncer tps", "pgfence → PgBouncer tps", "ratio", "Postgres CPU µs/txn: PgBouncer", "pgfence → PgBouncer")
-	var raw []string
-	for _, mode := range poolingModes {
-		for _, w := range poolingWorkloads {
-			h, p := res[mode]["PgBouncer: "+w.label], res[mode]["pgfence: "+w.label]
-			t.add(mode, w.label, f0(h.tps()), f0(p.tps()), f2(ratio(p, h)), f1(h.pgCPUUs()), f1(p.pgCPUUs()))
-			for _, l := range []string{"PgBouncer: " + w.label, "pgfence: " + w.label} {
-				var parts []string
-				for _, x := range res[mode][l] {
-					parts = append(parts, fmt.Sprintf("%.0f/%.1f", x.tps, x.pgCPUUs))
-				}
-				raw = append(raw, fmt.Sprintf("%-9s %-36s %s", mode, l, strings.Join(parts, "  ")))
-			}
-		}
-	}
-	b.WriteString(t.String())
-	b.WriteString("\n<details><summary>Every run, in round order (tps/Postgres CPU µs/txn)</summary>\n\n```\n")
-	b.WriteString(strings.Join(raw, "\n"))
-	b.WriteString("\n```\n</details>\n\n")
-	return b.String()
+	return renderAgainst("### Behind a transaction pooler (pgfence --upstream-pooling=transaction → PgBouncer, against PgBouncer alone with the fence by hand)",
+		[2]string{"PgBouncer tps", "pgfence → PgBouncer tps"}, poolingModes, poolingWorkloads, res)
 }

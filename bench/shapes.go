@@ -20,7 +20,7 @@ var shapesModes = []string{"simple", "extended", "prepared"}
 
 // shapesWorkloads are the section's workloads: label, the script through
 // PgBouncer (fenced by hand), and through pgfence.
-var shapesWorkloads = []struct{ label, hand, pgfence string }{
+var shapesWorkloads = []workload{
 	{"UPDATE (reference)", "fenced-hand", "fenced-pgfence"},
 	{"upsert, one row", "upsert-hand", "upsert-pgfence"},
 	{"upsert, three rows", "upsert3-hand", "upsert3-pgfence"},
@@ -63,13 +63,24 @@ func (r *runner) benchShapesOnly() error {
 }
 
 func renderShapes(res map[string]map[string]series) string {
+	return renderAgainst("### Write shapes (pgfence against PgBouncer with the fence written by hand)",
+		[2]string{"PgBouncer tps", "pgfence tps"}, shapesModes, shapesWorkloads, res)
+}
+
+// workload is a section's workload: its label, and its script through
+// PgBouncer (the fence by hand) and through pgfence ("" for select-only).
+type workload struct{ label, hand, pgfence string }
+
+// renderAgainst renders a section that measures pgfence against PgBouncer
+// with the fence by hand, per mode and workload, with every run below.
+func renderAgainst(title string, tps [2]string, modes []string, workloads []workload, res map[string]map[string]series) string {
 	var b strings.Builder
-	b.WriteString("### Write shapes (pgfence against PgBouncer with the fence written by hand)\n\n")
+	b.WriteString(title + "\n\n")
 	var t table
-	t.add("mode", "workload", "PgBouncer tps", "pgfence tps", "ratio", "Postgres CPU µs/txn: PgBouncer", "pgfence")
+	t.add("mode", "workload", tps[0], tps[1], "ratio", "Postgres CPU µs/txn: PgBouncer", "pgfence")
 	var raw []string
-	for _, mode := range shapesModes {
-		for _, w := range shapesWorkloads {
+	for _, mode := range modes {
+		for _, w := range workloads {
 			h, p := res[mode]["PgBouncer: "+w.label], res[mode]["pgfence: "+w.label]
 			t.add(mode, w.label, f0(h.tps()), f0(p.tps()), f2(ratio(p, h)), f1(h.pgCPUUs()), f1(p.pgCPUUs()))
 			for _, l := range []string{"PgBouncer: " + w.label, "pgfence: " + w.label} {
