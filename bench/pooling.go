@@ -25,9 +25,9 @@ var poolingModes = []string{"simple", "extended"}
 // poolingWorkloads are the section's workloads: label, the script through
 // PgBouncer alone (fence by hand), and through pgfence.
 var poolingWorkloads = []workload{
-	{"select-only", "", ""},
-	{"fenced write", "fenced-hand", "fenced-pgfence"},
-	{"fenced write in a block", "fenced-tx-hand", "fenced-tx-pgfence"},
+	{label: "select-only", hand: "", pgfence: ""},
+	{label: "fenced write", hand: "fenced-hand", pgfence: "fenced-pgfence"},
+	{label: "fenced write in a block", hand: "fenced-tx-hand", pgfence: "fenced-tx-pgfence"},
 }
 
 // benchPoolingOnly is BENCH_ONLY=pooling.

@@ -161,6 +161,13 @@ const cteByHand = `SET fence.token = '1000';
 WITH u AS (UPDATE pgbench_accounts SET abalance = abalance + :delta, fence_epoch = 1000 WHERE aid = :aid AND fence_epoch <= 1000 RETURNING aid) INSERT INTO pgbench_fenced_log (tid, bid, aid, delta, mtime, fence_epoch) SELECT 1, 1, aid, :delta, now(), 1000 FROM u;
 `
 
+// A lock-domain write fenced by hand as pgfence fences it: claim the domain
+// for the token (its row lock serialises the domain's writers, as pgfence's
+// claim does), then write only if the claim held.
+const domainByHand = `SET fence.token = '1000';
+WITH d AS (UPDATE pgfence.domains SET token = 1000 WHERE domain = 'bench' AND token <= 1000 RETURNING token) UPDATE pgbench_accounts SET abalance = abalance + :delta, fence_epoch = 1000 WHERE aid = :aid AND fence_epoch <= 1000 AND EXISTS (SELECT 1 FROM d);
+`
+
 // writeScripts writes the scripts into dir and returns their paths by name.
 func writeScripts(dir string) (map[string]string, error) {
 	paths := map[string]string{}
@@ -175,6 +182,7 @@ func writeScripts(dir string) (map[string]string, error) {
 		"insert-rows-pgfence": fmt.Sprintf(shapeVars, accounts) + insertRowsByPgfence, "insert-rows-hand": fmt.Sprintf(shapeVars, accounts) + insertRowsByHand,
 		"insert-select-pgfence": fmt.Sprintf(insertSelectByPgfence, accounts), "insert-select-hand": fmt.Sprintf(insertSelectByHand, accounts),
 		"cte-pgfence": cteByPgfence, "cte-hand": cteByHand,
+		"domain-hand": domainByHand,
 	} {
 		p := filepath.Join(dir, name+".sql")
 		if err := os.WriteFile(p, []byte(fmt.Sprintf(vars, accounts)+body), 0o644); err != nil {

@@ -21,13 +21,14 @@ var shapesModes = []string{"simple", "extended", "prepared"}
 // shapesWorkloads are the section's workloads: label, the script through
 // PgBouncer (fenced by hand), and through pgfence.
 var shapesWorkloads = []workload{
-	{"UPDATE (reference)", "fenced-hand", "fenced-pgfence"},
-	{"upsert, one row", "upsert-hand", "upsert-pgfence"},
-	{"upsert, three rows", "upsert3-hand", "upsert3-pgfence"},
-	{"DELETE ... IN (1 to 3)", "delete-in-hand", "delete-in-pgfence"},
-	{"INSERT of 1 to 3 rows", "insert-rows-hand", "insert-rows-pgfence"},
-	{"INSERT ... SELECT upsert, 5 rows", "insert-select-hand", "insert-select-pgfence"},
-	{"writable CTE", "cte-hand", "cte-pgfence"},
+	{label: "UPDATE (reference)", hand: "fenced-hand", pgfence: "fenced-pgfence"},
+	{label: "upsert, one row", hand: "upsert-hand", pgfence: "upsert-pgfence"},
+	{label: "upsert, three rows", hand: "upsert3-hand", pgfence: "upsert3-pgfence"},
+	{label: "DELETE ... IN (1 to 3)", hand: "delete-in-hand", pgfence: "delete-in-pgfence"},
+	{label: "INSERT of 1 to 3 rows", hand: "insert-rows-hand", pgfence: "insert-rows-pgfence"},
+	{label: "INSERT ... SELECT upsert, 5 rows", hand: "insert-select-hand", pgfence: "insert-select-pgfence"},
+	{label: "writable CTE", hand: "cte-hand", pgfence: "cte-pgfence"},
+	{label: "UPDATE in a lock domain", hand: "domain-hand", pgfence: "fenced-pgfence", domain: true},
 }
 
 // benchShapesOnly is BENCH_ONLY=shapes.
@@ -49,10 +50,23 @@ func (r *runner) benchShapesOnly() error {
 	if err := r.checkFencing(pf); err != nil {
 		return err
 	}
+	// The same table in a lock domain, through a pgfence of its own (which
+	// creates pgfence.domains, that the hand-fenced script claims too). The
+	// row-only pgfence has read the catalog already and does not again.
+	logf("starting pgfence with --domain pgbench_accounts=%s", benchDomain)
+	dom, _, err := r.startPgfence("pgfence domain", r.pgfenceBin, "--backstop", "off",
+		"--guard", "pgbench_accounts", "--domain", "pgbench_accounts="+benchDomain)
+	if err != nil {
+		return err
+	}
 	var ms []measurement
 	for _, w := range shapesWorkloads {
+		through := pf
+		if w.domain {
+			through = dom
+		}
 		ms = append(ms, measurement{"PgBouncer: " + w.label, r.pgbouncer, []string{"-f", r.scripts[w.hand]}},
-			measurement{"pgfence: " + w.label, pf, []string{"-f", r.scripts[w.pgfence]}})
+			measurement{"pgfence: " + w.label, through, []string{"-f", r.scripts[w.pgfence]}})
 	}
 	res, err := r.interleaveModes("write shapes", shapesModes, ms)
 	if err != nil {
@@ -68,8 +82,12 @@ func renderShapes(res map[string]map[string]series) string {
 }
 
 // workload is a section's workload: its label, and its script through
-// PgBouncer (the fence by hand) and through pgfence ("" for select-only).
-type workload struct{ label, hand, pgfence string }
+// PgBouncer (the fence by hand) and through pgfence ("" for select-only);
+// domain runs it through a pgfence that puts the table in a lock domain.
+type workload struct {
+	label, hand, pgfence string
+	domain               bool
+}
 
 // renderAgainst renders a section that measures pgfence against PgBouncer
 // with the fence by hand, per mode and workload, with every run below.
