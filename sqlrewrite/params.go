@@ -62,15 +62,23 @@ func Parameterize(sql string) (p Parameterized, writes bool) {
 // literals whose parameters (by index in Parameterize's template) are in
 // keep: the ones StringsToKeep names.
 func ParameterizeKeeping(sql string, keep []int) Parameterized {
-	p, _ := parameterize(sql, func(i int) bool { return slices.Contains(keep, i) })
+	p, _ := parameterize(sql, keeping(keep))
 	return p
 }
+
+// keeping keeps the strings whose indexes are in keep (see parameterize).
+func keeping(keep []int) func(int) bool {
+	return func(i int) bool { return slices.Contains(keep, i) }
+}
+
+// numbersOnly keeps every string (see ParameterizeNumbers).
+func numbersOnly(int) bool { return true }
 
 // ParameterizeNumbers is Parameterize taking out numeric literals only: the
 // template for a text whose template with strings RewriteTemplate refused
 // for another reason than a string's place (one it does not parse, say).
 func ParameterizeNumbers(sql string) Parameterized {
-	p, _ := parameterize(sql, func(int) bool { return true })
+	p, _ := parameterize(sql, numbersOnly)
 	return p
 }
 
@@ -463,14 +471,16 @@ func BindLiterals(sql string, cl Class, pl TemplatePlanner) (p Parameterized, ok
 	if ok || !p.Strings() {
 		return p, ok, true
 	}
+	// The text spells a write keyword (cl): its templates are made without
+	// classifying it again.
 	if keep != nil {
-		if q := ParameterizeKeeping(sql, keep); q.SQL != "" {
+		if q, _ := parameterizeWrite(sql, keeping(keep)); q.SQL != "" {
 			if ok, _ := pl.PlanTemplate(q); ok {
 				return q, true, true
 			}
 		}
 	}
-	if q := ParameterizeNumbers(sql); q.SQL != "" {
+	if q, _ := parameterizeWrite(sql, numbersOnly); q.SQL != "" {
 		if ok, _ := pl.PlanTemplate(q); ok {
 			return q, true, true
 		}
