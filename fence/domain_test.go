@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -166,4 +167,80 @@ func TestDomainConcurrency(t *testing.T) {
 		t.Fatal("no write was stale: the test did not test anything")
 	}
 	t.Logf("%d accepted, %d rejected as stale", accepted.Load(), rejected.Load())
+}
+
+// A lock domain's claim checks nothing but the settings' precedence: the
+// writes check the token first, so every malformed, missing or conflicting
+// token fails with pgfence's error naming the table, in every write form
+// and protocol, and changes nothing, not even the domain's token. A write
+// that runs no check (it matches no row by construction) claims nothing
+// with conflicting settings, and fails with a token the claim cannot cast.
+func TestDomainClaimChecksNothingTheWritesDoNot(t *testing.T) {
+	tbl := table(t, [3]any{1, "x", 0}, [3]any{2, "y", 0})
+	p := pgtest.StartProxy(t, []string{tbl}, inDomain(t, "billing"))
+	pgtest.Exec(t, pgtest.Direct(t), "UPDATE pgfence.domains SET token = 10 WHERE domain = 'billing'")
+	subject := `guarded table "` + tbl + `" in lock domain "billing"`
+	writes := []string{
+		"UPDATE " + tbl + " SET val = 'z' WHERE id = 1",
+		"UPDATE " + tbl + " SET val = 'z' WHERE id = 12345",
+		"DELETE FROM " + tbl + " WHERE id = 2",
+		"INSERT INTO " + tbl + " (id, val) VALUES (3, 'z')",
+		"INSERT INTO " + tbl + " (id, val) VALUES (3, 'z'), (4, 'z')",
+		"INSERT INTO " + tbl + " (id, val) SELECT g, 'z' FROM generate_series(3, 4) g",
+		"INSERT INTO " + tbl + " (id, val) VALUES (1, 'z') ON CONFLICT (id) DO UPDATE SET val = excluded.val",
+	}
+	for _, c := range []struct {
+		name, set, code, msg string
+	}{
+		{"missing", "RESET fence.token", "55000", "pgfence: no fencing token is set for this write to " + subject},
+		{"empty", "SET fence.token = ''", "55000", "pgfence: no fencing token is set for this write to " + subject},
+		{"not an integer", "SET fence.token = 'abc'", "22023", "pgfence: fence.token.billing or fence.token must be an integer fencing token for a write to " + subject},
+		{"conflicting", "SET fence.token.billing = '50'; SET fence.token = '40'", "22023", "pgfence: both fence.token.billing and fence.token are set, to different tokens ('50' and '40'), for a write to " + subject},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			conn := p.Connect(t)
+			pgtest.Exec(t, conn, c.set)
+			for _, sql := range writes {
+				for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeSimpleProtocol} {
+					_, err := conn.Exec(ctx, sql, mode)
+					var pe *pgconn.PgError
+					if !errors.As(err, &pe) || pe.Code != c.code || !strings.HasPrefix(pe.Message, c.msg) {
+						t.Errorf("%s (%s): %v; want %s %q...", sql, mode, err, c.code, c.msg)
+					}
+				}
+			}
+			if got := contents(t, tbl); got != "1:x:0 2:y:0" || domainToken(t, "billing") != 10 {
+				t.Fatalf("%s token changed something: %q, domain token %d", c.name, got, domainToken(t, "billing"))
+			}
+		})
+	}
+	conn := p.Connect(t)
+	pgtest.Exec(t, conn, "SET fence.token.billing = '50'")
+	pgtest.Exec(t, conn, "SET fence.token = '40'")
+	for _, sql := range []string{
+		"UPDATE " + tbl + " SET val = 'z' WHERE false",
+		"INSERT INTO " + tbl + " (id, val) SELECT 3, 'z' WHERE false",
+	} {
+		if _, err := conn.Exec(ctx, sql); err != nil {
+			t.Errorf("%s with conflicting settings: %v", sql, err)
+		}
+		if got := domainToken(t, "billing"); got != 10 {
+			t.Fatalf("%s with conflicting settings claimed the domain: token %d", sql, got)
+		}
+	}
+	pgtest.Exec(t, conn, "RESET fence.token.billing; SET fence.token = 'abc'")
+	if _, err := conn.Exec(ctx, "UPDATE "+tbl+" SET val = 'z' WHERE false"); err == nil {
+		t.Errorf("a write with token 'abc' that runs no check of its own succeeded")
+	}
+	if got := contents(t, tbl); got != "1:x:0 2:y:0" || domainToken(t, "billing") != 10 {
+		t.Fatalf("changed: %q, domain token %d", got, domainToken(t, "billing"))
+	}
+	// A good token: every row of a multi-row INSERT stamps the claim.
+	pgtest.Exec(t, conn, "SET fence.token = '60'")
+	if tag := pgtest.Exec(t, conn, "INSERT INTO "+tbl+" (id, val) VALUES (3, 'a'), (4, 'b')"); tag != "INSERT 0 2" {
+		t.Fatalf("token 60: %s", tag)
+	}
+	if got := contents(t, tbl); got != "1:x:0 2:y:0 3:a:60 4:b:60" || domainToken(t, "billing") != 60 {
+		t.Fatalf("token 60: %q, domain token %d", got, domainToken(t, "billing"))
+	}
 }

@@ -13,23 +13,33 @@
 // only, for now) gets, first in the WITH list of its top-level query, one
 // data-modifying WITH query per domain it writes:
 //
-//	"pgfence_domain_K" AS (UPDATE "pgfence"."domains" SET "token" = DTOK
-//	    WHERE "domain" OPERATOR(pg_catalog.=) E'<domain>' AND "token" OPERATOR(pg_catalog.<=) DTOK
+//	"pgfence_domain_K" AS (UPDATE "pgfence"."domains" SET "token" = T::pg_catalog.int8
+//	    WHERE "domain" OPERATOR(pg_catalog.=) E'<domain>' AND pg_catalog.int8le("token", CLAIM)
 //	    RETURNING "token")
 //
 // It claims the domain for the statement's token: it returns a row only
-// when no write to the domain has used a higher token. Its row lock
-// serialises the writers of one domain until they commit, and under READ
-// COMMITTED a writer that waited for it re-checks "token" <= DTOK against
-// the token the other writer committed, so the check and the claim are one
-// atomic step. Postgres runs a data-modifying WITH query exactly once, to
-// completion, however often (or whether) the statement reads it, and an
-// uncorrelated EXISTS over it is an InitPlan, evaluated once: every
-// reference sees the same answer. The statement keeps its own command tag
-// and result; the WITH query's rows are never part of them.
+// when no write to the domain has used a higher token. CLAIM is the token
+// the settings' precedence picks, NULL when there is none or the settings
+// conflict: such a session claims nothing. Its row lock serialises the
+// writers of one domain until they commit, and under READ COMMITTED a
+// writer that waited for it re-checks the qual against the token the other
+// writer committed, so the check and the claim are one atomic step.
+// Postgres runs a data-modifying WITH query exactly once, to completion,
+// however often (or whether) the statement reads it, and an uncorrelated
+// EXISTS over it is an InitPlan, evaluated once: every reference sees the
+// same answer. The statement keeps its own command tag and result; the
+// WITH query's rows are never part of them.
+//
+// The claim raises none of pgfence's errors: the writes that read it check
+// the token first (GATE, TOKA, the INSERT stamp's check), so a missing,
+// malformed or conflicting token fails the statement with pgfence's error
+// naming the table (a write that runs none of those checks, as it reads no
+// row, claims with a good token and with no other). The claim is kept small because the writers of a
+// domain queue on it, and the re-check of a writer that waited runs while
+// the others wait (see domainInfo.claim).
 //
 // The writes of the domain's tables then read that answer (see fenceWhere
-// and domainStamp): UPDATE and DELETE touch a row only if the domain was
+// and fenceByDomain): UPDATE and DELETE touch a row only if the domain was
 // claimed and the row's epoch is not above the token, raising the domain
 // flag (pgfence.dstale_<i>) for matched rows when the domain was not
 // claimed and the row flag otherwise; INSERT stamps the claimed token and

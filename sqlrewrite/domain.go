@@ -31,10 +31,9 @@ type domainInfo struct {
 	cte   string // quoted WITH query name
 	// exists is true in a statement when the domain was claimed.
 	exists string
-	// query is the WITH query, strict (DTOK) and allow-missing (DTOKA): a
-	// missing token claims nothing.
-	query, queryAllowMissing string
-	text                     string // the token's text (see tokenText)
+	// query is the WITH query that claims the domain (see claim).
+	query string
+	text  string // the token's text (see tokenText)
 	// winner is the domain's token as the statement sees it, as text
 	// (unknownEpoch if the domain has no row): what beat a stale writer.
 	winner string
@@ -84,17 +83,52 @@ func (r *Rewriter) domainNamed(name string) *domainInfo {
 	d.exists = "EXISTS (SELECT 1 FROM " + d.cte + ")"
 	d.winner = "COALESCE(CAST((SELECT " + quoteIdent("token") + " FROM " + quoteIdent("pgfence") + "." + quoteIdent("domains") +
 		" WHERE " + quoteIdent("domain") + " OPERATOR(pg_catalog.=) " + quoteLiteral(d.name) + ") AS pg_catalog.text), " + quoteLiteral(unknownEpoch) + ")"
-	strict, allowMissing := domainTokenExprs(r.setting, name)
-	d.query, d.queryAllowMissing = d.claim(strict), d.claim(allowMissing)
+	d.query = d.claim(r.setting)
 	r.domains = append(r.domains, d)
 	return d
 }
 
-// claim is the WITH query that claims the domain with token expression t.
-func (d *domainInfo) claim(t string) string {
-	return d.cte + " AS (UPDATE " + quoteIdent("pgfence") + "." + quoteIdent("domains") + " SET " + quoteIdent("token") + " = " + t +
+// claim is the WITH query that claims the domain (see the package
+// documentation):
+//
+//	"pgfence_domain_K" AS (UPDATE "pgfence"."domains" SET "token" = T::pg_catalog.int8
+//	    WHERE "domain" OPERATOR(pg_catalog.=) E'<domain>' AND pg_catalog.int8le("token", CLAIM)
+//	    RETURNING "token")
+//
+// where T is the token's text (see tokenText) and CLAIM is
+//
+//	(CASE WHEN NULLIF(d, E'') IS NULL THEN NULLIF(g, E'')
+//	      WHEN NULLIF(g, E'') IS NULL OR d OPERATOR(pg_catalog.=) g THEN d END)::pg_catalog.int8
+//
+// with d the domain's setting and g the general one: the token the
+// precedence rule picks (see tokenConflict), NULL when it is missing or
+// the settings conflict, so that such a session claims nothing. The claim
+// checks no more than that: the writes that read it check the token with
+// pgfence's errors first (GATE, TOKA, the INSERT stamp: see
+// fenceByDomain). It is kept this small because it is what every writer of
+// the domain waits for: a writer that waited re-checks the domain's row
+// under READ COMMITTED (EvalPlanQual), and that re-check sets up again every
+// subquery of the statement and evaluates the claim's qual and SET, all
+// while the writers behind it wait. Straight to Postgres, 8 clients
+// writing one domain with -M prepared, the claim with the checks and their
+// error texts in it (twice) ran at 0.74 of the same claim written by hand,
+// this one at about 0.9 (BENCHMARKS.md, Write shapes). SET casts T
+// alone, as Postgres computes it only for a row the qual passed, where T is
+// CLAIM's token; int8le is a call, not the operator, so that the planner
+// does not evaluate CLAIM to estimate the qual (see strictCheck).
+func (d *domainInfo) claim(setting string) string {
+	return d.cte + " AS (UPDATE " + quoteIdent("pgfence") + "." + quoteIdent("domains") + " SET " + quoteIdent("token") + " = " + d.text + "::pg_catalog.int8" +
 		" WHERE " + quoteIdent("domain") + " OPERATOR(pg_catalog.=) " + quoteLiteral(d.name) +
-		" AND " + quoteIdent("token") + " OPERATOR(pg_catalog.<=) " + t + " RETURNING " + quoteIdent("token") + ")"
+		" AND pg_catalog.int8le(" + quoteIdent("token") + ", " + claimToken(setting, d.name) + ") RETURNING " + quoteIdent("token") + ")"
+}
+
+// claimToken is CLAIM (see claim).
+func claimToken(setting, domain string) string {
+	ds := "pg_catalog.current_setting(" + quoteLiteral(setting+"."+domain) + ", true)"
+	gs := "pg_catalog.current_setting(" + quoteLiteral(setting) + ", true)"
+	empty := quoteLiteral("")
+	return "(CASE WHEN NULLIF(" + ds + ", " + empty + ") IS NULL THEN NULLIF(" + gs + ", " + empty + ")" +
+		" WHEN NULLIF(" + gs + ", " + empty + ") IS NULL OR " + ds + " OPERATOR(pg_catalog.=) " + gs + " THEN " + ds + " END)::pg_catalog.int8"
 }
 
 // domainFenced reports whether writes to the guard's table are checked
@@ -104,14 +138,18 @@ func (g *guardInfo) domainFenced() bool {
 }
 
 // fenceByDomain sets the fragments of a domain-fenced guard: the flag it
-// raises, and the value its INSERTs stamp,
+// raises, and the values its INSERTs stamp,
 //
-//	COALESCE((SELECT "token" FROM "pgfence_domain_K"), STALE)
-//	COALESCE((SELECT "token" FROM "pgfence_domain_K"), CASE WHEN TOKA IS NULL THEN 0 ELSE STALE END)   allow-missing
+//	CASE WHEN GATE THEN COALESCE((SELECT "token" FROM "pgfence_domain_K"), STALE) END
+//	CASE WHEN TOKA IS NULL THEN 0 ELSE COALESCE((SELECT "token" FROM "pgfence_domain_K"), STALE) END   allow-missing
 //
 // where STALE raises PF001 (the cast of marker text, which cannot be
-// folded at plan time as it holds the token's text).
-func (g *guardInfo) fenceByDomain(setting string) {
+// folded at plan time as it holds the token's text). The token is checked
+// first, by GATE or TOKA (see strictCheck, tokenSubqueries): the claim
+// itself does not raise pgfence's errors (see claim), and reading it runs
+// it. Rows after the first of a VALUES list stamp the COALESCE alone, as
+// Postgres computes them in order (see rowStamp).
+func (g *guardInfo) fenceByDomain() {
 	d := g.domain
 	i := strconv.Itoa(g.index)
 	g.dflag = quoteLiteral(dflagPrefix + i)
@@ -119,11 +157,12 @@ func (g *guardInfo) fenceByDomain(setting string) {
 		"\" (guarded table \"" + g.name + "\"): a newer holder has written to it; stop writing and re-acquire the lock" + staleDomainToken
 	stale := "(" + quoteLiteral(msg) + " OPERATOR(pg_catalog.||) COALESCE(" + d.text + ", " + quoteLiteral("") + ") OPERATOR(pg_catalog.||) " +
 		quoteLiteral(staleDomainNewer) + " OPERATOR(pg_catalog.||) " + d.winner + ")::pg_catalog.int8"
-	claimed := "(SELECT " + quoteIdent("token") + " FROM " + d.cte + ")"
+	stamp := "COALESCE((SELECT " + quoteIdent("token") + " FROM " + d.cte + "), " + stale + ")"
 	if g.AllowMissingToken {
-		stale = "CASE WHEN " + g.tok + " IS NULL THEN 0 ELSE " + stale + " END"
+		g.insert, g.insertLater = "CASE WHEN "+g.tok+" IS NULL THEN 0 ELSE "+stamp+" END", ""
+		return
 	}
-	g.insert = "COALESCE(" + claimed + ", " + stale + ")"
+	g.insert, g.insertLater = "CASE WHEN "+g.gate+" THEN "+stamp+" END", stamp
 }
 
 // ValidDomain checks a lock domain's name (see Guard.Domain), for a
@@ -157,13 +196,6 @@ func validDomain(g Guard) error {
 	return nil
 }
 
-// domainUse is a lock domain a statement writes: its WITH query uses the
-// strict token unless every write to it allows a missing token.
-type domainUse struct {
-	d      *domainInfo
-	strict bool
-}
-
 // planDomains finds the lock domains a statement's fenced writes need
 // checked, and where their WITH queries go: the statement's top-level
 // query.
@@ -182,17 +214,14 @@ func (r *Rewriter) planDomains(p *plan, top proto.Message) *Refusal {
 				Hint: "Postgres only runs a data-modifying WITH at the top level of a statement; move it there",
 			}
 		}
-		k := slices.IndexFunc(p.domains, func(u domainUse) bool { return u.d == g.domain })
-		if k < 0 {
-			p.domains = append(p.domains, domainUse{d: g.domain})
-			k = len(p.domains) - 1
+		if !slices.Contains(p.domains, g.domain) {
+			p.domains = append(p.domains, g.domain)
 		}
-		p.domains[k].strict = p.domains[k].strict || !g.AllowMissingToken
 	}
 	if len(p.domains) == 0 {
 		return nil
 	}
-	slices.SortFunc(p.domains, func(a, b domainUse) int { return a.d.index - b.d.index })
+	slices.SortFunc(p.domains, func(a, b *domainInfo) int { return a.index - b.index })
 	p.outer = outer
 	var ref *Refusal
 	eachMessage(top.ProtoReflect(), func(m proto.Message) {
@@ -265,11 +294,8 @@ func isWithQueryOf(q, stmt proto.Message) bool {
 // the WITH list of its top-level query, or gives that query a WITH.
 func (r *Rewriter) domainEdit(sql string, st stmtTokens, p *plan) (edit, error) {
 	queries := make([]string, len(p.domains))
-	for i, u := range p.domains {
-		queries[i] = u.d.queryAllowMissing
-		if u.strict {
-			queries[i] = u.d.query
-		}
+	for i, d := range p.domains {
+		queries[i] = d.query
 	}
 	list := strings.Join(queries, ", ")
 	if wc := withOf(p.outer); wc != nil {

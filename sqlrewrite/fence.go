@@ -405,7 +405,7 @@ func (r *Rewriter) stampSelect(sql string, sp span, n *pg_query.InsertStmt, sel 
 	case plain && len(sel.ValuesLists) > 0:
 		return src.stampValues(edits, sel, g, n)
 	case plain && len(sel.TargetList) > 0 && sel.TargetList[len(sel.TargetList)-1].GetResTarget().GetLocation() >= 0:
-		return src.stampTargets(edits, sel, g, n)
+		return src.stampTargets(sql, edits, sel, g, n)
 	}
 	// A set operation, TABLE t or an empty target list: select from it.
 	last := sp.lastCode(bodyEnd)
@@ -445,21 +445,22 @@ func (src span) stampValues(edits []edit, sel *pg_query.SelectStmt, g *guardInfo
 
 // rowStamp is the epoch value of row i (from 0) of an INSERT's VALUES
 // list. The first row reads and checks the token (V); the others, under a
-// strict guard outside a lock domain, cast the setting (TOKC), as the
-// UPDATE does: Postgres computes VALUES rows in order, so a missing or
-// malformed token has failed the statement at the first row with pgfence's
-// error before a later row casts it, and a token the check passed casts to
-// the same number. That spares Postgres the check's subquery per row.
+// strict guard, stamp what needs no check: outside a lock domain the cast
+// of the setting (TOKC), as the UPDATE does, and in one the claimed token
+// (see fenceByDomain). Postgres computes VALUES rows in order, so a
+// missing or malformed token has failed the statement at the first row
+// with pgfence's error before a later row casts it, and a token the check
+// passed casts to the same number. That spares Postgres the check per row.
 func (g *guardInfo) rowStamp(i int) string {
-	if i > 0 && g.cast != "" && !g.domainFenced() {
-		return g.cast
+	if i > 0 && g.insertLater != "" {
+		return g.insertLater
 	}
 	return g.insert
 }
 
 // stampTargets adds V after the last target of a plain SELECT: before the
 // first clause keyword at the SELECT's level after that target's start.
-func (src span) stampTargets(edits []edit, sel *pg_query.SelectStmt, g *guardInfo, n *pg_query.InsertStmt) ([]edit, error) {
+func (src span) stampTargets(sql string, edits []edit, sel *pg_query.SelectStmt, g *guardInfo, n *pg_query.InsertStmt) ([]edit, error) {
 	loc := int(sel.TargetList[len(sel.TargetList)-1].GetResTarget().GetLocation())
 	t := src.at(loc)
 	if t < 0 || t < src.rel || t >= src.stop || src.depth[t] != src.level {
@@ -480,7 +481,7 @@ func (src span) stampTargets(edits []edit, sel *pg_query.SelectStmt, g *guardInf
 	if last < t {
 		return nil, fmt.Errorf("sqlrewrite: no end of the last target in INSERT at byte %d", n.Relation.Location)
 	}
-	return append(edits, edit{at: src.end(last), text: ", " + g.insert}), nil
+	return append(edits, edit{at: src.end(last), text: pad(sql, src.end(last), ", "+g.insert)}), nil
 }
 
 // endsTargets reports whether token k starts the clause after a SELECT's

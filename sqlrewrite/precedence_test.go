@@ -31,7 +31,6 @@ func TestTokenPrecedenceExprs(t *testing.T) {
 	const dom = `lock domain "billing"`
 	for _, setting := range []string{"fence.token", "App.Lease"} {
 		strict, allowMissing, lenient := tokenExprs(setting, "accounts", "billing")
-		dstrict, dallow := domainTokenExprs(setting, "billing")
 		cast, gate := strictCheck(setting, "accounts", "billing")
 		text := tokenText(setting, "billing")
 		cases := []struct {
@@ -41,8 +40,6 @@ func TestTokenPrecedenceExprs(t *testing.T) {
 			{"TOKA", allowMissing, "(SELECT CASE" + conflictBranch(setting, "billing", tbl, "v") + " WHEN v OPERATOR(pg_catalog.~) "},
 			// TOKL names no table: the same for every table of the domain.
 			{"TOKL", lenient, "(SELECT CASE" + conflictBranch(setting, "billing", dom, "v") + " WHEN v OPERATOR(pg_catalog.~) "},
-			{"DTOK", dstrict, "(SELECT CASE" + conflictBranch(setting, "billing", dom, "v") + " WHEN v OPERATOR(pg_catalog.~) "},
-			{"DTOKA", dallow, "(SELECT CASE" + conflictBranch(setting, "billing", dom, "v") + " WHEN v OPERATOR(pg_catalog.~) "},
 			{"GATE", gate, "CASE" + conflictBranch(setting, "billing", tbl, text) + " WHEN coalesce(" + text + ", E'') OPERATOR(pg_catalog.=) E'' THEN "},
 		}
 		for _, c := range cases {
@@ -63,7 +60,7 @@ func TestTokenPrecedenceExprs(t *testing.T) {
 				t.Errorf("%s with %s has an operator that is not schema-qualified", c.name, setting)
 			}
 		}
-		// TOKC only runs after GATE (or the domain's claim) has checked.
+		// TOKC only runs after GATE has checked.
 		if cast != text+"::pg_catalog.int8" {
 			t.Errorf("TOKC with %s = %s", setting, cast)
 		}

@@ -34,7 +34,7 @@ type plan struct {
 	fence   bool     // some write's text gets a fence
 	// domains are the lock domains whose WITH queries the statement's
 	// top-level query outer gets, in index order.
-	domains []domainUse
+	domains []*domainInfo
 	outer   proto.Message
 }
 

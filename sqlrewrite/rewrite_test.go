@@ -31,7 +31,7 @@ type rewriteCase struct {
 	statements int         // statements in the output; -1 if not given
 	results    []string    // fenced:, probes:, remember: and session-dependent: lines
 	input      string
-	output     string // with {{TOK table}}, {{TOKA table}}, {{TOKL}}, {{TOKC table}}, {{GATE table}}, {{DTOK domain}}... and {{PROBE table...}} placeholders
+	output     string // with {{TOK table}}, {{TOKA table}}, {{TOKL}}, {{TOKC table}}, {{GATE table}}, {{DTOKL domain}}, {{CLAIM domain}} and {{PROBE table...}} placeholders
 	refusal    string // message and hint lines
 	configErr  string // New's error, for config-error cases
 }
@@ -220,8 +220,7 @@ func placeholders(r *Rewriter, res *Result) *strings.Replacer {
 		pairs = append(pairs, [2]string{cast, "{{TOKC " + g.name + "}}"}, [2]string{gate, "{{GATE " + g.name + "}}"})
 	}
 	for _, d := range r.domains {
-		strict, allowMissing := domainTokenExprs(r.setting, d.name)
-		pairs = append(pairs, [2]string{strict, "{{DTOK " + d.name + "}}"}, [2]string{allowMissing, "{{DTOKA " + d.name + "}}"})
+		pairs = append(pairs, [2]string{claimToken(r.setting, d.name), "{{CLAIM " + d.name + "}}"})
 	}
 	for _, p := range res.Probes {
 		var names []string
@@ -257,13 +256,8 @@ func expand(r *Rewriter, s string) (string, error) {
 		s = s[i+j+2:]
 		// A lock domain's placeholders name the domain.
 		switch kind {
-		case "DTOK", "DTOKA":
-			strict, allowMissing := domainTokenExprs(r.setting, names)
-			if kind == "DTOK" {
-				b.WriteString(strict)
-			} else {
-				b.WriteString(allowMissing)
-			}
+		case "CLAIM":
+			b.WriteString(claimToken(r.setting, names))
 			continue
 		case "DTOKL":
 			_, _, lenient := tokenExprs(r.setting, "", names)

@@ -43,8 +43,10 @@ type guardInfo struct {
 	// use instead of TOK: TOKC and GATE (see strictCheck). INSERT stamps
 	// still use TOK.
 	cast, gate string
-	// insert is the epoch value an INSERT stamps on new rows.
-	insert string
+	// insert is the epoch value an INSERT stamps on new rows, and
+	// insertLater the one rows after the first of a VALUES list stamp
+	// instead, when it is not "" (see rowStamp).
+	insert, insertLater string
 	// domain is the guard's lock domain, nil for none.
 	domain *domainInfo
 	// dflag is the literal naming the guard's domain-stale flag, when the
@@ -84,9 +86,10 @@ func New(cfg Config) (*Rewriter, error) {
 		default:
 			gi.tok, gi.insert = strict, strict
 			gi.cast, gi.gate = strictCheck(cfg.TokenSetting, gi.name, g.Domain)
+			gi.insertLater = gi.cast
 		}
 		if gi.domainFenced() {
-			gi.fenceByDomain(cfg.TokenSetting)
+			gi.fenceByDomain()
 		}
 		r.guards = append(r.guards, gi)
 		n := asciiLower(strings.ReplaceAll(g.Table, `"`, `""`))
@@ -186,14 +189,6 @@ func tableSubject(table, domain string) string {
 		subject += " in lock domain \"" + domain + "\""
 	}
 	return subject
-}
-
-// domainTokenExprs returns the strict and allow-missing token expressions
-// of a lock domain's own check (the WITH query that claims the domain),
-// whose errors name the domain only.
-func domainTokenExprs(setting, domain string) (strict, allowMissing string) {
-	strict, allowMissing, _ = tokenSubqueries(setting, domain, domainSubject(domain))
-	return strict, allowMissing
 }
 
 // domainSubject is how errors name a lock domain, when they name no table.
@@ -302,7 +297,7 @@ func settingNames(setting, domain string) string {
 //     missing or empty, 22023 when it is not an integer. Concatenating v
 //     keeps the cast from being folded at plan time, so the error only
 //     fires when the statement runs. Strict guards use it for their INSERT
-//     stamps (and lock domains for their own check); their UPDATE, DELETE
+//     stamps outside a lock domain; their UPDATE, DELETE
 //     and DO UPDATE use the cheaper TOKC and GATE (see strictCheck).
 //   - TOKA (allow-missing) is NULL when the token is missing or empty and
 //     raises 22023 when it is not an integer.

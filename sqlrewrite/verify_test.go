@@ -162,8 +162,7 @@ type stmtWrites struct {
 	tables  []*guardInfo
 	probe   bool
 	prepare string
-	// domains maps each lock domain the statement's fenced writes check
-	// to whether any of them needs a token (else all allow a missing one).
+	// domains holds each lock domain the statement's fenced writes check.
 	domains map[string]bool
 }
 
@@ -234,7 +233,7 @@ func (v *verifier) writes(stmt *pg_query.Node, known func(string) []string) stmt
 				if w.domains == nil {
 					w.domains = map[string]bool{}
 				}
-				w.domains[g.Domain] = w.domains[g.Domain] || !g.AllowMissingToken
+				w.domains[g.Domain] = true
 			}
 		}
 	}
@@ -492,7 +491,7 @@ func (v *verifier) undomain(out *pg_query.Node, w stmtWrites) error {
 	}
 	ctes := (*with).Ctes
 	for i, d := range names {
-		if !proto.Equal(ctes[i], v.domainQuery(d, w.domains[d])) {
+		if !proto.Equal(ctes[i], v.domainQuery(d)) {
 			return fmt.Errorf("WITH query %d of the top-level query is not the one of lock domain %q", i, d)
 		}
 	}
@@ -511,15 +510,16 @@ func (v *verifier) undomain(out *pg_query.Node, w stmtWrites) error {
 	return err
 }
 
-// domainQuery is the WITH query that claims lock domain d, parsed.
-func (v *verifier) domainQuery(d string, strict bool) *pg_query.Node {
-	dstrict, dallow := domainTokenExprs(v.r.setting, d)
-	t := dallow
-	if strict {
-		t = dstrict
-	}
-	text := fmt.Sprintf(`WITH "pgfence_domain_%d" AS (UPDATE "pgfence"."domains" SET "token" = %s WHERE "domain" OPERATOR(pg_catalog.=) %s AND "token" OPERATOR(pg_catalog.<=) %s RETURNING "token") SELECT`,
-		v.domainIndex(d), t, quoteLiteral(d), t)
+// domainQuery is the WITH query that claims lock domain d, parsed: it
+// claims with the token the settings' precedence picks, and with none
+// when they conflict or are unset or empty.
+func (v *verifier) domainQuery(d string) *pg_query.Node {
+	ds := "pg_catalog.current_setting(" + quoteLiteral(v.r.setting+"."+d) + ", true)"
+	gs := "pg_catalog.current_setting(" + quoteLiteral(v.r.setting) + ", true)"
+	text := fmt.Sprintf(`WITH "pgfence_domain_%d" AS (UPDATE "pgfence"."domains" SET "token" = COALESCE(NULLIF(%[2]s, E''), %[3]s)::pg_catalog.int8`+
+		` WHERE "domain" OPERATOR(pg_catalog.=) %[4]s AND pg_catalog.int8le("token", (CASE WHEN NULLIF(%[2]s, E'') IS NULL THEN NULLIF(%[3]s, E'')`+
+		` WHEN NULLIF(%[3]s, E'') IS NULL OR %[2]s OPERATOR(pg_catalog.=) %[3]s THEN %[2]s END)::pg_catalog.int8) RETURNING "token") SELECT`,
+		v.domainIndex(d), ds, gs, quoteLiteral(d))
 	if c, ok := exprCache.Load(text); ok {
 		return c.(*pg_query.Node)
 	}
@@ -646,20 +646,25 @@ func (v *verifier) strictGate(g *guardInfo) string {
 
 func (v *verifier) insertText(g *guardInfo) string {
 	if domainChecked(g) {
-		text := v.tokenText(g)
-		stale := "(" + quoteLiteral(`pgfence PF001: stale fencing token for lock domain "`+g.Domain+
-			`" (guarded table "`+g.Name()+`"): a newer holder has written to it; stop writing and re-acquire the lock; token: `) +
-			" OPERATOR(pg_catalog.||) COALESCE(" + text + ", E'') OPERATOR(pg_catalog.||) E'; newer token: ' OPERATOR(pg_catalog.||) " +
-			v.domainWinner(g) + ")::pg_catalog.int8"
 		if g.AllowMissingToken {
-			stale = "CASE WHEN " + v.token(g) + " IS NULL THEN 0 ELSE " + stale + " END"
+			return "CASE WHEN " + v.token(g) + " IS NULL THEN 0 ELSE " + v.domainStamp(g) + " END"
 		}
-		return fmt.Sprintf(`COALESCE((SELECT "token" FROM "pgfence_domain_%d"), %s)`, v.domainIndex(g.Domain), stale)
+		return "CASE WHEN " + v.strictGate(g) + " THEN " + v.domainStamp(g) + " END"
 	}
 	if g.Rollout == Shadow || g.AllowMissingToken {
 		return "COALESCE(" + v.token(g) + ", 0)"
 	}
 	return v.token(g)
+}
+
+// domainStamp is what an INSERT into a lock domain's table stamps once the
+// token is checked: the domain's claimed token, or PF001.
+func (v *verifier) domainStamp(g *guardInfo) string {
+	stale := "(" + quoteLiteral(`pgfence PF001: stale fencing token for lock domain "`+g.Domain+
+		`" (guarded table "`+g.Name()+`"): a newer holder has written to it; stop writing and re-acquire the lock; token: `) +
+		" OPERATOR(pg_catalog.||) COALESCE(" + v.tokenText(g) + ", E'') OPERATOR(pg_catalog.||) E'; newer token: ' OPERATOR(pg_catalog.||) " +
+		v.domainWinner(g) + ")::pg_catalog.int8"
+	return fmt.Sprintf(`COALESCE((SELECT "token" FROM "pgfence_domain_%d"), %s)`, v.domainIndex(g.Domain), stale)
 }
 
 // whereText is the fenced WHERE with pgfence_verify_cond standing for the
@@ -803,9 +808,13 @@ func (v *verifier) unfenceInsert(g *guardInfo, n *pg_query.InsertStmt) error {
 	switch {
 	case len(sel.ValuesLists) > 0:
 		// The first row reads and checks the token; the others of a strict
-		// guard outside a lock domain cast it, as UPDATE does.
+		// guard cast it, as UPDATE does, or in a lock domain stamp the
+		// claimed token.
 		later := val
-		if g.Rollout == Enforce && !g.AllowMissingToken && !domainChecked(g) {
+		switch {
+		case g.Rollout == Enforce && !g.AllowMissingToken && domainChecked(g):
+			later = v.expr(v.domainStamp(g))
+		case g.Rollout == Enforce && !g.AllowMissingToken:
 			later = v.expr(v.strictCast(g))
 		}
 		for i, row := range sel.ValuesLists {
