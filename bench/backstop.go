@@ -239,24 +239,8 @@ func (r *runner) checkTriggers(backstopTables bool) error {
 		a, h := bsTables(false)
 		none = append(none, a, h)
 		a, h = bsTables(true)
-		for _, table := range []string{a, h} {
-			// pgfence installs at start, maybe after /healthz answers.
-			deadline := time.Now().Add(30 * time.Second)
-			for {
-				var enabled string
-				err := c.QueryRow(ctx, "SELECT tgenabled::text FROM pg_catalog.pg_trigger WHERE tgrelid = $1::regclass AND tgname = $2",
-					table, backstopTrigger).Scan(&enabled)
-				if err == nil && enabled == "O" {
-					break
-				}
-				if err != nil && err != pgx.ErrNoRows {
-					return err
-				}
-				if time.Now().After(deadline) {
-					return fmt.Errorf("30 s after pgfence --backstop install started, %s has no enabled trigger %q (tgenabled %q)", table, backstopTrigger, enabled)
-				}
-				time.Sleep(100 * time.Millisecond)
-			}
+		if err := awaitTriggers(ctx, c, a, h); err != nil {
+			return err
 		}
 	}
 	for _, table := range none {
@@ -266,6 +250,30 @@ func (r *runner) checkTriggers(backstopTables bool) error {
 		}
 		if n != 0 {
 			return fmt.Errorf("%s has %d triggers, want none (a pgfence without --backstop off?)", table, n)
+		}
+	}
+	return nil
+}
+
+// awaitTriggers waits until each table has the backstop's row trigger,
+// enabled: pgfence installs it at start, maybe after /healthz answers.
+func awaitTriggers(ctx context.Context, c *pgx.Conn, tables ...string) error {
+	for _, table := range tables {
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			var enabled string
+			err := c.QueryRow(ctx, "SELECT tgenabled::text FROM pg_catalog.pg_trigger WHERE tgrelid = $1::regclass AND tgname = $2",
+				table, backstopTrigger).Scan(&enabled)
+			if err == nil && enabled == "O" {
+				break
+			}
+			if err != nil && err != pgx.ErrNoRows {
+				return err
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("30 s after pgfence --backstop install started, %s has no enabled trigger %q (tgenabled %q)", table, backstopTrigger, enabled)
+			}
+			time.Sleep(100 * time.Millisecond)
 		}
 	}
 	return nil

@@ -94,7 +94,7 @@ SET fence.token = '1000';
 INSERT INTO pgbench_accounts (aid, bid, abalance, filler, fence_epoch) VALUES (:aid, 1, :delta, 'u', 1000), (:aid2, 1, :delta, 'u', 1000), (:aid3, 1, :delta, 'u', 1000) ON CONFLICT (aid) DO UPDATE SET abalance = pgbench_accounts.abalance + EXCLUDED.abalance, fence_epoch = 1000 WHERE pgbench_accounts.fence_epoch <= 1000;
 `
 
-// More shapes: a DELETE whose IN list has 1 to 3 entries (of accounts
+// More shapes: a DELETE whose IN list has 1 to 10 entries (of accounts
 // beyond the table: it deletes nothing, so the table stays as it is), an
 // INSERT of 1 to 3 rows into pgbench_fenced_log (pgbench_history's shape
 // with an epoch column), an INSERT ... SELECT upsert of 5 accounts, and a
@@ -103,25 +103,35 @@ const shapeVars = `\set n random(1, 3)
 \set far :aid + %[1]d
 `
 
-const deleteInByPgfence = `SET fence.token = '1000';
-\if :n = 1
-DELETE FROM pgbench_accounts WHERE aid IN (:far);
-\elif :n = 2
-DELETE FROM pgbench_accounts WHERE aid IN (:far, :far + 1);
-\else
-DELETE FROM pgbench_accounts WHERE aid IN (:far, :far + 1, :far + 2);
-\endif
-`
+// deleteInLengths is how many entries the DELETE's IN list has, at random:
+// each length is a text (and through pgfence a statement) of its own.
+const deleteInLengths = 10
 
-const deleteInByHand = `SET fence.token = '1000';
-\if :n = 1
-DELETE FROM pgbench_accounts WHERE aid IN (:far) AND fence_epoch <= 1000;
-\elif :n = 2
-DELETE FROM pgbench_accounts WHERE aid IN (:far, :far + 1) AND fence_epoch <= 1000;
-\else
-DELETE FROM pgbench_accounts WHERE aid IN (:far, :far + 1, :far + 2) AND fence_epoch <= 1000;
-\endif
-`
+// deleteInScript is the DELETE of 1 to deleteInLengths accounts beyond the
+// table, with its fence written by hand or not.
+func deleteInScript(hand bool) string {
+	var b strings.Builder
+	b.WriteString(fmt.Sprintf("\\set len random(1, %d)\nSET fence.token = '1000';\n", deleteInLengths))
+	fence := ""
+	if hand {
+		fence = " AND fence_epoch <= 1000"
+	}
+	for n := 1; n <= deleteInLengths; n++ {
+		switch n {
+		case 1:
+			b.WriteString("\\if :len = 1\n")
+		default:
+			fmt.Fprintf(&b, "\\elif :len = %d\n", n)
+		}
+		list := []string{":far"}
+		for k := 1; k < n; k++ {
+			list = append(list, fmt.Sprintf(":far + %d", k))
+		}
+		fmt.Fprintf(&b, "DELETE FROM pgbench_accounts WHERE aid IN (%s)%s;\n", strings.Join(list, ", "), fence)
+	}
+	b.WriteString("\\endif\n")
+	return b.String()
+}
 
 const insertRowsByPgfence = `SET fence.token = '1000';
 \if :n = 1
@@ -178,7 +188,7 @@ func writeScripts(dir string) (map[string]string, error) {
 		"storm-pgfence": stormByPgfence, "storm-hand": stormByHand,
 		"upsert-pgfence": upsertByPgfence, "upsert-hand": upsertByHand,
 		"upsert3-pgfence": fmt.Sprintf(upsert3ByPgfence, accounts), "upsert3-hand": fmt.Sprintf(upsert3ByHand, accounts),
-		"delete-in-pgfence": fmt.Sprintf(shapeVars, accounts) + deleteInByPgfence, "delete-in-hand": fmt.Sprintf(shapeVars, accounts) + deleteInByHand,
+		"delete-in-pgfence": fmt.Sprintf(shapeVars, accounts) + deleteInScript(false), "delete-in-hand": fmt.Sprintf(shapeVars, accounts) + deleteInScript(true),
 		"insert-rows-pgfence": fmt.Sprintf(shapeVars, accounts) + insertRowsByPgfence, "insert-rows-hand": fmt.Sprintf(shapeVars, accounts) + insertRowsByHand,
 		"insert-select-pgfence": fmt.Sprintf(insertSelectByPgfence, accounts), "insert-select-hand": fmt.Sprintf(insertSelectByHand, accounts),
 		"cte-pgfence": cteByPgfence, "cte-hand": cteByHand,
