@@ -12,7 +12,9 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
 
+	"github.com/pgfence/pgfence/fence"
 	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/proxy"
 	"github.com/pgfence/pgfence/sqlrewrite"
 )
 
@@ -92,6 +94,53 @@ func TestStaleUpdateIsFenced(t *testing.T) {
 	// The same holder writes again under one grant: equal tokens pass.
 	if tag := pgtest.Exec(t, b, "UPDATE "+tbl+" SET val = 'B2' WHERE id = 1"); tag != "UPDATE 1" {
 		t.Fatalf("equal token: %s, want UPDATE 1", tag)
+	}
+}
+
+// In a storm of stale writes, each table gets a log line for its first,
+// then at most one per --stale-log-interval, which says how many more it
+// stands for; the metric counts every one.
+func TestStaleLogLines(t *testing.T) {
+	tbl, other := table(t, [3]any{1, "x", 50}), table2(t)
+	pgtest.Exec(t, pgtest.Direct(t), "UPDATE "+other+" SET fence_epoch = 50")
+	const interval = 2 * time.Second
+	p := pgtest.StartProxy(t, []string{tbl, other}, func(_ *proxy.Config, fc *fence.Config) { fc.StaleLogInterval = interval })
+	c := p.Connect(t)
+	pgtest.Exec(t, c, "SET fence.token = '42'")
+	start := time.Now()
+	for range 3 {
+		if tag := pgtest.Exec(t, c, "UPDATE "+tbl+" SET val = 'z' WHERE id = 1"); tag != "UPDATE 0" {
+			t.Fatalf("stale UPDATE: %s", tag)
+		}
+	}
+	if tag := pgtest.Exec(t, c, "UPDATE "+other+" SET val = 'z' WHERE id = 1"); tag != "UPDATE 0" {
+		t.Fatalf("stale UPDATE of %s: %s", other, tag)
+	}
+	lines := func(table string) []string {
+		var out []string
+		for _, l := range strings.Split(p.Logs.String(), "\n") {
+			if strings.Contains(l, `msg="stale write fenced"`) && strings.Contains(l, "table="+table+" ") {
+				out = append(out, l)
+			}
+		}
+		return out
+	}
+	if took := time.Since(start); took >= interval {
+		t.Fatalf("four writes took %v, more than the interval", took)
+	}
+	if l := lines(tbl); len(l) != 1 || strings.Contains(l[0], "unlogged=") {
+		t.Fatalf("three stale writes within the interval logged %d lines, want the first alone:\n%s", len(l), strings.Join(l, "\n"))
+	}
+	if l := lines(other); len(l) != 1 {
+		t.Fatalf("a stale write to another table logged %d lines, want 1", len(l))
+	}
+	if got := rejects(t, p, tbl); got != 3 {
+		t.Fatalf("fencing_reject_total = %v, want 3: every stale write is counted", got)
+	}
+	time.Sleep(interval)
+	pgtest.Exec(t, c, "UPDATE "+tbl+" SET val = 'z' WHERE id = 1")
+	if l := lines(tbl); len(l) != 2 || !strings.Contains(l[1], "unlogged=2") {
+		t.Fatalf("after the interval: %d lines, want a second one with unlogged=2:\n%s", len(l), strings.Join(l, "\n"))
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	lru "github.com/hashicorp/golang-lru/v2"
 
@@ -24,6 +25,10 @@ type Config struct {
 	// NotifyStale sends a stale writer a WARNING naming the table and token
 	// after its statement, besides counting it.
 	NotifyStale bool
+	// StaleLogInterval is the least time between two log lines of stale
+	// writes of one table, kind, path and rollout (see staleLog); 0 logs
+	// every stale write.
+	StaleLogInterval time.Duration
 	// CacheSize is how many distinct statement texts keep their rewrite,
 	// and again how many templates of parameterized writes and how many
 	// whole texts of those; 0 means 4096, a negative number disables the
@@ -53,7 +58,9 @@ type Policy struct {
 	log   *slog.Logger
 	state atomic.Pointer[state]
 	gen   atomic.Uint64 // bumped by every Reload
-	onDDL atomic.Pointer[func() <-chan struct{}]
+	// staleLog outlives reloads: a storm does not start over with one.
+	staleLog staleLog
+	onDDL    atomic.Pointer[func() <-chan struct{}]
 }
 
 // state is one configuration, swapped as a whole on reload.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/prometheus/client_golang/prometheus"
@@ -95,14 +96,19 @@ func (p *Policy) probed(c *proxy.Client, pr *sqlrewrite.Probe, series []probeSer
 	}
 }
 
-// staleWrite logs a stale write and records its token gap: how far the
-// epoch (or lock domain token) that beat it was ahead of its token. epoch
-// is "" when pgfence cannot know it. extra are more attributes for the line.
+// staleWrite records a stale write's token gap, how far the epoch (or lock
+// domain token) that beat it was ahead of its token, and logs it if
+// staleLog admits it. epoch is "" when pgfence cannot know it. extra are
+// more attributes for the line.
 func (p *Policy) staleWrite(c *proxy.Client, table, mode, kind, via, token, epoch string, extra ...any) {
 	tok, okTok := parseToken([]byte(token))
 	won, okWon := parseToken([]byte(epoch))
 	if okTok && okWon && won > tok {
 		p.m.tokenGap.WithLabelValues(table, kind).Observe(float64(won) - float64(tok))
+	}
+	ok, unlogged := p.staleLog.admit(staleKey{table, kind, via, mode}, time.Now(), p.state.Load().cfg.StaleLogInterval)
+	if !ok {
+		return
 	}
 	if epoch == "" {
 		epoch = "unknown"
@@ -113,6 +119,9 @@ func (p *Policy) staleWrite(c *proxy.Client, table, mode, kind, via, token, epoc
 	}
 	attrs := append([]any{"table", table, "kind", kind, "via", via, "token", token, "epoch", epoch, "mode", mode,
 		"client", c.RemoteAddr, "application_name", c.ApplicationName(), "user", c.User}, extra...)
+	if unlogged > 0 {
+		attrs = append(attrs, "unlogged", unlogged)
+	}
 	p.log.Warn(msg, attrs...)
 }
 

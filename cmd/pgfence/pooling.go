@@ -37,6 +37,7 @@ func (o serveOptions) transactionPooling() (bool, error) {
 func (o serveOptions) policyConfig() (fence.Config, func(sqlrewrite.Guard) sqlrewrite.Guard, error) {
 	cfg, apply, err := o.policyOptions.config()
 	cfg.TransactionPooling = o.upstreamPooling == poolingTransaction
+	cfg.StaleLogInterval = o.staleLogInterval
 	return cfg, apply, err
 }
 

@@ -50,6 +50,7 @@ type serveOptions struct {
 	forwardTokenSets bool
 	upstreamPooling  string
 	drainTimeout     time.Duration
+	staleLogInterval time.Duration
 	tlsCert          string
 	tlsKey           string
 	initDomains      bool
@@ -82,6 +83,7 @@ func (o *serveOptions) addFlags(cmd *cobra.Command) {
 	f.StringVar(&o.tlsCert, "tls-cert", "", "PEM certificate (chain) for client TLS; with --tls-key, pgfence accepts sslmode=require/verify-full clients and terminates their TLS")
 	f.StringVar(&o.tlsKey, "tls-key", "", "PEM private key for --tls-cert")
 	f.DurationVar(&o.drainTimeout, "drain-timeout", 30*time.Second, "on SIGTERM, how long open transactions may go on before their sessions are closed")
+	f.DurationVar(&o.staleLogInterval, "stale-log-interval", time.Second, "least time between two log lines of stale writes to one table (of one kind, path and mode): the first gets a line at once, then at most one per interval, which says how many it stands for (unlogged=N); the metrics count every one; 0 logs every stale write")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&o.logFormat, "log-format", "text", "text or json")
 }
