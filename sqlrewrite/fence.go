@@ -174,7 +174,7 @@ func (r *Rewriter) fenceUpdate(sql string, sp span, n *pg_query.UpdateStmt, g *g
 	if err != nil {
 		return nil, err
 	}
-	where, err := r.fenceWhere(sql, sp, g, ref, set+1, limit, n.WhereClause != nil, done)
+	where, err := r.fenceWhere(sql, sp, g, ref, set+1, limit, n.WhereClause != nil, false, done)
 	if err != nil {
 		return nil, err
 	}
@@ -186,7 +186,7 @@ func (r *Rewriter) fenceDelete(sql string, sp span, n *pg_query.DeleteStmt, g *g
 	if err != nil {
 		return nil, err
 	}
-	return r.fenceWhere(sql, sp, g, refOf(n.Relation), sp.rel+1, limit, n.WhereClause != nil, done)
+	return r.fenceWhere(sql, sp, g, refOf(n.Relation), sp.rel+1, limit, n.WhereClause != nil, false, done)
 }
 
 // returning is the index of the statement's RETURNING keyword, or its end
@@ -219,7 +219,12 @@ func (sp span) returning(list []*pg_query.Node) (int, error) {
 // evaluates the quals in. Enforce (strict) uses TOKC and GATE (see
 // strictCheck): OK is pg_catalog.int8le(REF.C, TOKC), and GATE is a
 // pseudo-constant qual, so a missing or malformed token errors even when
-// no row matches.
+// no row matches. checked leaves GATE out, where the token has been
+// checked before the WHERE can run: an ON CONFLICT DO UPDATE only runs for
+// a row the INSERT has stamped (see rowStamp), and GATE there would be
+// evaluated again for every conflicting row (a prepared three-row upsert
+// ran at 0.90 of the fence by hand with it, 0.96 without, straight to
+// Postgres).
 //
 // In a lock domain (Enforce only), OK also needs the domain claimed, and
 // FLAG raises the domain flag when it was not, else the stale flag; all in
@@ -230,7 +235,7 @@ func (sp span) returning(list []*pg_query.Node) (int, error) {
 //	                            CASE WHEN EXISTS (...) THEN <greatest stale epoch> ELSE <domain's token> END, true)
 //
 // A flag's value is what beat the token (see staleValue, domainRaise).
-func (r *Rewriter) fenceWhere(sql string, sp span, g *guardInfo, ref string, from, limit int, hasWhere bool, done []edit) ([]edit, error) {
+func (r *Rewriter) fenceWhere(sql string, sp span, g *guardInfo, ref string, from, limit int, hasWhere, checked bool, done []edit) ([]edit, error) {
 	where := sp.first(pg_query.Token_WHERE, from, limit)
 	if (where >= 0) != hasWhere {
 		return nil, fmt.Errorf("sqlrewrite: tokens disagree with the parse tree about the WHERE after byte %d", sp.start(sp.rel))
@@ -250,6 +255,9 @@ func (r *Rewriter) fenceWhere(sql string, sp span, g *guardInfo, ref string, fro
 		epochOK, raise = "("+g.domain.exists+" AND "+epochOK+")", g.domainRaise(ref)
 	}
 	stale, lead, gate := raise+" IS NULL", epochOK, " AND "+g.gate
+	if checked {
+		gate = ""
+	}
 	switch {
 	case g.Rollout == Shadow:
 		stale, lead, gate = raise+" IS NOT NULL", g.tok+" IS NULL OR "+epochOK, ""
@@ -358,7 +366,9 @@ func (r *Rewriter) fenceInsert(sql string, sp span, n *pg_query.InsertStmt, g *g
 		}
 		ref := refOf(n.Relation)
 		edits = append(edits, edit{at: sp.end(set), text: " " + g.column + " = " + g.setValue(ref) + ","})
-		where, err := r.fenceWhere(sql, sp, g, ref, set+1, retEnd, oc.WhereClause != nil, done)
+		// The DO UPDATE of a row runs after the row's epoch value, the first
+		// of which checked the token (see rowStamp): it needs no GATE.
+		where, err := r.fenceWhere(sql, sp, g, ref, set+1, retEnd, oc.WhereClause != nil, true, done)
 		if err != nil {
 			return nil, err
 		}

@@ -39,9 +39,9 @@ type guardInfo struct {
 	// tok is the token expression the guard's rollout uses: TOK (Enforce),
 	// TOKA (Enforce with AllowMissingToken) or TOKL (Shadow).
 	tok string
-	// cast and gate are what a strict guard's UPDATE, DELETE and DO UPDATE
-	// use instead of TOK: TOKC and GATE (see strictCheck). INSERT stamps
-	// still use TOK.
+	// cast and gate are what a strict guard's UPDATE and DELETE use
+	// instead of TOK: TOKC and GATE (see strictCheck); its DO UPDATE uses
+	// TOKC alone (see fenceWhere). INSERT stamps still use TOK.
 	cast, gate string
 	// insert is the epoch value an INSERT stamps on new rows, and
 	// insertLater the one rows after the first of a VALUES list stamp
@@ -297,8 +297,8 @@ func settingNames(setting, domain string) string {
 //     missing or empty, 22023 when it is not an integer. Concatenating v
 //     keeps the cast from being folded at plan time, so the error only
 //     fires when the statement runs. Strict guards use it for their INSERT
-//     stamps outside a lock domain; their UPDATE, DELETE
-//     and DO UPDATE use the cheaper TOKC and GATE (see strictCheck).
+//     stamps outside a lock domain; their UPDATE and DELETE use the
+//     cheaper TOKC and GATE, and DO UPDATE TOKC (see strictCheck).
 //   - TOKA (allow-missing) is NULL when the token is missing or empty and
 //     raises 22023 when it is not an integer.
 //   - TOKL (lenient) is NULL when the token is missing, empty, not an
@@ -346,7 +346,8 @@ func tokenMarkers(setting, domain, subject string) (missing, bad string) {
 const intChars = `E' \t\n\r\f\x0B+-0123456789'`
 
 // strictCheck returns the token expressions a strict guard (Enforce without
-// AllowMissingToken) fences UPDATE, DELETE and DO UPDATE with, v being the
+// AllowMissingToken) fences UPDATE and DELETE with (DO UPDATE with TOKC
+// alone, see fenceWhere), v being the
 // token's text (see tokenText):
 //
 //	TOKC: v::pg_catalog.int8

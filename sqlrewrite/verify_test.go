@@ -545,12 +545,12 @@ func (v *verifier) unfence(m protoreflect.Message, stored bool) error {
 		if g := v.guardOf(n.Relation); !stored && g != nil && g.Rollout != Observe && n.WhereClause.GetCurrentOfExpr() == nil {
 			ref := refOf(n.Relation)
 			if n.TargetList, err = v.unstamp(g, ref, n.TargetList); err == nil {
-				n.WhereClause, err = v.unfenceWhere(g, ref, n.WhereClause)
+				n.WhereClause, err = v.unfenceWhere(g, ref, n.WhereClause, false)
 			}
 		}
 	case *pg_query.DeleteStmt:
 		if g := v.guardOf(n.Relation); !stored && g != nil && g.Rollout != Observe && n.WhereClause.GetCurrentOfExpr() == nil {
-			n.WhereClause, err = v.unfenceWhere(g, refOf(n.Relation), n.WhereClause)
+			n.WhereClause, err = v.unfenceWhere(g, refOf(n.Relation), n.WhereClause, false)
 		}
 	case *pg_query.InsertStmt:
 		if g := v.guardOf(n.Relation); !stored && g != nil && g.Rollout != Observe {
@@ -669,7 +669,7 @@ func (v *verifier) domainStamp(g *guardInfo) string {
 
 // whereText is the fenced WHERE with pgfence_verify_cond standing for the
 // client's condition, or without it.
-func (v *verifier) whereText(g *guardInfo, ref string, cond bool) string {
+func (v *verifier) whereText(g *guardInfo, ref string, cond, checked bool) string {
 	t, col := v.token(g), ref+"."+quoteIdent(g.Column)
 	ok := col + " OPERATOR(pg_catalog.<=) " + t
 	if g.Rollout == Enforce && !g.AllowMissingToken {
@@ -696,6 +696,8 @@ func (v *verifier) whereText(g *guardInfo, ref string, cond bool) string {
 		w = "(" + t + " IS NULL OR " + ok + " OR " + c(flag+" IS NOT NULL") + ")"
 	case g.AllowMissingToken:
 		w = "(" + t + " IS NULL OR " + ok + " OR " + c(flag+" IS NULL") + ")"
+	case checked: // an ON CONFLICT DO UPDATE: the INSERT's stamp checked the token
+		w = "(" + ok + " OR " + c(flag+" IS NULL") + ")"
 	default:
 		w = "(" + ok + " OR " + c(flag+" IS NULL") + ") AND " + v.strictGate(g)
 	}
@@ -732,23 +734,23 @@ func (v *verifier) unstamp(g *guardInfo, ref string, set []*pg_query.Node) ([]*p
 }
 
 // unfenceWhere checks a fenced WHERE and returns the client's condition.
-func (v *verifier) unfenceWhere(g *guardInfo, ref string, w *pg_query.Node) (*pg_query.Node, error) {
+func (v *verifier) unfenceWhere(g *guardInfo, ref string, w *pg_query.Node, checked bool) (*pg_query.Node, error) {
 	if w == nil {
 		return nil, fmt.Errorf("%s: no WHERE", g.name)
 	}
-	if proto.Equal(w, v.expr(v.whereText(g, ref, false))) {
+	if proto.Equal(w, v.expr(v.whereText(g, ref, false, checked))) {
 		return nil, nil
 	}
 	and := w.GetBoolExpr()
 	fence := 1 // AND args the fence adds after the client's condition: (OK OR ...) [AND GATE]
-	if g.Rollout == Enforce && !g.AllowMissingToken {
+	if g.Rollout == Enforce && !g.AllowMissingToken && !checked {
 		fence = 2
 	}
 	if and == nil || and.Boolop != pg_query.BoolExprType_AND_EXPR || len(and.Args) <= fence {
 		return nil, fmt.Errorf("%s: WHERE is not the client's condition AND the fence", g.name)
 	}
 	cond := andOf(and.Args[:len(and.Args)-fence])
-	if want := substitute(v.expr(v.whereText(g, ref, true)), cond); !proto.Equal(w, want) {
+	if want := substitute(v.expr(v.whereText(g, ref, true, checked)), cond); !proto.Equal(w, want) {
 		return nil, fmt.Errorf("%s: WHERE is not the %s fence of its condition", g.name, g.Rollout)
 	}
 	return cond, nil
@@ -847,7 +849,7 @@ func (v *verifier) unfenceInsert(g *guardInfo, n *pg_query.InsertStmt) error {
 		if oc.TargetList, err = v.unstamp(g, ref, oc.TargetList); err != nil {
 			return err
 		}
-		if oc.WhereClause, err = v.unfenceWhere(g, ref, oc.WhereClause); err != nil {
+		if oc.WhereClause, err = v.unfenceWhere(g, ref, oc.WhereClause, true); err != nil {
 			return err
 		}
 	}
