@@ -5,10 +5,12 @@ package main
 // PgBouncer, at -M simple, extended and prepared. Simple-protocol text with
 // its literals inline is what psycopg2, many ORMs and hand-written tooling
 // send; pgfence binds such a write to a statement it prepares once per
-// session, where the shape allows.
+// session, where the shape allows. The shapes run three times: fresh, in a
+// stale-writer storm (shapesStorm) and with the database backstop's
+// trigger on the tables (shapesBackstop).
 //
-// BENCH_ONLY=shapes runs this section alone and writes its table to
-// bench/last-run-shapes.md.
+// BENCH_ONLY=shapes runs this section alone (it is not part of the full
+// run) and writes its tables to bench/last-run-shapes.md.
 
 import (
 	"context"
