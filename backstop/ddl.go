@@ -3,7 +3,6 @@ package backstop
 import (
 	"context"
 	"fmt"
-	"strings"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -15,21 +14,19 @@ import (
 // discovery (at once when the DDL came through pgfence).
 const EventTrigger = "pgfence_backstop_ddl"
 
-// ddlSQL creates what the event trigger needs. pgfence.ddl_backstop has
-// one row: the epoch column discovery looks for and the functions a
-// discovered table's triggers run (Reconcile keeps it). on_ddl runs as
-// the role that ran the DDL, which owns a table it created; what it cannot
-// do is a warning, never a failed DDL: a broken event trigger would stop
-// every CREATE TABLE in the database.
-var ddlSQL = []string{
-	`CREATE TABLE IF NOT EXISTS pgfence.ddl_backstop (
-		one boolean PRIMARY KEY DEFAULT true CHECK (one),
-		epoch_column name NOT NULL,
-		row_function name NOT NULL,
-		truncate_function name)`,
-	`GRANT SELECT ON pgfence.ddl_backstop TO PUBLIC`,
-	`CREATE OR REPLACE FUNCTION pgfence.on_ddl() RETURNS event_trigger
-	LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $pgfence$
+// onDDLSQL is the function EventTrigger runs (part of setupSQL). It reads
+// the one row of pgfence.ddl_backstop (the epoch column discovery looks
+// for and the functions a discovered table's triggers run, which
+// Reconcile keeps), and turns what it cannot do into a warning, never a
+// failed DDL: a broken event trigger would stop every CREATE TABLE in the
+// database. It runs as pgfence's role (SECURITY DEFINER, a superuser where
+// the event trigger exists): the DDL guard checks each trigger it creates
+// as it creates them one by one, and lets only pgfence's role and the
+// exempt ones through the states in between. A new partition of a guarded
+// table has the row trigger cloned from its parent already, and gets only
+// the others.
+const onDDLSQL = `CREATE OR REPLACE FUNCTION pgfence.on_ddl() RETURNS event_trigger
+	LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $pgfence$
 DECLARE
   cfg record;
   t record;
@@ -45,7 +42,7 @@ BEGIN
     RETURN;
   END IF;
   FOR t IN
-    SELECT DISTINCT c.oid, c.oid::regclass AS rel
+    SELECT DISTINCT c.oid, c.oid::regclass AS rel, c.relkind
     FROM pg_event_trigger_ddl_commands() d
     JOIN pg_class c ON c.oid = d.objid
     JOIN pg_namespace n ON n.oid = c.relnamespace
@@ -55,10 +52,15 @@ BEGIN
       AND n.nspname NOT IN ('pgfence', 'pg_catalog', 'information_schema') AND n.nspname NOT LIKE E'pg\\_%'
   LOOP
     BEGIN
-      IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = t.oid AND tgname = '~pgfence_backstop') THEN
+      IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = t.oid AND (tgname = '~pgfence_backstop' OR tgname ~ '^~pgfence_backstop_p[0-9]+$')) THEN
         EXECUTE format('CREATE TRIGGER %I BEFORE INSERT OR UPDATE OR DELETE ON %s FOR EACH ROW EXECUTE FUNCTION pgfence.%I()',
-          '~pgfence_backstop', t.rel, cfg.row_function);
+          CASE t.relkind WHEN 'p' THEN '~pgfence_backstop_p' || t.oid ELSE '~pgfence_backstop' END, t.rel, cfg.row_function);
       END IF;
+      IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = t.oid AND tgname = '~pgfence_epoch') THEN
+        EXECUTE format('CREATE TRIGGER %I BEFORE UPDATE OF %I ON %s FOR EACH STATEMENT WHEN (false) EXECUTE FUNCTION pgfence.epoch_guard()',
+          '~pgfence_epoch', cfg.epoch_column, t.rel);
+      END IF;
+      EXECUTE format('CREATE SEQUENCE IF NOT EXISTS pgfence.%I', 'rejects_' || t.oid);
       IF cfg.truncate_function IS NOT NULL AND NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = t.oid AND tgname = '~pgfence_backstop_truncate') THEN
         EXECUTE format('CREATE TRIGGER %I BEFORE TRUNCATE ON %s FOR EACH STATEMENT EXECUTE FUNCTION pgfence.%I()',
           '~pgfence_backstop_truncate', t.rel, cfg.truncate_function);
@@ -69,60 +71,59 @@ BEGIN
     END;
   END LOOP;
 END
-$pgfence$`,
+$pgfence$`
+
+// eventTriggers are the event triggers Install keeps, by name: the DDL
+// guard's (always) and the discovery watch (with discovery on).
+var eventTriggers = map[string]string{
+	GuardTrigger: "ON ddl_command_end WHEN TAG IN ('ALTER TABLE', 'CREATE TRIGGER', 'ALTER TRIGGER', 'CREATE FUNCTION', 'ALTER FUNCTION') " +
+		"EXECUTE FUNCTION pgfence.guard_ddl()",
+	DropGuardTrigger: "ON sql_drop EXECUTE FUNCTION pgfence.guard_drop()",
+	EventTrigger: "ON ddl_command_end WHEN TAG IN ('CREATE TABLE', 'ALTER TABLE', 'CREATE TABLE AS', 'SELECT INTO') " +
+		"EXECUTE FUNCTION pgfence.on_ddl()",
 }
 
-// watchDDL keeps the event trigger and its configuration: discovered is
-// the function a discovered table's row trigger runs (its column is
-// column), truncate the TRUNCATE trigger's ("" when TRUNCATE is allowed).
-// It returns why the event trigger is not in place, or "".
-func watchDDL(ctx context.Context, tx pgx.Tx, column, discovered, truncate string) (string, error) {
-	// Created again only when missing or not as written here: CREATE OR
-	// REPLACE at every discovery would write the catalog every minute.
-	_, body, _ := strings.Cut(ddlSQL[2], "$pgfence$")
-	body, _, _ = strings.Cut(body, "$pgfence$")
-	var current bool
-	if err := tx.QueryRow(ctx, `SELECT pg_catalog.to_regclass('pgfence.ddl_backstop') IS NOT NULL AND EXISTS (
-		SELECT 1 FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
-		WHERE n.nspname = 'pgfence' AND p.proname = 'on_ddl' AND p.prosrc = $1)`, body).Scan(&current); err != nil {
-		return "", err
-	}
-	for _, sql := range ddlSQL {
-		if current {
-			break
-		}
-		if _, err := tx.Exec(ctx, sql); err != nil {
-			return "", fmt.Errorf("creating the DDL watch: %w", err)
-		}
-	}
-	var trunc *string
-	if truncate != "" {
-		trunc = &truncate
-	}
-	if _, err := tx.Exec(ctx, `INSERT INTO pgfence.ddl_backstop (epoch_column, row_function, truncate_function) VALUES ($1, $2, $3)
-		ON CONFLICT (one) DO UPDATE SET epoch_column = excluded.epoch_column, row_function = excluded.row_function, truncate_function = excluded.truncate_function
-		WHERE (pgfence.ddl_backstop.epoch_column, pgfence.ddl_backstop.row_function, pgfence.ddl_backstop.truncate_function)
-		      IS DISTINCT FROM (excluded.epoch_column, excluded.row_function, excluded.truncate_function)`, column, discovered, trunc); err != nil {
-		return "", fmt.Errorf("recording the DDL watch's configuration: %w", err)
-	}
-	var super bool
+// keepEventTrigger creates or enables the event trigger name when the
+// role is a superuser, and returns why it is not in place, or "".
+func keepEventTrigger(ctx context.Context, tx pgx.Tx, name string, super bool) (string, error) {
 	var enabled *string
-	if err := tx.QueryRow(ctx, `SELECT (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = CURRENT_USER),
-		(SELECT evtenabled::text FROM pg_catalog.pg_event_trigger WHERE evtname = $1)`, EventTrigger).Scan(&super, &enabled); err != nil {
+	if err := tx.QueryRow(ctx, `SELECT evtenabled::text FROM pg_catalog.pg_event_trigger WHERE evtname = $1`, name).Scan(&enabled); err != nil && err != pgx.ErrNoRows {
 		return "", err
 	}
 	switch {
 	case enabled != nil && *enabled == "O":
 		return "", nil
 	case !super:
-		return "the role pgfence connects as is not a superuser, so it cannot create the event trigger " + EventTrigger +
-			": a table that gets the epoch column by DDL outside pgfence is fenced from pgfence's next read of the catalog on; " +
-			"a superuser can run 'pgfence init' once to create it", nil
+		return "the role pgfence connects as is not a superuser, so it cannot create the event trigger " + name, nil
 	case enabled != nil:
-		_, err := tx.Exec(ctx, "ALTER EVENT TRIGGER "+ident(EventTrigger)+" ENABLE")
+		_, err := tx.Exec(ctx, "ALTER EVENT TRIGGER "+ident(name)+" ENABLE")
 		return "", err
 	}
-	_, err := tx.Exec(ctx, "CREATE EVENT TRIGGER "+ident(EventTrigger)+
-		" ON ddl_command_end WHEN TAG IN ('CREATE TABLE', 'ALTER TABLE', 'CREATE TABLE AS', 'SELECT INTO') EXECUTE FUNCTION pgfence.on_ddl()")
+	_, err := tx.Exec(ctx, "CREATE EVENT TRIGGER "+ident(name)+" "+eventTriggers[name])
 	return "", err
+}
+
+// watchDDL keeps the discovery watch and its configuration: discovered is
+// the function a discovered table's row trigger runs (its column is
+// column), truncate the TRUNCATE trigger's ("" when TRUNCATE is allowed).
+// It returns why the event trigger is not in place, or "".
+// The configuration is recorded when none is, and replaced only when
+// replace says so (see record.go).
+func watchDDL(ctx context.Context, tx pgx.Tx, column, discovered, truncate string, super, replace bool) (string, error) {
+	var trunc *string
+	if truncate != "" {
+		trunc = &truncate
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO pgfence.ddl_backstop (epoch_column, row_function, truncate_function) VALUES ($1, $2, $3)
+		ON CONFLICT (one) DO UPDATE SET epoch_column = excluded.epoch_column, row_function = excluded.row_function, truncate_function = excluded.truncate_function
+		WHERE $4 AND (pgfence.ddl_backstop.epoch_column, pgfence.ddl_backstop.row_function, pgfence.ddl_backstop.truncate_function)
+		      IS DISTINCT FROM (excluded.epoch_column, excluded.row_function, excluded.truncate_function)`, column, discovered, trunc, replace); err != nil {
+		return "", fmt.Errorf("recording the DDL watch's configuration: %w", err)
+	}
+	why, err := keepEventTrigger(ctx, tx, EventTrigger, super)
+	if why != "" {
+		why += ": a table that gets the epoch column by DDL outside pgfence is fenced from pgfence's next read of the catalog on; " +
+			"a superuser can run 'pgfence init' once to create it"
+	}
+	return why, err
 }

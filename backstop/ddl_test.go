@@ -23,7 +23,7 @@ func TestEventTrigger(t *testing.T) {
 		pgtest.Exec(t, c, "DELETE FROM pgfence.ddl_backstop")
 	})
 	discovered := sqlrewrite.Guard{Column: "fence_epoch"}
-	r, err := backstop.Reconcile(ctx, db, nil, backstop.Options{Discovered: &discovered}, backstop.Install)
+	r, err := backstop.Reconcile(ctx, db, nil, backstop.Options{Discovered: &discovered, Replace: true}, backstop.Install)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,7 +102,7 @@ func TestEventTriggerNeedsSuperuser(t *testing.T) {
 		pgtest.Exec(t, c, "DELETE FROM pgfence.ddl_backstop")
 	})
 	discovered := sqlrewrite.Guard{Column: "fence_epoch"}
-	r, err := backstop.Reconcile(ctx, pgtest.Connect(t, roleURL(pf)), nil, backstop.Options{Discovered: &discovered}, backstop.Install)
+	r, err := backstop.Reconcile(ctx, pgtest.Connect(t, roleURL(pf)), nil, backstop.Options{Discovered: &discovered, Replace: true}, backstop.Install)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,7 +121,7 @@ func TestEventTriggerNeverFailsDDL(t *testing.T) {
 		pgtest.Exec(t, c, "DELETE FROM pgfence.ddl_backstop")
 	})
 	discovered := sqlrewrite.Guard{Column: "fence_epoch"}
-	if _, err := backstop.Reconcile(ctx, db, nil, backstop.Options{Discovered: &discovered}, backstop.Install); err != nil {
+	if _, err := backstop.Reconcile(ctx, db, nil, backstop.Options{Discovered: &discovered, Replace: true}, backstop.Install); err != nil {
 		t.Fatal(err)
 	}
 	app := newRole(t, baseName(t)+"_app", "")

@@ -32,18 +32,37 @@ const (
 type Table struct {
 	Guard sqlrewrite.Guard
 	// OK is set when the table's triggers are in place, enabled for
-	// ordinary sessions, and run the functions this configuration wants,
-	// with their bodies unedited.
+	// ordinary sessions, of the shape pgfence creates, and run unedited
+	// functions of the configuration the database records.
 	OK bool
+	// AsConfigured is set when that configuration is also this
+	// instance's: only then does the backstop fence the table as this
+	// instance's rewrite assumes (see Covers).
+	AsConfigured bool
 	// Changed says what Reconcile did to the table ("" for nothing).
 	Changed string
 	// Problem says why the table is not OK.
 	Problem string
+	// Owner is the role that owns the table.
+	Owner string
+	// Retry is set when Install could not take the table's lock without
+	// waiting behind open transactions: it is worth trying again soon.
+	Retry bool
 }
 
 // Report is what Reconcile found and did.
 type Report struct {
 	Tables []Table
+	// Role is the role Reconcile ran as (pgfence's), and Superuser says
+	// whether it is one.
+	Role      string
+	Superuser bool
+	// GuardingDDL is set when the DDL guard's event triggers are in place
+	// (see GuardTrigger): DDL that would weaken a backstop is refused on
+	// every connection, but for pgfence's and the exempt roles.
+	// NotGuardingDDL says why not.
+	GuardingDDL    bool
+	NotGuardingDDL string
 	// WatchingDDL is set when the event trigger is in place (see
 	// EventTrigger); NotWatchingDDL says why not, when Options.Discovered
 	// asked for it.
@@ -52,20 +71,36 @@ type Report struct {
 	// Problems are the findings that are not one guarded table's: tables
 	// that carry the backstop but are not guarded by this configuration.
 	Problems []string
+	// Differences are where this instance's configuration differs from
+	// the one the database records, which stays (see RolloutHint).
+	Differences []string
 }
 
 // Installed reports whether the backstop is OK on the table g names
 // (schema-qualified).
 func (r *Report) Installed(g sqlrewrite.Guard) bool {
+	t := r.table(g)
+	return t != nil && t.OK
+}
+
+// Covers reports whether the backstop on the table g names
+// (schema-qualified) is OK and this instance's configuration: writes the
+// rewrite leaves to it (MERGE, COPY FROM) are then fenced as configured.
+func (r *Report) Covers(g sqlrewrite.Guard) bool {
+	t := r.table(g)
+	return t != nil && t.OK && t.AsConfigured
+}
+
+func (r *Report) table(g sqlrewrite.Guard) *Table {
 	if r == nil {
-		return false
+		return nil
 	}
-	for _, t := range r.Tables {
+	for i, t := range r.Tables {
 		if t.Guard.Schema == g.Schema && t.Guard.Table == g.Table {
-			return t.OK
+			return &r.Tables[i]
 		}
 	}
-	return false
+	return nil
 }
 
 // Missing counts the tables whose backstop is not OK.
@@ -77,6 +112,12 @@ func (r *Report) Missing() int {
 		}
 	}
 	return n
+}
+
+// Retry reports whether a table's install waited on a lock and is worth
+// trying again before the next discovery.
+func (r *Report) Retry() bool {
+	return slices.ContainsFunc(r.Tables, func(t Table) bool { return t.Retry })
 }
 
 // lockKey is the advisory lock that serialises pgfence instances' setups.
@@ -96,14 +137,16 @@ const setupState = `
 SELECT $1::text || ' ' || pg_catalog.md5(
          coalesce((SELECT pg_catalog.string_agg(p.proname || ':' || p.prosrc, ';' ORDER BY p.proname)
                    FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
-                   WHERE n.nspname = 'pgfence' AND p.proname IN ('domains_guard', 'claim_domain', 'note_reject', 'note_exempt')), '') || '|' ||
+                   WHERE n.nspname = 'pgfence' AND p.proname NOT LIKE 'backstop\_%'), '') || '|' ||
          coalesce((SELECT pg_catalog.string_agg(t.tgname || ':' || t.tgenabled::text, ';' ORDER BY t.tgname)
                    FROM pg_catalog.pg_trigger t
                    WHERE t.tgrelid = pg_catalog.to_regclass('pgfence.domains') AND NOT t.tgisinternal), '')),
        (SELECT pg_catalog.obj_description(n.oid, 'pg_namespace') FROM pg_catalog.pg_namespace n WHERE n.nspname = 'pgfence')`
 
 // Setup creates or updates pgfence's schema objects (see setupSQL). It
-// costs one query when they are as it left them.
+// costs one query when they are as it left them. It never waits behind a
+// writer: it takes pgfence.domains's lock without waiting, or fails with
+// SQLSTATE 55P03.
 func Setup(ctx context.Context, conn *pgx.Conn) error {
 	if ok, err := setUp(ctx, conn); ok || err != nil {
 		return err
@@ -115,6 +158,13 @@ func Setup(ctx context.Context, conn *pgx.Conn) error {
 			return err
 		}
 		if _, err := tx.Exec(ctx, "SELECT pg_catalog.pg_advisory_xact_lock($1)", int64(lockKey)); err != nil {
+			return err
+		}
+		// Its triggers are set up again below: a lock-domain writer holds
+		// its rows until it commits.
+		if _, err := tx.Exec(ctx, `DO $$ BEGIN
+			IF pg_catalog.to_regclass('pgfence.domains') IS NOT NULL THEN LOCK TABLE pgfence.domains IN SHARE ROW EXCLUSIVE MODE NOWAIT; END IF;
+			END $$`); err != nil {
 			return err
 		}
 		for _, sql := range setupSQL {
@@ -144,54 +194,106 @@ func setUp(ctx context.Context, conn *pgx.Conn) (bool, error) {
 	return mark != nil && *mark == want, nil
 }
 
+// notSetUp is the problem of every table when pgfence's schema objects
+// are not as this version sets them up.
+const notSetUp = "pgfence's schema objects (lock domains, the backstop's helpers) are missing, were changed by hand, or are another pgfence version's: run 'pgfence init'"
+
 // Reconcile brings the backstop of guards (each schema-qualified: a table
 // that exists) to what o wants (Install), or only reports how far it is
-// from that (Verify). A table's failure (its owner is another role, a lock
-// it could not get) is that table's Problem; the error is for what stops
-// everything (the connection, pgfence's schema).
+// from that (Verify). What it installs on a table is the configuration the
+// database records for it where there is one (see record.go). A table's
+// failure (its owner is another role, a lock it could not get) is that
+// table's Problem; the error is for what stops everything (the
+// connection).
 func Reconcile(ctx context.Context, conn *pgx.Conn, guards []sqlrewrite.Guard, o Options, mode Mode) (*Report, error) {
 	r := &Report{}
-	state, err := readState(ctx, conn, guards)
-	if err != nil {
-		return nil, err
+	if err := conn.QueryRow(ctx, `SELECT CURRENT_USER::text, r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = CURRENT_USER`).Scan(&r.Role, &r.Superuser); err != nil {
+		return nil, fmt.Errorf("reading pgfence's role: %w", err)
 	}
-	changed := map[int]string{}
-	failed := map[int]string{}
+	ready := false
 	if mode == Install {
 		// What keeps the backstop from being installed is reported, not
 		// returned: the tables' state is still worth reading.
-		err := Setup(ctx, conn)
-		if err == nil {
-			changed, failed, r.NotWatchingDDL, err = apply(ctx, conn, state, o)
-		}
-		if err != nil {
+		if err := Setup(ctx, conn); err != nil {
 			r.Problems = append(r.Problems, err.Error())
-			for i := range state {
-				failed[i] = err.Error()
-			}
-		}
-		if state, err = readState(ctx, conn, guards); err != nil {
-			return nil, err
+			defer func() {
+				for i := range r.Tables {
+					r.Tables[i].Retry = code(err) == "55P03"
+				}
+			}()
+		} else {
+			ready = true
 		}
 	} else if ok, err := setUp(ctx, conn); err != nil {
 		return nil, err
-	} else if !ok {
-		r.Problems = append(r.Problems, "pgfence's schema objects (lock domains, the backstop's helpers) are missing, were changed by hand, or are another pgfence version's: run 'pgfence init'")
+	} else {
+		ready = ok
 	}
-	if o.Discovered != nil {
-		err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_event_trigger WHERE evtname = $1 AND evtenabled = 'O')`, EventTrigger).Scan(&r.WatchingDDL)
+	if !ready {
+		r.Problems = append(r.Problems, notSetUp)
+		r.NotGuardingDDL = notSetUp
+		for _, g := range guards {
+			r.Tables = append(r.Tables, Table{Guard: g, Problem: notSetUp})
+		}
+		return r, nil
+	}
+	rec, err := readRecorded(ctx, conn)
+	if err != nil {
+		return nil, err
+	}
+	oids, err := tableOIDs(ctx, conn, guards)
+	if err != nil {
+		return nil, err
+	}
+	eo := rec.options(o)
+	eff, want, mine := make([]sqlrewrite.Guard, len(guards)), make([]wanted, len(guards)), make([]wanted, len(guards))
+	for i, g := range guards {
+		eff[i] = rec.guard(g, oids[i], o)
+		want[i], mine[i] = wantedFor(eff[i], eo), wantedFor(g, o)
+	}
+	r.Differences = rec.differences(guards, oids, o)
+	if o.Discovered != nil && rec.ddl.row != "" && !o.Replace {
+		if f, _ := RowFunction(*o.Discovered, o); f.Name != rec.ddl.row || o.Discovered.Column != rec.ddl.column {
+			r.Differences = append(r.Differences, "the configuration of tables found by their epoch column (--discover-column, --mode, --missing-token and the settings above): "+
+				"the database's puts pgfence."+rec.ddl.row+" on "+rec.ddl.column+", this instance's pgfence."+f.Name+" on "+o.Discovered.Column)
+		}
+	}
+	state, err := readState(ctx, conn, eff, want)
+	if err != nil {
+		return nil, err
+	}
+	changed, failed := map[int]string{}, map[int]error{}
+	if mode == Install {
+		changed, failed, err = apply(ctx, conn, state, eff, want, eo, o, rec, r)
 		if err != nil {
+			r.Problems = append(r.Problems, err.Error())
+		}
+		if state, err = readState(ctx, conn, eff, want); err != nil {
 			return nil, err
 		}
-		if !r.WatchingDDL && r.NotWatchingDDL == "" {
-			r.NotWatchingDDL = "the event trigger " + EventTrigger + " is missing or disabled: a table that gets the epoch column by DDL outside pgfence is fenced from pgfence's next discovery on; 'pgfence init' as a superuser creates it"
-		}
+	}
+	if err := r.readEventTriggers(ctx, conn, o); err != nil {
+		return nil, err
+	}
+	setters, err := replicationRoleSetters(ctx, conn, append([]string{r.Role}, eo.ExemptRoles...))
+	if err != nil {
+		return nil, err
 	}
 	for i, st := range state {
-		t := Table{Guard: st.guard, Changed: changed[i]}
-		t.Problem = st.problem(state, o)
-		if f := failed[i]; f != "" && t.Problem != "" {
-			t.Problem += "; " + f
+		t := Table{Guard: guards[i], Changed: changed[i], Owner: st.owner, Problem: st.problem, AsConfigured: want[i] == mine[i]}
+		switch {
+		case st.oid == 0:
+			t.Problem = "table " + guards[i].Name() + " does not exist"
+		case t.Problem == "" && want[i].row.Name != "" && !st.counter:
+			t.Problem = "table " + guards[i].Name() + " has no reject counter pgfence.rejects_" + strconv.FormatUint(uint64(st.oid), 10)
+		}
+		if t.Problem == "" && want[i].row.Name != "" && len(setters) > 0 {
+			t.Problem = "roles that are not superusers may set session_replication_role, under which no trigger fires: " + strings.Join(setters, ", ") +
+				"; REVOKE SET ON PARAMETER session_replication_role FROM them, or name them with --backstop-exempt-role if they may write unfenced"
+		}
+		if f := failed[i]; f != nil && t.Problem != "" {
+			t.Problem += "; " + installFailure(guards[i].Name(), f)
+			t.Retry = code(f) == "55P03"
 		}
 		t.OK = t.Problem == ""
 		r.Tables = append(r.Tables, t)
@@ -202,201 +304,118 @@ func Reconcile(ctx context.Context, conn *pgx.Conn, guards []sqlrewrite.Guard, o
 	}
 	for _, s := range strays {
 		r.Problems = append(r.Problems, fmt.Sprintf("table %s carries pgfence's backstop but is not guarded by this configuration; "+
-			"its writes are still fenced by Postgres. If that is not wanted: DROP TRIGGER %s ON %s", s, ident(RowTrigger), s))
+			"its writes are still fenced by Postgres. If that is not wanted, have an exempt role drop its %s triggers", s, ident(RowTrigger)))
 	}
 	return r, nil
 }
 
-// trigger is one of pgfence's triggers on a table, as the catalog has it.
-type trigger struct {
-	exists    bool
-	schema    string // the function's
-	function  string
-	body      string
-	enabled   string // pg_trigger.tgenabled: O (origin), D, R, A
-	inherited bool   // cloned from a partitioned parent
-}
-
-// tableState is one guard's table in the catalog.
-type tableState struct {
-	guard      sqlrewrite.Guard
-	oid        uint32 // 0: no such table
-	partition  bool
-	ancestors  []uint32
-	row, trunc trigger
-	counter    bool // its rejects_<oid> sequence exists
-	// after names the BEFORE row triggers that fire after the backstop's
-	// (their names sort after it): they could change the epoch it stamps.
-	after string
-}
-
-const stateQuery = `
-SELECT g.i::int, coalesce(c.oid, 0)::int8, coalesce(c.relispartition, false),
-       coalesce(ARRAY(SELECT a.relid::oid::int8 FROM pg_catalog.pg_partition_ancestors(c.oid) a WHERE a.relid <> c.oid), '{}'),
-       rt.tgname IS NOT NULL, coalesce(rt.nspname, ''), coalesce(rt.proname, ''), coalesce(rt.prosrc, ''), coalesce(rt.tgenabled, ''), coalesce(rt.inherited, false),
-       tt.tgname IS NOT NULL, coalesce(tt.nspname, ''), coalesce(tt.proname, ''), coalesce(tt.prosrc, ''), coalesce(tt.tgenabled, ''),
-       c.oid IS NOT NULL AND pg_catalog.to_regclass('pgfence.' || pg_catalog.quote_ident('rejects_' || c.oid)) IS NOT NULL,
-       coalesce((SELECT pg_catalog.string_agg(pg_catalog.quote_ident(t.tgname), ', ' ORDER BY t.tgname COLLATE "C")
-                 FROM pg_catalog.pg_trigger t
-                 WHERE t.tgrelid = c.oid AND NOT t.tgisinternal AND t.tgenabled <> 'D'
-                   AND t.tgtype & 3 = 3 AND t.tgtype & 20 <> 0 -- BEFORE ROW, INSERT or UPDATE
-                   AND t.tgname COLLATE "C" > $3), '')
-FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS g(schema, name, i)
-LEFT JOIN pg_catalog.pg_namespace n ON n.nspname = g.schema
-LEFT JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = g.name AND c.relkind IN ('r', 'p')
-LEFT JOIN LATERAL (
-    SELECT t.tgname, pn.nspname::text, p.proname::text, p.prosrc, t.tgenabled::text, t.tgparentid <> 0 AS inherited
-    FROM pg_catalog.pg_trigger t
-    JOIN pg_catalog.pg_proc p ON p.oid = t.tgfoid
-    JOIN pg_catalog.pg_namespace pn ON pn.oid = p.pronamespace
-    WHERE t.tgrelid = c.oid AND t.tgname = $3) rt ON true
-LEFT JOIN LATERAL (
-    SELECT t.tgname, pn.nspname::text, p.proname::text, p.prosrc, t.tgenabled::text
-    FROM pg_catalog.pg_trigger t
-    JOIN pg_catalog.pg_proc p ON p.oid = t.tgfoid
-    JOIN pg_catalog.pg_namespace pn ON pn.oid = p.pronamespace
-    WHERE t.tgrelid = c.oid AND t.tgname = $4) tt ON true
-ORDER BY g.i`
-
-func readState(ctx context.Context, conn *pgx.Conn, guards []sqlrewrite.Guard) ([]tableState, error) {
-	schemas := make([]string, len(guards))
-	names := make([]string, len(guards))
+// tableOIDs finds the tables guards name (0 for none).
+func tableOIDs(ctx context.Context, conn *pgx.Conn, guards []sqlrewrite.Guard) ([]uint32, error) {
+	schemas, names := make([]string, len(guards)), make([]string, len(guards))
 	for i, g := range guards {
 		schemas[i], names[i] = g.Schema, g.Table
 	}
-	rows, err := conn.Query(ctx, stateQuery, schemas, names, RowTrigger, TruncateTrigger)
+	rows, err := conn.Query(ctx, `SELECT coalesce(c.oid, 0)::int8
+		FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS g(schema, name, i)
+		LEFT JOIN pg_catalog.pg_namespace n ON n.nspname = g.schema
+		LEFT JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = g.name AND c.relkind IN ('r', 'p')
+		ORDER BY g.i`, schemas, names)
 	if err != nil {
 		return nil, fmt.Errorf("reading the backstop's state: %w", err)
 	}
-	out := make([]tableState, 0, len(guards))
-	for rows.Next() {
-		var i int
-		var oid int64
-		var anc []int64
-		var st tableState
-		if err := rows.Scan(&i, &oid, &st.partition, &anc,
-			&st.row.exists, &st.row.schema, &st.row.function, &st.row.body, &st.row.enabled, &st.row.inherited,
-			&st.trunc.exists, &st.trunc.schema, &st.trunc.function, &st.trunc.body, &st.trunc.enabled,
-			&st.counter, &st.after); err != nil {
-			return nil, fmt.Errorf("reading the backstop's state: %w", err)
-		}
-		st.guard, st.oid = guards[i-1], uint32(oid)
-		for _, a := range anc {
-			st.ancestors = append(st.ancestors, uint32(a))
-		}
-		out = append(out, st)
-	}
-	if err := rows.Err(); err != nil {
+	oids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
 		return nil, fmt.Errorf("reading the backstop's state: %w", err)
+	}
+	out := make([]uint32, len(oids))
+	for i, o := range oids {
+		out[i] = uint32(o)
 	}
 	return out, nil
 }
 
-// clonedFromGuarded reports whether the table's row trigger comes, or will
-// come, from a partitioned ancestor that is guarded too: Postgres clones a
-// partitioned table's row triggers to its partitions.
-func (st tableState) clonedFromGuarded(all []tableState) bool {
-	for _, a := range st.ancestors {
-		for _, o := range all {
-			if o.oid == a {
-				if _, ok := RowFunction(o.guard, Options{}); ok {
-					return true
-				}
-			}
+// readEventTriggers notes whether the DDL guard and the discovery watch
+// are in place, and why not.
+func (r *Report) readEventTriggers(ctx context.Context, conn *pgx.Conn, o Options) error {
+	var guard, watch bool
+	if err := conn.QueryRow(ctx, `SELECT
+		(SELECT count(*) FROM pg_catalog.pg_event_trigger WHERE evtname IN ($1, $2) AND evtenabled = 'O') = 2,
+		EXISTS (SELECT 1 FROM pg_catalog.pg_event_trigger WHERE evtname = $3 AND evtenabled = 'O')`,
+		GuardTrigger, DropGuardTrigger, EventTrigger).Scan(&guard, &watch); err != nil {
+		return fmt.Errorf("reading the backstop's event triggers: %w", err)
+	}
+	r.GuardingDDL = guard
+	switch {
+	case guard:
+		r.NotGuardingDDL = ""
+	case r.NotGuardingDDL == "":
+		r.NotGuardingDDL = "the event triggers " + GuardTrigger + " and " + DropGuardTrigger + " are missing or disabled"
+	}
+	if r.NotGuardingDDL != "" {
+		r.NotGuardingDDL += ": the owner of a guarded table can drop, disable or change its backstop, or its epoch column, unseen until pgfence's next read of the catalog; " +
+			"a superuser can run 'pgfence init' once to create them"
+	}
+	if o.Discovered != nil {
+		r.WatchingDDL = watch
+		if !watch && r.NotWatchingDDL == "" {
+			r.NotWatchingDDL = "the event trigger " + EventTrigger + " is missing or disabled: a table that gets the epoch column by DDL outside pgfence is fenced from pgfence's next discovery on; 'pgfence init' as a superuser creates it"
 		}
 	}
-	return false
+	return nil
 }
 
-// problem says what keeps the table's backstop from being what o wants,
-// or "".
-func (st tableState) problem(all []tableState, o Options) string {
-	name := st.guard.Name()
-	if st.oid == 0 {
-		return "table " + name + " does not exist"
+// replicationRoleSetters lists the roles, neither superusers nor exempt,
+// that may set session_replication_role (GRANT SET ON PARAMETER, from
+// Postgres 15): under replica no trigger fires, the backstop's included.
+func replicationRoleSetters(ctx context.Context, conn *pgx.Conn, exempt []string) ([]string, error) {
+	rows, err := conn.Query(ctx, `SELECT r.rolname::text FROM pg_catalog.pg_roles r
+		WHERE pg_catalog.current_setting('server_version_num')::int >= 150000 AND NOT r.rolsuper AND NOT r.rolname = ANY($1::text[])
+		  AND r.rolname !~ '^pg_'
+		  AND pg_catalog.has_parameter_privilege(r.oid, 'session_replication_role', 'SET')
+		ORDER BY 1`, sortedRoles(exempt))
+	if err != nil {
+		var pe *pgconn.PgError
+		if errors.As(err, &pe) && pe.Code == "42883" { // before 15: no such privilege
+			return nil, nil
+		}
+		return nil, fmt.Errorf("reading who may set session_replication_role: %w", err)
 	}
-	if f, ok := RowFunction(st.guard, o); ok {
-		switch {
-		case !st.row.exists:
-			return "table " + name + " has no backstop trigger " + ident(RowTrigger)
-		case st.row.inherited && st.row.schema == Schema:
-			// A partition's clone runs its ancestor's function, which
-			// may enforce another table's configuration; the ancestor's
-			// own check covers it.
-		case st.row.schema != Schema || st.row.function != f.Name:
-			return fmt.Sprintf("the backstop trigger of table %s runs %s.%s, not %s.%s (another pgfence configuration, or edited by hand)",
-				name, st.row.schema, st.row.function, Schema, f.Name)
-		case st.row.body != f.Body:
-			return fmt.Sprintf("function %s.%s, the backstop of table %s, was edited by hand", Schema, f.Name, name)
-		}
-		if st.row.enabled != "O" {
-			return "the backstop trigger of table " + name + " is " + enabledWord(st.row.enabled) + ": " + enabledWhy(st.row.enabled)
-		}
-		if !st.counter {
-			return "table " + name + " has no reject counter pgfence.rejects_" + strconv.FormatUint(uint64(st.oid), 10)
-		}
-		if st.after != "" {
-			return "table " + name + " has BEFORE row triggers that fire after the backstop's and could change the epoch it stamps: " + st.after +
-				"; rename them so that their names sort before " + ident(RowTrigger)
-		}
-	}
-	if f, ok := TruncateFunction(o); ok {
-		switch {
-		case !st.trunc.exists:
-			return "table " + name + " has no TRUNCATE backstop trigger " + ident(TruncateTrigger)
-		case st.trunc.schema != Schema || st.trunc.function != f.Name || st.trunc.body != f.Body:
-			return "the TRUNCATE backstop trigger of table " + name + " runs another function than this configuration's"
-		case st.trunc.enabled != "O":
-			return "the TRUNCATE backstop trigger of table " + name + " is " + enabledWord(st.trunc.enabled) + ": " + enabledWhy(st.trunc.enabled)
-		}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
+// code is err's SQLSTATE, "" for none.
+func code(err error) string {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return pe.Code
 	}
 	return ""
 }
 
-func enabledWord(e string) string {
-	switch e {
-	case "D":
-		return "disabled"
-	case "R":
-		return "enabled for replicas only"
-	case "A":
-		return "enabled always"
-	}
-	return "in state " + strconv.Quote(e)
-}
-
-func enabledWhy(e string) string {
-	switch e {
-	case "D":
-		return "writes to it are not fenced by Postgres (ALTER TABLE ... DISABLE TRIGGER)"
-	case "R":
-		return "it fires only under session_replication_role = replica, so ordinary writes are not fenced by Postgres"
-	case "A":
-		return "it fires under session_replication_role = replica too, fencing logical-replication apply a second time"
-	}
-	return "not enabled as pgfence installs it"
-}
-
-// apply makes the catalog what o wants, one savepoint per table, so one
-// table's failure (its owner is another role, say) leaves the others done.
-// It returns what it did and what failed, by index into state.
-func apply(ctx context.Context, conn *pgx.Conn, state []tableState, o Options) (changed, failed map[int]string, notWatching string, err error) {
-	changed, failed = map[int]string{}, map[int]string{}
+// apply makes the catalog what eff and want say, one savepoint per table,
+// so one table's failure (its owner is another role, a lock it could not
+// take at once) leaves the others done; records the configuration; and
+// keeps the event triggers. It returns what it did and what failed, by
+// index into state.
+func apply(ctx context.Context, conn *pgx.Conn, state []tableState, eff []sqlrewrite.Guard, want []wanted, eo, o Options, rec *recorded, r *Report) (changed map[int]string, failed map[int]error, err error) {
+	changed, failed = map[int]string{}, map[int]error{}
 	funcs := map[string]Function{}
 	var discovered Function
 	if o.Discovered != nil {
-		discovered, _ = RowFunction(*o.Discovered, o)
+		discovered, _ = RowFunction(*o.Discovered, eo)
 		if discovered.Name != "" {
 			funcs[discovered.Name] = discovered
 		}
 	}
-	for _, st := range state {
-		if f, ok := RowFunction(st.guard, o); ok {
-			funcs[f.Name] = f
-		}
+	if f, ok := TruncateFunction(eo); ok {
+		funcs[f.Name] = f // the DDL watch's too
 	}
-	if f, ok := TruncateFunction(o); ok {
-		funcs[f.Name] = f
+	for _, w := range want {
+		for _, f := range []Function{w.row, w.trunc} {
+			if f.Name != "" {
+				funcs[f.Name] = f
+			}
+		}
 	}
 	// Parents first: their row triggers are cloned to partitions.
 	order := make([]int, len(state))
@@ -419,50 +438,74 @@ func apply(ctx context.Context, conn *pgx.Conn, state []tableState, o Options) (
 			if st.oid == 0 {
 				continue
 			}
-			stmts, what := st.actions(state, o)
-			if len(stmts) == 0 {
+			a := st.actions(state, eff[i], want, i)
+			if len(a.stmts) == 0 {
 				continue
 			}
-			if _, err := tx.Exec(ctx, "SAVEPOINT pgfence_backstop"); err != nil {
+			if err := savepoint(ctx, tx, func() error {
+				if a.lock != "" {
+					// Never queue behind an open transaction: a writer
+					// queued behind this lock would wait too.
+					if _, err := tx.Exec(ctx, "LOCK TABLE "+a.table+" IN "+a.lock+" MODE NOWAIT"); err != nil {
+						return err
+					}
+				}
+				for _, sql := range a.stmts {
+					if _, err := tx.Exec(ctx, sql); err != nil {
+						return err
+					}
+				}
+				return nil
+			}, func(err error) { failed[i] = err }); err != nil {
 				return err
 			}
-			var failure error
-			for _, sql := range stmts {
-				if _, failure = tx.Exec(ctx, sql); failure != nil {
-					break
-				}
+			if failed[i] == nil {
+				changed[i] = strings.Join(a.what, ", ")
 			}
-			if failure != nil {
-				if _, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT pgfence_backstop"); err != nil {
-					return err
+		}
+		if err := savepoint(ctx, tx, func() error { return record(ctx, tx, state, eff, want, eo) },
+			func(err error) { r.Problems = append(r.Problems, err.Error()) }); err != nil {
+			return err
+		}
+		for _, name := range []string{GuardTrigger, DropGuardTrigger} {
+			if err := savepoint(ctx, tx, func() error {
+				why, err := keepEventTrigger(ctx, tx, name, r.Superuser)
+				if why != "" && r.NotGuardingDDL == "" {
+					r.NotGuardingDDL = why
 				}
-				failed[i] = installFailure(st.guard.Name(), failure)
-				continue
-			}
-			if _, err := tx.Exec(ctx, "RELEASE SAVEPOINT pgfence_backstop"); err != nil {
+				return err
+			}, func(err error) { r.NotGuardingDDL = err.Error() }); err != nil {
 				return err
 			}
-			changed[i] = what
 		}
 		if discovered.Name == "" {
 			return nil
 		}
-		// The DDL watch: one savepoint of its own, as the rest is done.
-		if _, err := tx.Exec(ctx, "SAVEPOINT pgfence_backstop"); err != nil {
+		tf, _ := TruncateFunction(eo)
+		return savepoint(ctx, tx, func() error {
+			why, err := watchDDL(ctx, tx, o.Discovered.Column, discovered.Name, tf.Name, r.Superuser, o.Replace)
+			r.NotWatchingDDL = why
 			return err
-		}
-		tf, _ := TruncateFunction(o)
-		why, err := watchDDL(ctx, tx, o.Discovered.Column, discovered.Name, tf.Name)
-		if err != nil {
-			if _, rerr := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT pgfence_backstop"); rerr != nil {
-				return rerr
-			}
-			why = err.Error()
-		}
-		notWatching = why
-		return nil
+		}, func(err error) { r.NotWatchingDDL = err.Error() })
 	})
-	return changed, failed, notWatching, err
+	return changed, failed, err
+}
+
+// savepoint runs do in a savepoint of tx; when do fails, the savepoint is
+// rolled back and failed gets do's error. The error is for tx itself.
+func savepoint(ctx context.Context, tx pgx.Tx, do func() error, failed func(error)) error {
+	if _, err := tx.Exec(ctx, "SAVEPOINT pgfence_backstop"); err != nil {
+		return err
+	}
+	if err := do(); err != nil {
+		if _, rerr := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT pgfence_backstop"); rerr != nil {
+			return rerr
+		}
+		failed(err)
+		return nil
+	}
+	_, err := tx.Exec(ctx, "RELEASE SAVEPOINT pgfence_backstop")
+	return err
 }
 
 // installFailure says why a table's backstop could not be installed, and
@@ -475,7 +518,7 @@ func installFailure(table string, err error) string {
 			return fmt.Sprintf("cannot install the backstop on table %s: %s; the role pgfence connects as must own the table (or be a member of its owner) "+
 				"to create its triggers; pgfence still fences what it sees", table, pe.Message)
 		case "55P03":
-			return fmt.Sprintf("cannot install the backstop on table %s yet: a long transaction holds a lock on it (lock_timeout 5s); retrying at the next discovery", table)
+			return fmt.Sprintf("cannot install the backstop on table %s yet: open transactions hold locks on it, and pgfence does not queue behind them (writers would queue behind pgfence); trying again shortly", table)
 		}
 	}
 	return fmt.Sprintf("cannot install the backstop on table %s: %v", table, err)
@@ -518,64 +561,115 @@ func ensureFunctions(ctx context.Context, tx pgx.Tx, funcs map[string]Function) 
 	return nil
 }
 
-// actions are the statements that bring one table's backstop to what o
-// wants, and a word for what they do.
-func (st tableState) actions(all []tableState, o Options) ([]string, string) {
-	table := ident(st.guard.Schema) + "." + ident(st.guard.Table)
-	var stmts []string
-	var what []string
-	f, wantRow := RowFunction(st.guard, o)
+// tableActions are the statements that bring one table's backstop to
+// what is wanted, the lock they need (taken first, without waiting), and
+// words for what they do.
+type tableActions struct {
+	table string
+	lock  string // "" for none
+	stmts []string
+	what  []string
+}
+
+func (a *tableActions) add(lock, what string, stmts ...string) {
+	if lock == "ACCESS EXCLUSIVE" || a.lock == "" {
+		a.lock = lock
+	}
+	a.stmts = append(a.stmts, stmts...)
+	if what != "" {
+		a.what = append(a.what, what)
+	}
+}
+
+// Locks the triggers' DDL takes: CREATE TRIGGER and ENABLE TRIGGER a SHARE
+// ROW EXCLUSIVE lock, DROP TRIGGER an ACCESS EXCLUSIVE one.
+const (
+	lockCreate = "SHARE ROW EXCLUSIVE"
+	lockDrop   = "ACCESS EXCLUSIVE"
+)
+
+// actions are what brings table i's backstop (st) to g's, whose functions
+// want[i] says.
+func (st tableState) actions(all []tableState, g sqlrewrite.Guard, want []wanted, i int) tableActions {
+	a := tableActions{table: ident(g.Schema) + "." + ident(g.Table)}
+	w := want[i]
+	createRow := func(verb, name string) string {
+		return verb + " TRIGGER " + ident(name) + " BEFORE INSERT OR UPDATE OR DELETE ON " + a.table +
+			" FOR EACH ROW EXECUTE FUNCTION " + ident(Schema) + "." + ident(w.row.Name) + "()"
+	}
+	enable := func(name string) string { return "ALTER TABLE " + a.table + " ENABLE TRIGGER " + ident(name) }
 	switch {
-	case !wantRow:
-		if st.row.exists && !st.row.inherited {
-			stmts = append(stmts, "DROP TRIGGER "+ident(RowTrigger)+" ON "+table)
-			what = append(what, "removed (observe)")
+	case w.row.Name == "":
+		if st.own.exists {
+			a.add(lockDrop, "removed (observe)", "DROP TRIGGER "+ident(st.own.name)+" ON "+a.table)
 		}
-	case st.row.inherited || !st.row.exists && st.partition && st.clonedFromGuarded(all):
+		if st.epoch != "" {
+			a.add(lockDrop, "", "DROP TRIGGER "+ident(EpochTrigger)+" ON "+a.table)
+		}
+	case st.cloned:
 		// The partitioned ancestor's trigger covers it.
-		if st.row.exists && st.row.enabled != "O" {
-			stmts = append(stmts, "ALTER TABLE "+table+" ENABLE TRIGGER "+ident(RowTrigger))
-			what = append(what, "enabled")
+		if st.own.exists {
+			a.add(lockDrop, "own row trigger dropped (the one cloned from its parent covers it)", "DROP TRIGGER "+ident(st.own.name)+" ON "+a.table)
 		}
-	case !st.row.exists || st.row.schema != Schema || st.row.function != f.Name:
-		stmts = append(stmts, "CREATE OR REPLACE TRIGGER "+ident(RowTrigger)+" BEFORE INSERT OR UPDATE OR DELETE ON "+table+
-			" FOR EACH ROW EXECUTE FUNCTION "+ident(Schema)+"."+ident(f.Name)+"()")
-		if st.row.exists {
-			what = append(what, "updated")
-		} else {
-			what = append(what, "created")
+		if st.clone.enabled != "O" {
+			a.add(lockCreate, "enabled", enable(st.clone.name))
 		}
-		if st.row.exists && st.row.enabled != "O" {
-			stmts = append(stmts, "ALTER TABLE "+table+" ENABLE TRIGGER "+ident(RowTrigger))
+	case !st.own.exists && st.partition && st.clonedFromGuarded(all, want):
+		// Its ancestor's, installed first, will be cloned to it.
+	default:
+		name := ownRowTrigger(st.kind, st.oid)
+		switch {
+		case !st.own.exists:
+			a.add(lockCreate, "created", createRow("CREATE", name))
+		case st.own.name != name:
+			// A partitioned table's trigger named as a plain table's
+			// (before pgfence named them apart) would stop a table with a
+			// backstop of its own from being attached as a partition.
+			a.add(lockDrop, "renamed "+name, createRow("CREATE", name), "DROP TRIGGER "+ident(st.own.name)+" ON "+a.table)
+		case !st.own.ok || st.own.function != w.row.Name:
+			a.add(lockCreate, "updated", createRow("CREATE OR REPLACE", name))
+			if st.own.enabled != "O" {
+				a.add(lockCreate, "", enable(name))
+			}
+		case st.own.enabled != "O":
+			a.add(lockCreate, "enabled (was "+enabledWord(st.own.enabled)+")", enable(name))
 		}
-	case st.row.enabled != "O":
-		stmts = append(stmts, "ALTER TABLE "+table+" ENABLE TRIGGER "+ident(RowTrigger))
-		what = append(what, "enabled (was "+enabledWord(st.row.enabled)+")")
 	}
-	if wantRow && !st.counter {
-		stmts = append(stmts, "CREATE SEQUENCE IF NOT EXISTS "+ident(Schema)+"."+ident("rejects_"+strconv.FormatUint(uint64(st.oid), 10)))
-	}
-	tf, wantTrunc := TruncateFunction(o)
 	switch {
-	case !wantTrunc:
+	case w.row.Name == "":
+	case st.epoch == "":
+		what := "epoch column tied to the backstop"
+		if len(a.what) > 0 {
+			what = ""
+		}
+		a.add(lockCreate, what, "CREATE OR REPLACE TRIGGER "+ident(EpochTrigger)+" BEFORE UPDATE OF "+ident(g.Column)+" ON "+a.table+
+			" FOR EACH STATEMENT WHEN (false) EXECUTE FUNCTION "+ident(Schema)+".epoch_guard()")
+	case st.epoch != "O":
+		// It never runs, so its state changes nothing: enabled as it was.
+		a.add(lockCreate, "", enable(EpochTrigger))
+	}
+	if w.row.Name != "" && !st.counter {
+		a.stmts = append(a.stmts, "CREATE SEQUENCE IF NOT EXISTS "+ident(Schema)+"."+ident("rejects_"+strconv.FormatUint(uint64(st.oid), 10)))
+	}
+	switch {
+	case w.trunc.Name == "":
 		if st.trunc.exists {
-			stmts = append(stmts, "DROP TRIGGER "+ident(TruncateTrigger)+" ON "+table)
-			what = append(what, "TRUNCATE allowed")
+			a.add(lockDrop, "TRUNCATE allowed", "DROP TRIGGER "+ident(TruncateTrigger)+" ON "+a.table)
 		}
-	case !st.trunc.exists || st.trunc.schema != Schema || st.trunc.function != tf.Name:
-		stmts = append(stmts, "CREATE OR REPLACE TRIGGER "+ident(TruncateTrigger)+" BEFORE TRUNCATE ON "+table+
-			" FOR EACH STATEMENT EXECUTE FUNCTION "+ident(Schema)+"."+ident(tf.Name)+"()")
+	case !st.trunc.exists || !st.trunc.ok || st.trunc.function != w.trunc.Name:
+		what := ""
+		if len(a.what) == 0 {
+			what = "TRUNCATE trigger set"
+		}
+		a.add(lockCreate, what, "CREATE OR REPLACE TRIGGER "+ident(TruncateTrigger)+" BEFORE TRUNCATE ON "+a.table+
+			" FOR EACH STATEMENT EXECUTE FUNCTION "+ident(Schema)+"."+ident(w.trunc.Name)+"()")
 		if st.trunc.exists && st.trunc.enabled != "O" {
-			stmts = append(stmts, "ALTER TABLE "+table+" ENABLE TRIGGER "+ident(TruncateTrigger))
-		}
-		if len(what) == 0 {
-			what = append(what, "TRUNCATE trigger set")
+			a.add(lockCreate, "", enable(TruncateTrigger))
 		}
 	case st.trunc.enabled != "O":
-		stmts = append(stmts, "ALTER TABLE "+table+" ENABLE TRIGGER "+ident(TruncateTrigger))
-		what = append(what, "TRUNCATE trigger enabled")
+		a.add(lockCreate, "TRUNCATE trigger enabled", enable(TruncateTrigger))
 	}
-	return stmts, strings.Join(what, ", ")
+	return a
 }
 
 // strayTables lists the tables that carry the backstop's row trigger of
@@ -588,7 +682,7 @@ func strayTables(ctx context.Context, conn *pgx.Conn, state []tableState) ([]str
 		}
 	}
 	rows, err := conn.Query(ctx, `SELECT t.tgrelid::regclass::text FROM pg_catalog.pg_trigger t
-		WHERE t.tgname = $1 AND t.tgparentid = 0 AND NOT t.tgrelid::int8 = ANY($2) ORDER BY 1`, RowTrigger, oids)
+		WHERE t.tgname ~ $1 AND t.tgparentid = 0 AND NOT t.tgrelid::int8 = ANY($2) ORDER BY 1`, rowTriggerName, oids)
 	if err != nil {
 		return nil, fmt.Errorf("reading the backstop's state: %w", err)
 	}
@@ -605,7 +699,7 @@ JOIN pg_catalog.pg_class c ON c.oid = t.tgrelid
 JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 JOIN pg_catalog.pg_proc p ON p.oid = t.tgfoid
 JOIN pg_catalog.pg_namespace pn ON pn.oid = p.pronamespace
-WHERE t.tgname = $1 AND t.tgparentid = 0 AND pn.nspname = $2
+WHERE t.tgname ~ $1 AND t.tgparentid = 0 AND pn.nspname = $2
 ORDER BY 1, 2`
 
 // Carriers returns the tables that carry the backstop (its row trigger of
@@ -614,7 +708,7 @@ ORDER BY 1, 2`
 // schema, so a table guarded by a name it no longer has is found here
 // under its new one.
 func Carriers(ctx context.Context, conn *pgx.Conn) ([]sqlrewrite.Guard, error) {
-	rows, err := conn.Query(ctx, carriersQuery, RowTrigger, Schema)
+	rows, err := conn.Query(ctx, carriersQuery, rowTriggerName, Schema)
 	if err != nil {
 		return nil, fmt.Errorf("reading the backstop's state: %w", err)
 	}

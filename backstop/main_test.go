@@ -50,6 +50,7 @@ func install(t *testing.T, o backstop.Options, tables ...string) *backstop.Repor
 
 func installGuards(t *testing.T, o backstop.Options, gs ...sqlrewrite.Guard) *backstop.Report {
 	t.Helper()
+	o.Replace = true // each test's configuration is its own, as 'pgfence init' records one
 	r, err := backstop.Reconcile(ctx, pgtest.Direct(t), gs, o, backstop.Install)
 	if err != nil {
 		t.Fatal(err)

@@ -68,6 +68,7 @@ func domainToken(t *testing.T, d string) int64 {
 // reconcile runs Reconcile on a direct connection as the superuser.
 func reconcile(t *testing.T, mode backstop.Mode, o backstop.Options, gs ...sqlrewrite.Guard) *backstop.Report {
 	t.Helper()
+	o.Replace = true // as installGuards
 	r, err := backstop.Reconcile(ctx, pgtest.Direct(t), gs, o, mode)
 	if err != nil {
 		t.Fatal(err)
@@ -677,7 +678,7 @@ func TestNotOwner(t *testing.T) {
 	conn := pgtest.Connect(t, roleURL(pf))
 	gs := []sqlrewrite.Guard{guardOf("public", mine), guardOf("public", theirs)}
 	for _, mode := range []backstop.Mode{backstop.Install, backstop.Verify} {
-		r, err := backstop.Reconcile(ctx, conn, gs, backstop.Options{}, mode)
+		r, err := backstop.Reconcile(ctx, conn, gs, backstop.Options{Replace: true}, mode)
 		if err != nil {
 			t.Fatalf("mode %v: %v", mode, err)
 		}
@@ -715,7 +716,7 @@ func TestReconcileIdempotent(t *testing.T) {
 	ga, gb := guardOf("public", a), guardOf("public", b)
 	gb.Domain, gb.Rollout = d, sqlrewrite.Enforce
 	ga.Rollout = sqlrewrite.Shadow
-	o := backstop.Options{}
+	o := backstop.Options{Replace: true}
 	installGuards(t, o, ga, gb)
 	catalog := func() string {
 		return query(t, `SELECT string_agg(x, ' ' ORDER BY x) FROM (

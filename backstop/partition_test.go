@@ -48,7 +48,7 @@ func TestPartitions(t *testing.T) {
 		t.Fatalf("stale UPDATE of a partition attached after the install: %s", tag)
 	}
 	all := []sqlrewrite.Guard{guard(p), guard(p + "_1"), guard(p + "_2"), guard(p + "_3")}
-	r, err := backstop.Reconcile(ctx, db, all, backstop.Options{}, backstop.Verify)
+	r, err := backstop.Reconcile(ctx, db, all, backstop.Options{Replace: true}, backstop.Verify)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +86,7 @@ func TestTriggerAfterBackstop(t *testing.T) {
 	pgtest.Exec(t, db, `CREATE OR REPLACE FUNCTION `+tb+`_forge() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN NEW.fence_epoch := 999; RETURN NEW; END $$;
 		CREATE TRIGGER "~~forge" BEFORE UPDATE ON `+tb+` FOR EACH ROW EXECUTE FUNCTION `+tb+`_forge()`)
 	g := sqlrewrite.Guard{Schema: "public", Table: tb, Column: "fence_epoch"}
-	r, err := backstop.Reconcile(ctx, db, []sqlrewrite.Guard{g}, backstop.Options{}, backstop.Install)
+	r, err := backstop.Reconcile(ctx, db, []sqlrewrite.Guard{g}, backstop.Options{Replace: true}, backstop.Install)
 	if err != nil {
 		t.Fatal(err)
 	}

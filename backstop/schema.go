@@ -1,15 +1,22 @@
 package backstop
 
-// setupSQL creates pgfence's schema objects, or brings them up to date.
-// Every statement is idempotent; Install runs them under an advisory lock,
-// so two pgfence instances starting at once do not trip over each other.
+import "slices"
+
+// setupSQL creates pgfence's schema objects, or brings them up to date:
+// schemaSQL's, the DDL guard's (guardSQL) and the discovery watch's
+// function (onDDLSQL). Every statement is idempotent; Install runs them
+// under an advisory lock, so two pgfence instances starting at once do not
+// trip over each other.
+var setupSQL = slices.Concat(schemaSQL, guardSQL, []string{onDDLSQL})
+
+// schemaSQL: lock domains, counters and the trigger's helpers.
 //
 // PUBLIC gets USAGE on the schema (to reach the helpers below) and
 // SELECT, UPDATE on pgfence.domains (the rewriter's claim is an UPDATE of
 // the domain's row in the writer's own statement); domains_guard keeps
 // that UPDATE from ever lowering a token or renaming a domain, and keeps
 // rows from being deleted, except by the table's owner (pgfence's role).
-var setupSQL = []string{
+var schemaSQL = []string{
 	`CREATE SCHEMA IF NOT EXISTS pgfence`,
 	`GRANT USAGE ON SCHEMA pgfence TO PUBLIC`,
 	`CREATE TABLE IF NOT EXISTS pgfence.domains (domain text PRIMARY KEY, token bigint NOT NULL)`,
@@ -82,7 +89,7 @@ $pgfence$`,
 	LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $pgfence$
 DECLARE
   seq regclass := to_regclass('pgfence.' || quote_ident('rejects_' || rel));
-  k text := statement_timestamp() || ' ' || rel || ' ' || kind;
+  k text;
   sch name;
   tbl name;
 BEGIN
@@ -94,6 +101,9 @@ BEGIN
   IF mode = 'shadow' THEN
     RETURN;
   END IF;
+  -- One notice per statement and table: the mark is keyed with pgfence's
+  -- secret, so that a client cannot set it ahead to hide the notice.
+  SELECT md5(s.key || ' ' || statement_timestamp() || ' ' || rel || ' ' || kind) INTO k FROM pgfence.secret s;
   IF current_setting('pgfence.noticed', true) IS DISTINCT FROM k THEN
     PERFORM set_config('pgfence.noticed', k, true);
     SELECT n.nspname, c.relname INTO sch, tbl FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = rel;
@@ -112,9 +122,11 @@ $pgfence$`,
 	`CREATE OR REPLACE FUNCTION pgfence.note_exempt(rel oid, who name) RETURNS void
 	LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $pgfence$
 DECLARE
-  k text := statement_timestamp() || ' ' || rel;
+  k text;
 BEGIN
   PERFORM nextval('pgfence.exempt_writes');
+  -- As note_reject's mark: a client cannot set it ahead to hide the line.
+  SELECT md5(s.key || ' ' || statement_timestamp() || ' ' || rel) INTO k FROM pgfence.secret s;
   IF current_setting('pgfence.exempt_noted', true) IS DISTINCT FROM k THEN
     PERFORM set_config('pgfence.exempt_noted', k, true);
     RAISE LOG 'pgfence: role % (session user %) wrote guarded table % without the fence: it is an exempt role', who, session_user, rel::regclass;

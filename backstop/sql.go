@@ -49,6 +49,11 @@ type Options struct {
 	// Table): Install then keeps an event trigger that puts the backstop
 	// on such a table as DDL creates it (see EventTrigger).
 	Discovered *sqlrewrite.Guard
+	// Replace records this configuration in the database in place of the
+	// one recorded there ('pgfence init'). Without it the recorded one is
+	// what Install keeps, and where this one differs Reconcile says so
+	// (Report.Differences): see record.go.
+	Replace bool
 }
 
 func (o Options) setting() string {

@@ -1,0 +1,241 @@
+package backstop
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgfence/pgfence/sqlrewrite"
+)
+
+// One configuration across instances: the database records the
+// configuration its backstop was installed with (pgfence.settings, and per
+// table pgfence.guarded), and that is the one every instance installs. The
+// first instance to install a table records it; an instance whose flags
+// differ keeps the recorded one and says where they differ
+// (Report.Differences); 'pgfence init' (Options.Replace) records its own.
+// Two instances with different flags would otherwise replace each other's
+// trigger functions at every discovery.
+
+// recorded is the configuration recorded in the database.
+type recorded struct {
+	settings *recordedSettings
+	tables   map[uint32]recordedTable
+	// ddl is the discovered tables' row function the DDL watch uses ("":
+	// none recorded).
+	ddl ddlRecord
+}
+
+type recordedSettings struct {
+	tokenSetting  string
+	allowTruncate bool
+	exemptRoles   []string
+}
+
+type recordedTable struct {
+	column       string
+	rollout      sqlrewrite.Rollout
+	allowMissing bool
+	domain       string
+}
+
+type ddlRecord struct {
+	column, row, trunc string
+}
+
+// readRecorded reads the recorded configuration (none before Setup).
+func readRecorded(ctx context.Context, conn *pgx.Conn) (*recorded, error) {
+	r := &recorded{tables: map[uint32]recordedTable{}}
+	var exists bool
+	if err := conn.QueryRow(ctx, "SELECT pg_catalog.to_regclass('pgfence.guarded') IS NOT NULL AND pg_catalog.to_regclass('pgfence.settings') IS NOT NULL").Scan(&exists); err != nil {
+		return nil, fmt.Errorf("reading the backstop's recorded configuration: %w", err)
+	}
+	if !exists {
+		return r, nil
+	}
+	var s recordedSettings
+	err := conn.QueryRow(ctx, "SELECT token_setting, allow_truncate, exempt_roles::text[] FROM pgfence.settings").Scan(&s.tokenSetting, &s.allowTruncate, &s.exemptRoles)
+	switch {
+	case err == nil:
+		r.settings = &s
+	case err != pgx.ErrNoRows:
+		return nil, fmt.Errorf("reading the backstop's recorded configuration: %w", err)
+	}
+	rows, err := conn.Query(ctx, "SELECT relid::int8, epoch_column::text, rollout, allow_missing, coalesce(domain, '') FROM pgfence.guarded")
+	if err != nil {
+		return nil, fmt.Errorf("reading the backstop's recorded configuration: %w", err)
+	}
+	for rows.Next() {
+		var oid int64
+		var t recordedTable
+		var rollout string
+		if err := rows.Scan(&oid, &t.column, &rollout, &t.allowMissing, &t.domain); err != nil {
+			return nil, fmt.Errorf("reading the backstop's recorded configuration: %w", err)
+		}
+		t.rollout = rolloutOf(rollout)
+		r.tables[uint32(oid)] = t
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("reading the backstop's recorded configuration: %w", err)
+	}
+	err = conn.QueryRow(ctx, "SELECT epoch_column::text, row_function::text, coalesce(truncate_function::text, '') FROM pgfence.ddl_backstop").Scan(&r.ddl.column, &r.ddl.row, &r.ddl.trunc)
+	if err != nil && err != pgx.ErrNoRows {
+		return nil, fmt.Errorf("reading the backstop's recorded configuration: %w", err)
+	}
+	return r, nil
+}
+
+func rolloutOf(s string) sqlrewrite.Rollout {
+	switch s {
+	case "shadow":
+		return sqlrewrite.Shadow
+	case "observe":
+		return sqlrewrite.Observe
+	}
+	return sqlrewrite.Enforce
+}
+
+// wanted are the functions a table's triggers run ("" for none): its row
+// trigger's and its TRUNCATE trigger's.
+type wanted struct {
+	row, trunc Function
+}
+
+func wantedFor(g sqlrewrite.Guard, o Options) wanted {
+	var w wanted
+	w.row, _ = RowFunction(g, o)
+	w.trunc, _ = TruncateFunction(o)
+	return w
+}
+
+// options is o with the recorded settings in place of its own, unless o
+// replaces them or none are recorded.
+func (r *recorded) options(o Options) Options {
+	if r.settings == nil || o.Replace {
+		return o
+	}
+	o.TokenSetting, o.AllowTruncate, o.ExemptRoles = r.settings.tokenSetting, r.settings.allowTruncate, r.settings.exemptRoles
+	return o
+}
+
+// guard is g, the guard of the table oid, with its recorded configuration
+// in place of its own, unless o replaces it or none is recorded.
+func (r *recorded) guard(g sqlrewrite.Guard, oid uint32, o Options) sqlrewrite.Guard {
+	t, ok := r.tables[oid]
+	if !ok || o.Replace {
+		return g
+	}
+	g.Column, g.Rollout, g.AllowMissingToken, g.Domain = t.column, t.rollout, t.allowMissing, t.domain
+	return g
+}
+
+// differences says where this instance's configuration (guards, o)
+// differs from the recorded one, which stays.
+func (r *recorded) differences(guards []sqlrewrite.Guard, oids []uint32, o Options) []string {
+	if o.Replace {
+		return nil
+	}
+	var out []string
+	if s := r.settings; s != nil {
+		if s.tokenSetting != o.setting() {
+			out = append(out, fmt.Sprintf("--token-setting: %s in the database, %s here", s.tokenSetting, o.setting()))
+		}
+		if s.allowTruncate != o.AllowTruncate {
+			out = append(out, fmt.Sprintf("--allow-truncate: %v in the database, %v here", s.allowTruncate, o.AllowTruncate))
+		}
+		mine := slices.Clone(o.ExemptRoles)
+		slices.Sort(mine)
+		if theirs := slices.Sorted(slices.Values(s.exemptRoles)); !slices.Equal(theirs, mine) {
+			out = append(out, fmt.Sprintf("--backstop-exempt-role: [%s] in the database, [%s] here", strings.Join(theirs, ", "), strings.Join(mine, ", ")))
+		}
+	}
+	for i, g := range guards {
+		t, ok := r.tables[oids[i]]
+		if !ok || oids[i] == 0 {
+			continue
+		}
+		var d []string
+		if t.column != g.Column {
+			d = append(d, fmt.Sprintf("epoch column %s in the database, %s here", t.column, g.Column))
+		}
+		if t.rollout != g.Rollout {
+			d = append(d, fmt.Sprintf("--mode/--table-mode %s in the database, %s here", t.rollout, g.Rollout))
+		}
+		if t.allowMissing != g.AllowMissingToken {
+			d = append(d, fmt.Sprintf("--missing-token %s in the database, %s here", missingWord(t.allowMissing), missingWord(g.AllowMissingToken)))
+		}
+		if t.domain != g.Domain {
+			d = append(d, fmt.Sprintf("--domain %q in the database, %q here", t.domain, g.Domain))
+		}
+		if len(d) > 0 {
+			out = append(out, "table "+g.Name()+": "+strings.Join(d, "; "))
+		}
+	}
+	return out
+}
+
+func missingWord(allow bool) string {
+	if allow {
+		return "allow"
+	}
+	return "reject"
+}
+
+// RolloutHint says how to roll a configuration change out, for a report
+// with Differences.
+const RolloutHint = "the database's configuration stays, as every pgfence instance installs the one the database records; " +
+	"to roll a change out, run 'pgfence init' once with the new flags (it records them and installs them), then restart every instance with the same flags"
+
+// record writes the configuration each table's backstop was installed
+// with (effective: the recorded one, or this instance's where none is or
+// o replaces it), and forgets the tables that are gone.
+func record(ctx context.Context, tx pgx.Tx, state []tableState, eff []sqlrewrite.Guard, want []wanted, o Options) error {
+	if _, err := tx.Exec(ctx, `INSERT INTO pgfence.settings (token_setting, allow_truncate, exempt_roles) VALUES ($1, $2, $3)
+		ON CONFLICT (one) DO UPDATE SET token_setting = excluded.token_setting, allow_truncate = excluded.allow_truncate, exempt_roles = excluded.exempt_roles
+		WHERE $4 AND (pgfence.settings.token_setting, pgfence.settings.allow_truncate, pgfence.settings.exempt_roles)
+		      IS DISTINCT FROM (excluded.token_setting, excluded.allow_truncate, excluded.exempt_roles)`,
+		o.setting(), o.AllowTruncate, sortedRoles(o.ExemptRoles), o.Replace); err != nil {
+		return fmt.Errorf("recording the backstop's configuration: %w", err)
+	}
+	for i, st := range state {
+		if st.oid == 0 {
+			continue
+		}
+		g := eff[i]
+		var domain, row, trunc *string
+		if g.Domain != "" {
+			domain = &g.Domain
+		}
+		if f := want[i].row.Name; f != "" {
+			row = &f
+		}
+		if f := want[i].trunc.Name; f != "" {
+			trunc = &f
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO pgfence.guarded AS g (relid, epoch_column, rollout, allow_missing, domain, row_function, truncate_function)
+			VALUES ($1, $2, $3, $4, $5, $6, $7)
+			ON CONFLICT (relid) DO UPDATE SET epoch_column = excluded.epoch_column, rollout = excluded.rollout, allow_missing = excluded.allow_missing,
+			    domain = excluded.domain, row_function = excluded.row_function, truncate_function = excluded.truncate_function
+			WHERE (g.epoch_column, g.rollout, g.allow_missing, g.domain, g.row_function, g.truncate_function)
+			      IS DISTINCT FROM (excluded.epoch_column, excluded.rollout, excluded.allow_missing, excluded.domain, excluded.row_function, excluded.truncate_function)`,
+			int64(st.oid), g.Column, g.Rollout.String(), g.AllowMissingToken, domain, row, trunc); err != nil {
+			return fmt.Errorf("recording the backstop's configuration of table %s: %w", g.Name(), err)
+		}
+	}
+	if _, err := tx.Exec(ctx, `DELETE FROM pgfence.guarded g WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.oid = g.relid)`); err != nil {
+		return fmt.Errorf("recording the backstop's configuration: %w", err)
+	}
+	return nil
+}
+
+func sortedRoles(roles []string) []string {
+	r := slices.Clone(roles)
+	slices.Sort(r)
+	if r == nil {
+		r = []string{}
+	}
+	return r
+}
