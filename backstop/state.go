@@ -32,10 +32,10 @@ type tableState struct {
 	// own is the table's own row trigger; cloned says it has one cloned
 	// from a partitioned ancestor's (and enabled what state that one is
 	// in).
-	own     trigger
-	cloned  bool
-	clone   trigger
-	trunc   trigger
+	own    trigger
+	cloned bool
+	clone  trigger
+	trunc  trigger
 	// epoch is the state (pg_trigger.tgenabled) of EpochTrigger when it
 	// ties the epoch column, "" when it does not.
 	epoch   string
