@@ -25,6 +25,16 @@
 //   - One reject counter per guarded table, the sequence rejects_<oid>:
 //     sequences are not transactional, so a reject is counted even when its
 //     transaction rolls back, and counting takes no row lock.
+//   - The recorded configuration (record.go): pgfence.settings (token
+//     setting, exempt roles, TRUNCATE) and pgfence.guarded, one row per
+//     guarded table by oid (epoch column, rollout, missing-token policy,
+//     lock domain, and the functions its triggers run).
+//   - pgfence.secret, a key only pgfence's role reads, with which
+//     note_reject and note_exempt key their once-per-statement marks: a
+//     client can set the mark's setting, but not to a value that hides
+//     the next notice or audit line.
+//   - The DDL guard's functions (guard.go): backstop_problem, guard_of,
+//     guard_ddl, guard_drop, refuse_weakened, mend_backstops.
 //
 // With discovery on, and when pgfence's role is a superuser, the event
 // trigger pgfence_backstop_ddl (on_ddl, configured by the one row of
@@ -41,9 +51,55 @@
 //     BEFORE triggers fire in name order; "~" sorts after every letter and
 //     digit, so the backstop sees (and stamps) the row as the other BEFORE
 //     triggers leave it. On a partitioned table it is created once on the
-//     table and Postgres clones it to every partition, present and future.
+//     table, named "~pgfence_backstop_p<oid>", and Postgres clones it to
+//     every partition, present and future. The names differ so that a
+//     clone never meets a trigger of the same name: ATTACH PARTITION of a
+//     table that has a backstop of its own (one detached, or created for
+//     the purpose and discovered) fails on such a meeting.
 //   - "~pgfence_backstop_truncate", BEFORE TRUNCATE FOR EACH STATEMENT,
 //     refusing TRUNCATE unless it is allowed.
+//   - "~pgfence_epoch", BEFORE UPDATE OF <epoch column> FOR EACH STATEMENT
+//     WHEN (false): it never runs, but a trigger naming a column makes
+//     Postgres refuse to change the column's type (ALTER COLUMN ... TYPE
+//     bigint USING 0 would reset every epoch) or to drop it without
+//     CASCADE, on every connection and for every role.
+//
+// # Nothing weakens the backstop unseen
+//
+// Reconcile and the DDL guard judge a table's backstop by one function,
+// backstop_problem: its triggers in place, enabled, of pgfence's shape
+// (events, timing, level, no WHEN, no column list, no arguments: all that
+// pg_get_triggerdef prints, compared field by field), running unedited
+// functions of pgfence's (a function's name ends with its body's hash), no
+// BEFORE row trigger firing after the backstop's, and the epoch column
+// there and tied. Roles that may set session_replication_role (GRANT SET
+// ON PARAMETER, Postgres 15 on) make every table not OK too.
+//
+// When pgfence's role is a superuser, Install keeps two event triggers,
+// pgfence_guard_ddl (ddl_command_end of ALTER TABLE, CREATE and ALTER
+// TRIGGER, CREATE and ALTER FUNCTION) and pgfence_guard_drop (sql_drop),
+// which fail a command, rolling it back, when a guarded table it touched
+// (or its partitions) then has a problem, unless the role running it is
+// pgfence's own (the owner of schema pgfence, or a member of it; not any
+// superuser) or a recorded exempt role. They run as that role, and read
+// only what PUBLIC may. They judge only the tables the command touched:
+// another table's broken backstop never fails an unrelated migration.
+// Before judging an ALTER TABLE, guard_ddl mends what Postgres itself
+// undid for a legitimate command: a partition detached, whose clone of
+// its parent's row trigger Postgres dropped, gets one of its own at once;
+// a table attached under a guarded parent drops its own once it has the
+// clone. Event triggers do not fire on event triggers, on shared objects
+// (roles, GRANT ON PARAMETER) or under session_replication_role =
+// replica; only superusers can drop them.
+//
+// on_ddl, the discovery watch, runs as pgfence's role (SECURITY DEFINER):
+// the guard judges each trigger it creates as it creates them, and lets
+// only pgfence's and the exempt roles through the states in between.
+//
+// Install never queues behind an open transaction: a writer queued behind
+// pgfence's lock request would wait too. It takes each table's lock with
+// NOWAIT before its DDL, and reports a table it could not lock with Retry,
+// for serve to try again soon.
 //
 // # The rule
 //
@@ -78,12 +134,15 @@
 //
 // Triggers do not fire when session_replication_role is replica, which is
 // what logical-replication apply runs with: the publisher already fenced
-// those writes. Only superusers can set it. ALTER TABLE ... DISABLE TRIGGER
-// (the table's owner) turns the backstop off for that table; Reconcile
-// (Verify) reports it as drift, and Reconcile (Install) enables it again.
-// A BEFORE row trigger whose name sorts after the backstop's would fire
-// after it and could change the epoch: Reconcile reports the table as not
-// OK until it is renamed.
+// those writes. Only superusers (and roles granted SET on it, which make
+// the backstop not OK) can set it. Without the DDL guard (pgfence's role
+// is not a superuser), the table's owner can still drop, disable or change
+// the backstop's triggers and the epoch column; Reconcile (Verify) reports
+// it as drift at its next read, and Reconcile (Install) mends the
+// triggers, but writes in between are not fenced by Postgres. A BEFORE
+// row trigger whose name sorts after the backstop's would fire after it
+// and could change the epoch: the table is not OK until it is renamed (and
+// the guard refuses to create one).
 //
 // Exempt roles are matched on current_user: a SECURITY DEFINER function
 // owned by an exempt role writes unfenced for whoever calls it. Helpers

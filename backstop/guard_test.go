@@ -382,3 +382,41 @@ func TestMarksUnforgeable(t *testing.T) {
 	audit := "pgfence: role " + mig + " (session user " + mig + ") wrote guarded table public." + tb + " without the fence"
 	poll.Eventually(t, 30*time.Second, "the audit line "+audit+" after a preset mark", func() bool { return strings.Contains(pgtest.Server().LogTail(), audit) })
 }
+
+// TestGuardNeedsSuperuser: a pgfence role that is not a superuser cannot
+// create the DDL guard: Reconcile says so and why it matters, and names
+// each table's owner, so that serve can say which tables another role can
+// switch the fence off on.
+func TestGuardNeedsSuperuser(t *testing.T) {
+	base := baseName(t)
+	tb := guarded(t, base, [3]any{1, "a", 5})
+	app, pf := newRole(t, base+"_app", ""), newRole(t, base+"_pf", "")
+	db := pgtest.Direct(t)
+	if err := backstop.Setup(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	exec(t, db, "GRANT postgres TO "+pf) // owns pgfence's objects, not a superuser
+	exec(t, db, "GRANT "+app+" TO "+pf)  // may create the triggers on app's table
+	ownedBy(t, tb, app)
+	exec(t, db, "DROP EVENT TRIGGER IF EXISTS "+backstop.GuardTrigger+"; DROP EVENT TRIGGER IF EXISTS "+backstop.DropGuardTrigger)
+	t.Cleanup(func() {
+		exec(t, pgtest.Direct(t), "REASSIGN OWNED BY "+pf+" TO postgres") // functions other tables' triggers may share
+		reconcile(t, backstop.Install, backstop.Options{})                // the guard again, for the other tests
+	})
+	r, err := backstop.Reconcile(ctx, pgtest.Connect(t, roleURL(pf)), []sqlrewrite.Guard{guardOf("public", tb)}, backstop.Options{Replace: true}, backstop.Install)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.GuardingDDL || r.Superuser || !strings.Contains(r.NotGuardingDDL, "not a superuser") || !strings.Contains(r.NotGuardingDDL, "owner of a guarded table can") {
+		t.Fatalf("Install as a role that is not a superuser: %v %q", r.GuardingDDL, r.NotGuardingDDL)
+	}
+	if tr := oneTable(t, r); !tr.OK || tr.Owner != app || r.Role != pf {
+		t.Fatalf("table: %+v, role %s", tr, r.Role)
+	}
+	// What the owner can then still do, and the next read finds.
+	a := pgtest.Connect(t, roleURL(app))
+	exec(t, a, `ALTER TABLE public.`+tb+` DISABLE TRIGGER "~pgfence_backstop"`)
+	if tr := oneTable(t, reconcile(t, backstop.Verify, backstop.Options{}, guardOf("public", tb))); tr.OK || !strings.Contains(tr.Problem, "is disabled") {
+		t.Fatalf("Verify after the owner disabled the backstop: %+v", tr)
+	}
+}
