@@ -34,7 +34,7 @@ func (p *Policy) planIn(st *state, c *proxy.Client, sql string, mode sqlrewrite.
 	if st.nonASCIINames && misreadsNonASCII(c) && !isASCII(sql) {
 		cl = st.rw.Classify(sql)
 		p.noteChange(c, sess, cl)
-		if !cl.Has(sqlrewrite.Writes) {
+		if !cl.Has(sqlrewrite.Writes) && !sqlrewrite.MayBeDDL(sql, cl) {
 			p.m.passthrough.Inc()
 			return proxy.Plan{Forget: sess.invalidates(cl)}
 		}
@@ -113,13 +113,14 @@ func (p *Policy) planIn(st *state, c *proxy.Client, sql string, mode sqlrewrite.
 }
 
 // readOnly reports, from its class, that sql spells no write keyword
-// (see sqlrewrite.Writes): a query of a guarded table, which then needs
-// neither the rewriter nor the cache. Postgres converts other client
+// (see sqlrewrite.Writes) and is no DDL that may weaken a guarded table's
+// backstop (sqlrewrite.MayBeDDL): a query of a guarded table, which then
+// needs neither the rewriter nor the cache. Postgres converts other client
 // encodings to UTF8 before it parses, so the bytes are taken for what the
 // server reads only in an encoding that needs no conversion, or when they
 // are all ASCII.
 func readOnly(c *proxy.Client, sql string, cl sqlrewrite.Class) bool {
-	if cl.Has(sqlrewrite.Writes) {
+	if cl.Has(sqlrewrite.Writes) || sqlrewrite.MayBeDDL(sql, cl) {
 		return false
 	}
 	enc := c.ClientEncoding()
@@ -186,7 +187,7 @@ func (p *Policy) rewrite(st *state, c *proxy.Client, sess *session, sql string, 
 		b := &sess.bind
 		b.p, b.st, b.c, b.last = p, st, c, nil
 		par, ok, writes := sqlrewrite.BindLiterals(sql, cl, b)
-		if !writes {
+		if !writes && !sqlrewrite.MayBeDDL(sql, cl) {
 			// What Rewrite would say, without scanning the text again.
 			p.m.cacheMisses.Inc()
 			text := strings.Clone(sql) // kept: see proxy.Interceptor
@@ -196,7 +197,7 @@ func (p *Policy) rewrite(st *state, c *proxy.Client, sess *session, sql string, 
 			}
 			return pl, nil
 		}
-		if pl := b.last; ok {
+		if pl := b.last; ok && writes {
 			if cacheable && st.seen.again(sql) { // a text sent again is then a plain cache hit
 				whole := &planned{res: pl.res, plan: pl.plan, params: make([]string, len(par.Values))}
 				for i, v := range par.Values {

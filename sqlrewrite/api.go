@@ -95,6 +95,11 @@ type Config struct {
 	// Allow lets through, unfenced, forms that cannot be fenced and are
 	// refused by default.
 	Allow Allow
+	// DDLGuard says the database's DDL guard is in place (see the
+	// backstop package): DETACH PARTITION of a guarded table may then run,
+	// as the guard gives the detached table a backstop of its own at once
+	// (see ddl.go).
+	DDLGuard bool
 }
 
 // Allow names the unfenceable forms a configuration lets through. On a

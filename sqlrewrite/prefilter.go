@@ -138,9 +138,12 @@ func spellsKeyword(sql string, i int, kw string) bool {
 }
 
 // hasWriteKeyword reports whether tokens hold a write keyword.
-func hasWriteKeyword(tokens []*pg_query.ScanToken) bool {
+func hasWriteKeyword(tokens []*pg_query.ScanToken) bool { return hasKeyword(tokens, writeKeywords[:]) }
+
+// hasKeyword reports whether tokens hold one of keywords.
+func hasKeyword(tokens []*pg_query.ScanToken, keywords []pg_query.Token) bool {
 	for _, t := range tokens {
-		if slices.Contains(writeKeywords[:], t.Token) {
+		if slices.Contains(keywords, t.Token) {
 			return true
 		}
 	}

@@ -54,7 +54,8 @@ func (r *Rewriter) RewriteClass(sql string, mode Mode, s Session, cl Class) (*Re
 	if !cl.Has(Touches) && (s == nil || !cl.Has(Executes)) {
 		return &Result{SQL: sql}, nil
 	}
-	if !cl.Has(Writes) {
+	ddl := MayBeDDL(sql, cl)
+	if !cl.Has(Writes) && !ddl {
 		return &Result{SQL: sql}, nil
 	}
 	if strings.IndexByte(sql, 0) >= 0 {
@@ -64,7 +65,7 @@ func (r *Rewriter) RewriteClass(sql string, mode Mode, s Session, cl Class) (*Re
 	// The scanner costs a quarter of the parser: a text without a write
 	// keyword (a SELECT naming a guarded table) needs no more.
 	scan, err := pg_query.Scan(sql)
-	if err == nil && !hasWriteKeyword(scan.Tokens) {
+	if err == nil && !hasKeyword(scan.Tokens, writeKeywords[:]) && (!ddl || !hasKeyword(scan.Tokens, ddlKeywords[:])) {
 		return &Result{SQL: sql}, nil
 	}
 	tree, err := pg_query.Parse(sql)
@@ -226,6 +227,9 @@ func (r *Rewriter) visit(p *plan, m proto.Message, nested bool, stored proto.Mes
 		return w
 	}
 	switch n := m.(type) {
+	case *pg_query.AlterTableStmt, *pg_query.RenameStmt, *pg_query.CreateTrigStmt, *pg_query.DropStmt, *pg_query.CreateFunctionStmt,
+		*pg_query.AlterFunctionStmt, *pg_query.AlterOwnerStmt, *pg_query.AlterObjectSchemaStmt:
+		return r.visitDDL(m)
 	case *pg_query.UpdateStmt:
 		return r.visitUpdateDelete("UPDATE", n.Relation, n.WhereClause, n.TargetList, m, stored, add)
 	case *pg_query.DeleteStmt:

@@ -21,9 +21,13 @@ const (
 type Rewriter struct {
 	guards  []guardInfo
 	domains []*domainInfo // in order of first use by a guard
-	setting string
-	allow   Allow
-	needles []string // lower-cased table names as they must appear in SQL text
+	setting  string
+	allow    Allow
+	ddlGuard bool
+	// needles are the lower-cased table names as they must appear in SQL
+	// text, and "pgfence", the schema of the backstop's objects (see
+	// ddl.go).
+	needles []string
 	// firsts are the bytes a needle, or a Unicode escape (u&), may start
 	// with, either case.
 	firsts [256]bool
@@ -62,7 +66,7 @@ func New(cfg Config) (*Rewriter, error) {
 	if strings.HasPrefix(asciiLower(cfg.TokenSetting), "pgfence.") {
 		return nil, fmt.Errorf("invalid token setting %q: pgfence uses the pgfence.* settings itself", cfg.TokenSetting)
 	}
-	r := &Rewriter{setting: cfg.TokenSetting, allow: cfg.Allow}
+	r := &Rewriter{setting: cfg.TokenSetting, allow: cfg.Allow, ddlGuard: cfg.DDLGuard}
 	for i, g := range cfg.Guards {
 		if err := g.validate(); err != nil {
 			return nil, err
@@ -96,6 +100,10 @@ func New(cfg Config) (*Rewriter, error) {
 		r.needles = append(r.needles, n)
 		r.firsts[n[0]], r.firsts[toUpper(n[0])] = true, true
 		r.firsts['u'], r.firsts['U'] = true, true
+	}
+	if len(r.guards) > 0 {
+		r.needles = append(r.needles, "pgfence")
+		r.firsts['p'], r.firsts['P'] = true, true
 	}
 	return r, nil
 }
