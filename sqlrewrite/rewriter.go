@@ -19,8 +19,8 @@ const (
 // Rewriter rewrites SQL for one configuration. It is immutable and safe for
 // concurrent use.
 type Rewriter struct {
-	guards  []guardInfo
-	domains []*domainInfo // in order of first use by a guard
+	guards   []guardInfo
+	domains  []*domainInfo // in order of first use by a guard
 	setting  string
 	allow    Allow
 	ddlGuard bool
