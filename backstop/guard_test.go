@@ -375,6 +375,27 @@ func TestMarksUnforgeable(t *testing.T) {
 	if got := ns.codes(backstop.CodeStaleNotice); got != 1 {
 		t.Fatalf("notices after a preset mark: %d, want 1", got)
 	}
+	// The notice's mark holds with pgfence's secret; one a client raises
+	// itself cannot.
+	key, err := backstop.ReadNoticeKey(ctx, pgtest.Direct(t))
+	if err != nil || key == "" {
+		t.Fatalf("ReadNoticeKey: %q %v", key, err)
+	}
+	detail := map[string]string{}
+	for _, f := range strings.Fields(ns.got[len(ns.got)-1].Detail) {
+		k, v, _ := strings.Cut(f, "=")
+		detail[k] = v
+	}
+	if detail["rel"] != oid || backstop.NoticeMark(key, detail["at"], detail["rel"], detail["kind"]) != detail["mark"] {
+		t.Fatalf("the notice's mark does not hold: %q", ns.got[len(ns.got)-1].Detail)
+	}
+	if backstop.NoticeMark("guess", detail["at"], detail["rel"], detail["kind"]) == detail["mark"] {
+		t.Fatal("a mark holds without pgfence's secret")
+	}
+	app := newRole(t, base+"_app", "")
+	if _, err := backstop.ReadNoticeKey(ctx, pgtest.Connect(t, roleURL(app))); code(err) != "42501" {
+		t.Fatalf("another role reads pgfence's secret: %v", err)
+	}
 
 	m := pgtest.Connect(t, roleURL(mig))
 	exec(t, m, "SELECT pg_catalog.set_config('pgfence.exempt_noted', pg_catalog.statement_timestamp()::text || ' "+oid+"', false); "+

@@ -84,11 +84,15 @@ $pgfence$`,
 	// note_reject counts a stale row in the table's sequence (kept even
 	// if the transaction rolls back) and, in enforce mode, raises one
 	// notice per statement and table, which pgfence takes from its own
-	// sessions' replies to count them as its rejects.
+	// sessions' replies to count them as its rejects. The notice carries
+	// the statement's time and a mark of it keyed with pgfence's secret
+	// (see NoticeMark), so that pgfence counts no notice a client raised
+	// itself, nor one it raised again.
 	`CREATE OR REPLACE FUNCTION pgfence.note_reject(rel oid, kind text, mode text, epoch bigint, tok bigint) RETURNS void
 	LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $pgfence$
 DECLARE
   seq regclass := to_regclass('pgfence.' || quote_ident('rejects_' || rel));
+  at int8 := (extract(epoch FROM statement_timestamp()) * 1000000)::int8;
   k text;
   sch name;
   tbl name;
@@ -103,7 +107,7 @@ BEGIN
   END IF;
   -- One notice per statement and table: the mark is keyed with pgfence's
   -- secret, so that a client cannot set it ahead to hide the notice.
-  SELECT md5(s.key || ' ' || statement_timestamp() || ' ' || rel || ' ' || kind) INTO k FROM pgfence.secret s;
+  SELECT md5(s.key || ' ' || at || ' ' || rel || ' ' || kind) INTO k FROM pgfence.secret s;
   IF current_setting('pgfence.noticed', true) IS DISTINCT FROM k THEN
     PERFORM set_config('pgfence.noticed', k, true);
     SELECT n.nspname, c.relname INTO sch, tbl FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = rel;
@@ -112,7 +116,7 @@ BEGIN
         CASE mode WHEN 'shadow' THEN 'would have been skipped' ELSE 'skipped' END, sch, tbl,
         CASE kind WHEN 'domain' THEN format('its lock domain has a token above %s', tok)
                   ELSE format('a row''s epoch %s is above the token %s', epoch, tok) END),
-      DETAIL = format('kind=%s mode=%s epoch=%s token=%s', kind, mode, coalesce(epoch::text, ''), tok),
+      DETAIL = format('kind=%s mode=%s epoch=%s token=%s rel=%s at=%s mark=%s', kind, mode, coalesce(epoch::text, ''), tok, rel, at, k),
       SCHEMA = sch, TABLE = tbl;
   END IF;
 END

@@ -1,11 +1,15 @@
 package backstop
 
 import (
+	"context"
+	"crypto/md5"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/pgfence/pgfence/sqlrewrite"
 )
@@ -33,6 +37,31 @@ const (
 	// sees it as a NOTICE.
 	CodeStaleNotice = "PF010"
 )
+
+// NoticeMark is the mark a notice of CodeStaleNotice carries (mark= in
+// its detail) when the backstop raised it: the MD5, in hex, of pgfence's
+// secret (pgfence.secret, which only pgfence's role reads), the
+// statement's time in microseconds since 1970 (at=), the table's oid
+// (rel=) and the kind of reject (kind=), separated by spaces. A client
+// can raise a notice of that code, but not with a mark that holds.
+func NoticeMark(key, at, rel, kind string) string {
+	sum := md5.Sum([]byte(key + " " + at + " " + rel + " " + kind))
+	return hex.EncodeToString(sum[:])
+}
+
+// ReadNoticeKey reads pgfence's secret, with which NoticeMark marks
+// notices: "" when pgfence's schema is not set up; an error when the role
+// may not read it.
+func ReadNoticeKey(ctx context.Context, conn *pgx.Conn) (string, error) {
+	var key *string
+	if err := conn.QueryRow(ctx, "SELECT CASE WHEN pg_catalog.to_regclass('pgfence.secret') IS NOT NULL THEN (SELECT key FROM pgfence.secret) END").Scan(&key); err != nil {
+		return "", fmt.Errorf("reading pgfence's secret (only pgfence's own role may): %w", err)
+	}
+	if key == nil {
+		return "", nil
+	}
+	return *key, nil
+}
 
 // Options are what every guarded table's backstop shares.
 type Options struct {
