@@ -320,7 +320,7 @@ func start(o serveOptions, log *slog.Logger) (*instance, error) {
 		ForwardSettings:     o.forwardTokenSets,
 		TransactionPooling:  txPool,
 		TokenSetting:        cfg.TokenSetting,
-		Admit:               func() error { return inst.admit() },
+		Admit:               func(*proxy.Client) error { return inst.admit() },
 		Hints: proxy.Hints{
 			TooManyClients:  "try again later, or raise --max-client-conns",
 			CannotConnect:   "check that Postgres is running and --upstream is right; try again",
