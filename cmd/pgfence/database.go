@@ -54,12 +54,17 @@ type database struct {
 	metrics     *fence.DatabaseMetrics
 	lastGood    *catalogRead // the last read that worked
 	notWatching string       // why the backstop's event trigger is not in place, as last logged
-	gone        bool         // the database no longer exists (see load)
+	// gone is set, and goneCh closed, once a read finds that the database
+	// no longer exists: run stops, and a session of its name starts over
+	// (see instance.database).
+	gone     atomic.Bool
+	goneCh   chan struct{}
+	goneOnce sync.Once
 }
 
 func newDatabase(name string, main bool, log *slog.Logger) *database {
 	return &database{name: name, main: main, log: log.With("database", name),
-		first: make(chan struct{}), ddl: make(chan chan struct{}), stopped: make(chan struct{})}
+		first: make(chan struct{}), ddl: make(chan chan struct{}), stopped: make(chan struct{}), goneCh: make(chan struct{})}
 }
 
 // load reads the catalog of the database and applies the options in force,
@@ -80,7 +85,9 @@ func (d *database) load(ctx context.Context, i *instance) {
 	case err != nil && !d.main && isNoDatabase(err):
 		// Dropped (or renamed): it has no sessions left, and none can
 		// start. A database of its name made later starts over.
-		d.gone, d.firstErr = true, err
+		d.firstErr = err
+		d.gone.Store(true)
+		d.goneOnce.Do(func() { close(d.goneCh) })
 		d.log.Info("the database is gone: pgfence forgets it", "err", err)
 		return
 	case err != nil && d.lastGood != nil:
@@ -256,7 +263,7 @@ func (d *database) run(ctx context.Context, i *instance, every time.Duration) {
 		d.load(ctx, i)
 	}
 	close(d.first)
-	if !d.known.Load() && !d.main || d.isGone() {
+	if !d.known.Load() && !d.main || d.gone.Load() {
 		return
 	}
 	var tick, retry <-chan time.Time
@@ -274,6 +281,8 @@ func (d *database) run(ctx context.Context, i *instance, every time.Duration) {
 	for {
 		select {
 		case <-ctx.Done():
+			return
+		case <-d.goneCh: // a read of reload's found it gone
 			return
 		case <-tick:
 		case <-retry:
@@ -297,16 +306,10 @@ func (d *database) run(ctx context.Context, i *instance, every time.Duration) {
 			close(w)
 		}
 		waiting = waiting[:0]
-		if d.isGone() {
+		if d.gone.Load() {
 			return
 		}
 	}
-}
-
-func (d *database) isGone() bool {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.gone
 }
 
 // firstReadWait bounds how long a session waits for the first read of its
@@ -395,11 +398,12 @@ func (i *instance) route(c *proxy.Client) *fence.Policy {
 }
 
 // database returns the database of that name, starting its reads if it is
-// new; nil once pgfence is closing.
+// new, or if the one of its name is gone (dropped, and maybe made again
+// since); nil once pgfence is closing.
 func (i *instance) database(name string) *database {
 	i.dbMu.Lock()
 	defer i.dbMu.Unlock()
-	if d := i.dbs[name]; d != nil {
+	if d := i.dbs[name]; d != nil && !d.gone.Load() {
 		return d
 	}
 	if i.ctx.Err() != nil {
@@ -412,17 +416,18 @@ func (i *instance) database(name string) *database {
 }
 
 // forget drops d, whose reads have stopped: a later session of its name
-// starts over. Its series go with it.
+// starts over. Its series go with it, unless a database of its name has
+// taken its place already (and its series).
 func (i *instance) forget(d *database) {
+	// Under dbMu, so that no successor makes its series before they go.
 	i.dbMu.Lock()
-	if i.dbs[d.name] == d {
-		delete(i.dbs, d.name)
+	defer i.dbMu.Unlock()
+	if i.dbs[d.name] != d {
+		return
 	}
-	i.dbMu.Unlock()
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.metrics != nil && i.ctx.Err() == nil {
-		d.metrics.Retire()
+	delete(i.dbs, d.name)
+	if d.known.Load() && i.ctx.Err() == nil { // a database never read made no series
+		i.metrics.Database(d.name).Retire()
 	}
 }
 

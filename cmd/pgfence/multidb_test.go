@@ -1,14 +1,20 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
+	"io"
+	"net"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgfence/pgfence/internal/poll"
 	"github.com/pgfence/pgfence/sqlrewrite"
 )
 
@@ -248,6 +254,14 @@ func TestServeRefusesDatabasesItCannotFence(t *testing.T) {
 	if err := connect("md_nosuch"); !errors.As(err, &pe) || pe.Code != "3D000" {
 		t.Fatalf("a session to a database that does not exist: %v; want Postgres's 3D000", err)
 	}
+	// A reload that would exclude the --upstream database is not put in
+	// force.
+	bad := inst.options()
+	bad.excludeDatabases = []string{"postgres"}
+	inst.reload(context.Background(), bad)
+	if !inst.excluded("md_excluded") || inst.excluded("postgres") {
+		t.Fatal("a reload excluding the --upstream database was put in force")
+	}
 	// Once the role may connect, the next session reads it and is served.
 	s.exec("GRANT CONNECT ON DATABASE md_locked TO md_pgfence")
 	if err := connect("md_locked"); err != nil {
@@ -256,4 +270,104 @@ func TestServeRefusesDatabasesItCannotFence(t *testing.T) {
 	if got := scrape(t, inst, `pgfence_discovery_ok{database="md_locked"}`); got != "1" {
 		t.Fatalf(`pgfence_discovery_ok{database="md_locked"} = %q, want 1`, got)
 	}
+}
+
+// A database that is dropped is forgotten at its next read, series and
+// all; one made again under its name is read afresh at its first session.
+func TestServeForgetsDroppedDatabase(t *testing.T) {
+	s := newServeTest(t)
+	old := s.database("md_drop")
+	if _, err := old.Exec(context.Background(), `CREATE TABLE md_t (id int PRIMARY KEY, val text, fence_epoch bigint NOT NULL DEFAULT 0)`); err != nil {
+		t.Fatal(err)
+	}
+	old.Close(context.Background())
+	inst := s.serve(serveOptions{discover: true, backstop: "off"})
+	s.clientOf(inst, "md_drop", "").Close(context.Background())
+	if got := scrape(t, inst, `pgfence_guarded_tables{database="md_drop"}`); got != "1" {
+		t.Fatalf(`pgfence_guarded_tables{database="md_drop"} = %q, want 1`, got)
+	}
+
+	s.exec("DROP DATABASE md_drop WITH (FORCE)")
+	inst.reload(context.Background(), inst.options()) // as SIGHUP does
+	poll.Eventually(t, 10*time.Second, "md_drop forgotten", func() bool {
+		inst.dbMu.Lock()
+		defer inst.dbMu.Unlock()
+		return inst.dbs["md_drop"] == nil
+	})
+	if got := scrape(t, inst, `pgfence_guarded_tables{database="md_drop"}`); got != "" {
+		t.Fatalf(`pgfence_guarded_tables{database="md_drop"} = %q once it is dropped, want no series`, got)
+	}
+
+	made := s.database("md_drop")
+	if _, err := made.Exec(context.Background(), `CREATE TABLE md_u (id int PRIMARY KEY, val text, fence_epoch bigint NOT NULL DEFAULT 0);
+		INSERT INTO md_u VALUES (1, 'a', 5)`); err != nil {
+		t.Fatal(err)
+	}
+	if got := tag(t, s.clientOf(inst, "md_drop", "3"), "UPDATE md_u SET val = 'stale'"); got != "UPDATE 0" {
+		t.Fatalf("stale write to the table of a database made again: %s", got)
+	}
+}
+
+// A database's first session waits for the first read of its catalog,
+// for a bounded time: past it, it is refused, saying so, and a session
+// after the read is served.
+func TestServeBoundsTheWaitForAFirstRead(t *testing.T) {
+	s := newServeTest(t)
+	s.database("md_slow")
+	// Postgres behind a relay that holds connections to md_slow (pgfence's
+	// catalog reads) until gate is closed.
+	gate := make(chan struct{})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				var h [4]byte
+				if _, err := io.ReadFull(c, h[:]); err != nil {
+					return
+				}
+				packet := make([]byte, binary.BigEndian.Uint32(h[:]))
+				copy(packet, h[:])
+				if _, err := io.ReadFull(c, packet[4:]); err != nil {
+					return
+				}
+				if bytes.Contains(packet, []byte("database\x00md_slow\x00")) {
+					<-gate
+				}
+				up, err := net.Dial("tcp", s.pg.Addr())
+				if err != nil {
+					return
+				}
+				defer up.Close()
+				up.Write(packet)
+				go io.Copy(up, c)
+				io.Copy(c, up)
+			}()
+		}
+	}()
+	inst := s.serve(serveOptions{upstream: "postgres://postgres@" + ln.Addr().String() + "/postgres?sslmode=disable",
+		discover: true, backstop: "off", startupTimeout: 2 * time.Second})
+	if inst.admissionWait != time.Second {
+		t.Fatalf("admission wait %v with --startup-timeout 2s, want 1s", inst.admissionWait)
+	}
+	url := "postgres://postgres@" + inst.Addr() + "/md_slow?sslmode=disable"
+	_, err = pgx.Connect(context.Background(), url)
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) || pe.Code != "08004" || !strings.Contains(pe.Message, `has not finished reading the catalog of database "md_slow" within 1s`) {
+		t.Fatalf("a session whose database's first read takes too long: %v; want FATAL 08004 saying so", err)
+	}
+	close(gate)
+	c, err := pgx.Connect(context.Background(), url)
+	if err != nil {
+		t.Fatalf("a session once the read can go on: %v", err)
+	}
+	c.Close(context.Background())
 }
