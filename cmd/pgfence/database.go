@@ -27,6 +27,15 @@ import (
 // that keep it so: at its first session (at start-up for the --upstream
 // database), every --discover-interval, on SIGHUP, and after DDL seen in
 // one of its sessions.
+//
+// Each database has a goroutine of its own for its reads (run), rather
+// than one loop over all: a read after DDL waits for nothing but its own
+// database's read (a session holds its next statement for it), a database
+// whose reads hang (a lock, an unreachable pooler database) or fail holds
+// up no other, and its state needs no more than the loop the --upstream
+// database always had. What it costs is a goroutine and a ticker per
+// database, and reads of several databases at once at each interval (one
+// connection each, for the read's length).
 type database struct {
 	name string
 	// main is set for the --upstream URL's database: read from start-up,

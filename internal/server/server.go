@@ -1,5 +1,6 @@
 // Package server wires pgfence's parts into one proxy: the fencing policy
-// (fence) as the relay's (proxy) interceptor, and the series of both in one
+// (fence), one for every session or one per database (fence.Databases), as
+// the relay's (proxy) interceptor, and the series of both in one
 // Prometheus registry. The command, the test harness, the torture check and
 // the benchmark's profiling build all build their servers here, so each runs
 // what the others run.
