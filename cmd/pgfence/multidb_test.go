@@ -220,7 +220,11 @@ func TestServeFencesEveryDatabase(t *testing.T) {
 func TestServeRefusesDatabasesItCannotFence(t *testing.T) {
 	s := newServeTest(t)
 	s.database("md_excluded")
-	s.database("md_locked")
+	locked := s.database("md_locked")
+	if _, err := locked.Exec(context.Background(), `CREATE TABLE md_kept (id int PRIMARY KEY, val text, fence_epoch bigint NOT NULL DEFAULT 0);
+		INSERT INTO md_kept VALUES (1, 'a', 5)`); err != nil {
+		t.Fatal(err)
+	}
 	s.exec(`CREATE ROLE md_pgfence LOGIN; REVOKE CONNECT ON DATABASE md_locked FROM PUBLIC`)
 	t.Cleanup(func() { s.exec("DROP OWNED BY md_pgfence; DROP ROLE md_pgfence") })
 	up := strings.Replace(s.pg.URL("postgres"), "postgres@", "md_pgfence@", 1)
@@ -269,6 +273,20 @@ func TestServeRefusesDatabasesItCannotFence(t *testing.T) {
 	}
 	if got := scrape(t, inst, `pgfence_discovery_ok{database="md_locked"}`); got != "1" {
 		t.Fatalf(`pgfence_discovery_ok{database="md_locked"} = %q, want 1`, got)
+	}
+
+	// A later read that fails keeps md_locked's guards of the last good
+	// one (fail closed), and says so.
+	s.exec("REVOKE CONNECT ON DATABASE md_locked FROM md_pgfence")
+	inst.reload(context.Background(), inst.options())
+	if got := scrape(t, inst, `pgfence_discovery_ok{database="md_locked"}`); got != "0" {
+		t.Fatalf(`pgfence_discovery_ok{database="md_locked"} = %q after a failed read, want 0`, got)
+	}
+	if _, body := readyz(t, inst); !strings.Contains(body, `database "md_locked": catalog: last read failed`) {
+		t.Fatalf("/readyz body after md_locked's read failed: %q", body)
+	}
+	if got := tag(t, s.clientOf(inst, "md_locked", "3"), "UPDATE md_kept SET val = 'stale'"); got != "UPDATE 0" {
+		t.Fatalf("stale write to md_locked after its catalog read failed: %s, want UPDATE 0", got)
 	}
 }
 
