@@ -97,7 +97,11 @@ func (d *database) load(ctx context.Context, i *instance) {
 		d.firstErr = err
 		d.gone.Store(true)
 		d.goneOnce.Do(func() { close(d.goneCh) })
-		d.log.Info("the database is gone: pgfence forgets it", "err", err)
+		if d.known.Load() {
+			d.log.Info("the database is gone: pgfence forgets it", "err", err)
+		} else {
+			d.log.Info("no such database: its session gets Postgres's own error", "err", err)
+		}
 		return
 	case err != nil && d.lastGood != nil:
 		d.metrics.DiscoveryOK(false)
@@ -420,7 +424,7 @@ func (i *instance) database(name string) *database {
 	}
 	d := newDatabase(name, false, i.log)
 	i.dbs[name] = d
-	go d.run(i.ctx, i, i.options().discoverInterval)
+	go d.run(i.ctx, i, i.discoverEvery)
 	return d
 }
 

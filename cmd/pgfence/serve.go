@@ -248,6 +248,9 @@ type instance struct {
 	exclude atomic.Pointer[map[string]bool]
 	// admissionWait bounds a session's wait for its database's first read.
 	admissionWait time.Duration
+	// discoverEvery is --discover-interval as at start: every database is
+	// read that often (a reload does not change it).
+	discoverEvery time.Duration
 	// pooler, when set, is why client sessions are refused: a pooler
 	// nobody told pgfence of answers at the upstream (see checkPooler).
 	pooler atomic.Pointer[string]
@@ -366,7 +369,7 @@ func start(o serveOptions, log *slog.Logger) (*instance, error) {
 		log: log, metrics: metrics, proxy: srv, ln: ln,
 		served: make(chan struct{}), ctx: ctx, stop: cancel,
 		opts: o, main: main, dbs: map[string]*database{mainDB: main}, router: built.Databases,
-		admissionWait: admissionWait(o.startupTimeout),
+		admissionWait: admissionWait(o.startupTimeout), discoverEvery: o.discoverInterval,
 	}
 	inst.exclude.Store(&exclude)
 	if o.metricsListen != "" {
@@ -426,7 +429,7 @@ func start(o serveOptions, log *slog.Logger) (*instance, error) {
 		go srv.Serve(unixLn)
 	}
 	go func() { srv.Serve(ln); close(inst.served) }()
-	go main.run(ctx, inst, o.discoverInterval)
+	go main.run(ctx, inst, inst.discoverEvery)
 	return inst, nil
 }
 
