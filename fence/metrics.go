@@ -1,6 +1,7 @@
 package fence
 
 import (
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -12,17 +13,17 @@ import (
 // Metrics are pgfence's Prometheus series. Counters that every statement
 // touches are resolved once, so a statement costs an atomic add, not a label
 // lookup.
+//
+// The series of guarded tables and lock domains, and those of a
+// configuration (guarded tables, discovery, backstop), carry a database
+// label: each database's policy has a DatabaseMetrics of its own (see
+// Database), so that a table of one name in two databases has two sets of
+// series. The others count every database at once.
 type Metrics struct {
-	rejects       *prometheus.CounterVec
-	withoutToken  *prometheus.CounterVec
-	guardedWrites *prometheus.CounterVec
-	unfenced      *prometheus.CounterVec
 	queries       *prometheus.CounterVec
 	errors        *prometheus.CounterVec
 	connsTotal    prometheus.Counter
 	connsActive   prometheus.Gauge
-	guarded       prometheus.Gauge
-	discoveryOK   prometheus.Gauge
 	cacheHits     prometheus.Counter
 	cacheMisses   prometheus.Counter
 	bound         prometheus.Counter
@@ -33,15 +34,47 @@ type Metrics struct {
 	serverErrors  prometheus.Counter
 	fenceErrors   prometheus.Counter
 	sessionErrors prometheus.Counter
-	backstop      *prometheus.GaugeVec
+	// all are the series with a database label, for every database: a
+	// DatabaseMetrics holds them curried with its own.
+	all struct {
+		rejects       *prometheus.CounterVec
+		withoutToken  *prometheus.CounterVec
+		guardedWrites *prometheus.CounterVec
+		unfenced      *prometheus.CounterVec
+		guarded       *prometheus.GaugeVec
+		discoveryOK   *prometheus.GaugeVec
+		backstop      *prometheus.GaugeVec
+		backstopOK    *prometheus.GaugeVec
+		// tokenGap is how far the epoch that beat a stale write was ahead
+		// of its token; acceptedTable and acceptedDomain the highest token
+		// a write went through with, per table and per lock domain.
+		tokenGap       *prometheus.HistogramVec
+		acceptedTable  *tokenMaxes
+		acceptedDomain *tokenMaxes
+		counts         *dbCounts
+	}
+	viewsMu sync.Mutex
+	views   map[string]*DatabaseMetrics
+}
+
+// DatabaseMetrics are the series of one database's policy: its own, with
+// its database label, and the Metrics every database shares.
+type DatabaseMetrics struct {
+	*Metrics
+	database string // the label's value
+	// The series of Metrics.all with this database's label curried in.
+	rejects       *prometheus.CounterVec
+	withoutToken  *prometheus.CounterVec
+	guardedWrites *prometheus.CounterVec
+	unfenced      *prometheus.CounterVec
+	tokenGap      prometheus.ObserverVec
+	guarded       prometheus.Gauge
+	discoveryOK   prometheus.Gauge
 	backstopOK    prometheus.Gauge
-	dbCounts      *dbCounts
-	// tokenGap is how far the epoch that beat a stale write was ahead of
-	// its token; acceptedTable and acceptedDomain the highest token a
-	// write went through with, per table and per lock domain.
-	tokenGap       *prometheus.HistogramVec
-	acceptedTable  *tokenMaxes
-	acceptedDomain *tokenMaxes
+	// acceptedTable and acceptedDomain are Metrics.all's for this
+	// database.
+	acceptedTable  tokenMaxesOf
+	acceptedDomain tokenMaxesOf
 	// watched are the table and domain labels of the guards in force, so
 	// that a reload retires the series of those no longer guarded.
 	watchMu sync.Mutex
@@ -59,19 +92,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	counter := func(name, help string, labels ...string) *prometheus.CounterVec {
 		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, labels)
 	}
+	gauge := func(name, help string, labels ...string) *prometheus.GaugeVec {
+		return prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: name, Help: help}, labels)
+	}
 	m := &Metrics{
-		rejects: counter("fencing_reject_total",
-			"Statements that a stale fencing token kept from changing at least one row they matched (mode=shadow: would have kept); kind=row when a row's epoch was newer, kind=domain when the table's lock domain had a newer token; via=rewrite when pgfence's rewrite of the statement kept them, via=backstop when the database's triggers did (a write pgfence could not see in the SQL text).",
-			"table", "mode", "kind", "via"),
-		withoutToken: counter("critical_write_without_token_total",
-			"Writes to a guarded table made with no fencing token set; action says whether they were refused or let through.",
-			"table", "mode", "action"),
-		guardedWrites: counter("pgfence_guarded_writes_total",
-			"Statements that wrote a guarded table and completed, by whether a fencing token was set.",
-			"table", "mode", "token"),
-		unfenced: counter("pgfence_unfenced_writes_total",
-			"Writes to a guarded table let through unfenced by configuration (TRUNCATE, COPY FROM, CURRENT OF).",
-			"table", "form"),
 		queries: counter("pgfence_queries_total",
 			"Query and Parse messages by what pgfence did with them: passthrough, fenced or refused.",
 			"action"),
@@ -80,31 +104,45 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			"source"),
 		connsTotal:  prometheus.NewCounter(prometheus.CounterOpts{Name: "pgfence_client_connections_total", Help: "Client sessions started."}),
 		connsActive: prometheus.NewGauge(prometheus.GaugeOpts{Name: "pgfence_client_connections", Help: "Client sessions open now."}),
-		guarded:     prometheus.NewGauge(prometheus.GaugeOpts{Name: "pgfence_guarded_tables", Help: "Guarded tables in force."}),
-		discoveryOK: prometheus.NewGauge(prometheus.GaugeOpts{Name: "pgfence_discovery_ok", Help: "1 if the last catalog discovery succeeded, 0 if it failed."}),
 		cacheHits:   prometheus.NewCounter(prometheus.CounterOpts{Name: "pgfence_rewrite_cache_hits_total", Help: "Statements served from the rewrite cache."}),
 		cacheMisses: prometheus.NewCounter(prometheus.CounterOpts{Name: "pgfence_rewrite_cache_misses_total", Help: "Statements parsed because the rewrite cache did not have them."}),
 		bound: prometheus.NewCounter(prometheus.CounterOpts{Name: "pgfence_bound_queries_total",
 			Help: "Fenced simple-protocol writes run as a statement prepared once per session and bound to their literals, rather than rewritten as sent."}),
 		setsAnswered: prometheus.NewCounter(prometheus.CounterOpts{Name: "pgfence_token_sets_answered_total",
 			Help: "SETs of the fencing token that pgfence answered itself, setting the token on the server ahead of the client's next statement (set_config), rather than forwarded to it as sent."}),
+		views: map[string]*DatabaseMetrics{},
 	}
-	m.backstop = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pgfence_backstop_installed",
-		Help: "1 if the database backstop (pgfence's triggers) is in place, enabled and current on the guarded table, 0 if not (missing, disabled, edited, or pgfence's role may not create it): see the log and /readyz."},
-		[]string{"table"})
-	m.backstopOK = prometheus.NewGauge(prometheus.GaugeOpts{Name: "pgfence_backstop_ok",
-		Help: "1 if the database backstop is in place on every guarded table (or is turned off), 0 if not."})
-	m.dbCounts = &dbCounts{}
-	m.tokenGap = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "fencing_token_gap",
+	a := &m.all
+	a.rejects = counter("fencing_reject_total",
+		"Statements that a stale fencing token kept from changing at least one row they matched (mode=shadow: would have kept); kind=row when a row's epoch was newer, kind=domain when the table's lock domain had a newer token; via=rewrite when pgfence's rewrite of the statement kept them, via=backstop when the database's triggers did (a write pgfence could not see in the SQL text).",
+		"database", "table", "mode", "kind", "via")
+	a.withoutToken = counter("critical_write_without_token_total",
+		"Writes to a guarded table made with no fencing token set; action says whether they were refused or let through.",
+		"database", "table", "mode", "action")
+	a.guardedWrites = counter("pgfence_guarded_writes_total",
+		"Statements that wrote a guarded table and completed, by whether a fencing token was set.",
+		"database", "table", "mode", "token")
+	a.unfenced = counter("pgfence_unfenced_writes_total",
+		"Writes to a guarded table let through unfenced by configuration (TRUNCATE, COPY FROM, CURRENT OF).",
+		"database", "table", "form")
+	a.guarded = gauge("pgfence_guarded_tables", "Guarded tables in force, per database.", "database")
+	a.discoveryOK = gauge("pgfence_discovery_ok", "1 if the last catalog discovery of the database succeeded, 0 if it failed.", "database")
+	a.backstop = gauge("pgfence_backstop_installed",
+		"1 if the database backstop (pgfence's triggers) is in place, enabled and current on the guarded table, 0 if not (missing, disabled, edited, or pgfence's role may not create it): see the log and /readyz.",
+		"database", "table")
+	a.backstopOK = gauge("pgfence_backstop_ok",
+		"1 if the database backstop is in place on every guarded table of the database (or is turned off), 0 if not.", "database")
+	a.counts = &dbCounts{dbs: map[string]*dbCount{}}
+	a.tokenGap = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "fencing_token_gap",
 		Help:    "For each stale write fenced (on either path), the epoch or lock domain token that beat it minus the token it carried; kind as in fencing_reject_total.",
-		Buckets: tokenGapBuckets}, []string{"table", "kind"})
-	m.acceptedTable = newTokenMaxes("pgfence_token_accepted_max",
+		Buckets: tokenGapBuckets}, []string{"database", "table", "kind"})
+	a.acceptedTable = newTokenMaxes("pgfence_token_accepted_max",
 		"The highest fencing token a write to the guarded table went through with, through this pgfence (0 until one does); take max() across instances.", "table")
-	m.acceptedDomain = newTokenMaxes("pgfence_domain_token_accepted_max",
+	a.acceptedDomain = newTokenMaxes("pgfence_domain_token_accepted_max",
 		"The highest fencing token a write to a table of the lock domain went through with, through this pgfence (0 until one does).", "domain")
-	reg.MustRegister(m.backstop, m.backstopOK, m.dbCounts, m.tokenGap, m.acceptedTable, m.acceptedDomain)
-	reg.MustRegister(m.rejects, m.withoutToken, m.guardedWrites, m.unfenced, m.queries, m.errors,
-		m.connsTotal, m.connsActive, m.guarded, m.discoveryOK, m.cacheHits, m.cacheMisses, m.bound, m.setsAnswered)
+	reg.MustRegister(a.rejects, a.withoutToken, a.guardedWrites, a.unfenced, a.guarded, a.discoveryOK,
+		a.backstop, a.backstopOK, a.counts, a.tokenGap, a.acceptedTable, a.acceptedDomain)
+	reg.MustRegister(m.queries, m.errors, m.connsTotal, m.connsActive, m.cacheHits, m.cacheMisses, m.bound, m.setsAnswered)
 	m.passthrough = m.queries.WithLabelValues("passthrough")
 	m.fenced = m.queries.WithLabelValues("fenced")
 	m.refused = m.queries.WithLabelValues("refused")
@@ -114,78 +152,136 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	return m
 }
 
+// Database returns the series of database name, making its
+// configuration's (guarded tables, discovery, backstop) exist at 0 on the
+// first call. A Policy made by New, which serves every database, has
+// those of database "".
+func (m *Metrics) Database(name string) *DatabaseMetrics {
+	// A label value must be UTF-8; a database name need not be.
+	label := strings.ToValidUTF8(name, "\uFFFD")
+	m.viewsMu.Lock()
+	defer m.viewsMu.Unlock()
+	if d := m.views[label]; d != nil {
+		return d
+	}
+	a := &m.all
+	db := prometheus.Labels{"database": label}
+	d := &DatabaseMetrics{Metrics: m, database: label,
+		rejects:        a.rejects.MustCurryWith(db),
+		withoutToken:   a.withoutToken.MustCurryWith(db),
+		guardedWrites:  a.guardedWrites.MustCurryWith(db),
+		unfenced:       a.unfenced.MustCurryWith(db),
+		tokenGap:       a.tokenGap.MustCurryWith(db),
+		guarded:        a.guarded.WithLabelValues(label),
+		discoveryOK:    a.discoveryOK.WithLabelValues(label),
+		backstopOK:     a.backstopOK.WithLabelValues(label),
+		acceptedTable:  tokenMaxesOf{a.acceptedTable, label},
+		acceptedDomain: tokenMaxesOf{a.acceptedDomain, label},
+	}
+	m.views[label] = d
+	return d
+}
+
+// Retire removes every series of the database, as when it is gone: a
+// later Database call for it starts over.
+func (d *DatabaseMetrics) Retire() {
+	d.viewsMu.Lock()
+	defer d.viewsMu.Unlock()
+	if d.views[d.database] == d {
+		delete(d.views, d.database)
+	}
+	a := &d.all
+	db := prometheus.Labels{"database": d.database}
+	a.rejects.DeletePartialMatch(db)
+	a.withoutToken.DeletePartialMatch(db)
+	a.guardedWrites.DeletePartialMatch(db)
+	a.unfenced.DeletePartialMatch(db)
+	a.tokenGap.DeletePartialMatch(db)
+	a.guarded.DeletePartialMatch(db)
+	a.discoveryOK.DeletePartialMatch(db)
+	a.backstop.DeletePartialMatch(db)
+	a.backstopOK.DeletePartialMatch(db)
+	a.acceptedTable.deleteDatabase(d.database)
+	a.acceptedDomain.deleteDatabase(d.database)
+	a.counts.delete(d.database)
+}
+
 // guards makes the series of gs exist at zero (see watch) and retires
 // those of tables and lock domains no longer guarded: a table guarded by
 // another name now (public.accounts once the catalog says what accounts
 // is) keeps one set of series.
-func (m *Metrics) guards(gs []sqlrewrite.Guard) {
-	m.watchMu.Lock()
-	defer m.watchMu.Unlock()
+func (d *DatabaseMetrics) guards(gs []sqlrewrite.Guard) {
+	d.watchMu.Lock()
+	defer d.watchMu.Unlock()
 	tables, domains := map[string]bool{}, map[string]bool{}
 	for _, g := range gs {
-		m.watch(g.Label(), g.Rollout.String(), g.Domain)
+		d.watch(g.Label(), g.Rollout.String(), g.Domain)
 		tables[g.Label()] = true
 		if g.Domain != "" {
 			domains[g.Domain] = true
 		}
 	}
-	for t := range m.watched {
+	a := &d.all
+	for t := range d.watched {
 		if !tables[t] {
-			l := prometheus.Labels{"table": t}
-			m.rejects.DeletePartialMatch(l)
-			m.withoutToken.DeletePartialMatch(l)
-			m.guardedWrites.DeletePartialMatch(l)
-			m.unfenced.DeletePartialMatch(l)
-			m.tokenGap.DeletePartialMatch(l)
-			m.acceptedTable.m.Delete(t)
+			// On the vectors themselves: a curried one's DeletePartialMatch
+			// ignores the curried label, and would retire the table's
+			// series of every database.
+			l := prometheus.Labels{"database": d.database, "table": t}
+			a.rejects.DeletePartialMatch(l)
+			a.withoutToken.DeletePartialMatch(l)
+			a.guardedWrites.DeletePartialMatch(l)
+			a.unfenced.DeletePartialMatch(l)
+			a.tokenGap.DeletePartialMatch(l)
+			d.acceptedTable.delete(t)
 		}
 	}
-	for d := range m.domains {
-		if !domains[d] {
-			m.acceptedDomain.m.Delete(d)
+	for dom := range d.domains {
+		if !domains[dom] {
+			d.acceptedDomain.delete(dom)
 		}
 	}
-	m.watched, m.domains = tables, domains
+	d.watched, d.domains = tables, domains
 }
 
 // watch makes a table's main series exist from the start, at zero, so a
 // dashboard can tell "no rejects" from "not guarded".
-func (m *Metrics) watch(table, mode, domain string) {
+func (d *DatabaseMetrics) watch(table, mode, domain string) {
 	// So that increase() sees a table's first write without a token, and
 	// its first guarded write, these start at 0 too.
 	for _, action := range []string{"refused", "allowed"} {
-		m.withoutToken.WithLabelValues(table, mode, action)
+		d.withoutToken.WithLabelValues(table, mode, action)
 	}
 	for _, token := range []string{"set", "missing"} {
-		m.guardedWrites.WithLabelValues(table, mode, token)
+		d.guardedWrites.WithLabelValues(table, mode, token)
 	}
 	for _, via := range []string{"rewrite", "backstop"} {
-		m.rejects.WithLabelValues(table, mode, "row", via)
+		d.rejects.WithLabelValues(table, mode, "row", via)
 		if domain != "" {
-			m.rejects.WithLabelValues(table, mode, "domain", via)
+			d.rejects.WithLabelValues(table, mode, "domain", via)
 		}
 	}
-	m.tokenGap.WithLabelValues(table, "row")
-	m.acceptedTable.of(table)
+	d.tokenGap.WithLabelValues(table, "row")
+	d.acceptedTable.of(table)
 	if domain != "" {
-		m.tokenGap.WithLabelValues(table, "domain")
-		m.acceptedDomain.of(domain)
+		d.tokenGap.WithLabelValues(table, "domain")
+		d.acceptedDomain.of(domain)
 	}
 }
 
-// DiscoveryOK records whether catalog discovery worked.
-func (m *Metrics) DiscoveryOK(ok bool) {
+// DiscoveryOK records whether the database's catalog discovery worked.
+func (d *DatabaseMetrics) DiscoveryOK(ok bool) {
 	if ok {
-		m.discoveryOK.Set(1)
+		d.discoveryOK.Set(1)
 	} else {
-		m.discoveryOK.Set(0)
+		d.discoveryOK.Set(0)
 	}
 }
 
 // Backstop records the database backstop's state per table (schema.table)
 // and overall; tables no longer listed lose their series.
-func (m *Metrics) Backstop(installed map[string]bool) {
-	m.backstop.Reset()
+func (d *DatabaseMetrics) Backstop(installed map[string]bool) {
+	d.all.backstop.DeletePartialMatch(prometheus.Labels{"database": d.database})
 	ok := 1.0
 	for table, in := range installed {
 		v := 0.0
@@ -194,75 +290,103 @@ func (m *Metrics) Backstop(installed map[string]bool) {
 		} else {
 			ok = 0
 		}
-		m.backstop.WithLabelValues(table).Set(v)
+		d.all.backstop.WithLabelValues(d.database, table).Set(v)
 	}
-	m.backstopOK.Set(ok)
+	d.backstopOK.Set(ok)
 }
 
 // BackstopCounts records the backstop's counters as the database last
 // showed them: stale rows its triggers kept out on every path, by table,
 // and rows exempt roles wrote.
-func (m *Metrics) BackstopCounts(rejects map[string]int64, exempt int64) {
-	m.dbCounts.mu.Lock()
-	defer m.dbCounts.mu.Unlock()
-	m.dbCounts.rejects, m.dbCounts.exempt, m.dbCounts.known = rejects, exempt, true
+func (d *DatabaseMetrics) BackstopCounts(rejects map[string]int64, exempt int64) {
+	c := d.all.counts
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.dbs[d.database] = &dbCount{rejects: rejects, exempt: exempt}
 }
 
-// dbCounts exports counters kept in the database, read at each discovery:
+// dbCounts exports counters kept in each database, read at each discovery:
 // Prometheus counters cannot be set, so it is a collector of its own.
 type dbCounts struct {
-	mu      sync.Mutex
-	known   bool
+	mu  sync.Mutex
+	dbs map[string]*dbCount // by database label; absent until read
+}
+
+type dbCount struct {
 	rejects map[string]int64
 	exempt  int64
+}
+
+func (c *dbCounts) delete(database string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.dbs, database)
 }
 
 var (
 	dbRejectsDesc = prometheus.NewDesc("pgfence_backstop_rejects_total",
 		"Stale rows the database backstop kept out (mode=shadow: would have), on every path, direct connections included, as counted in the database and read at each discovery.",
-		[]string{"table"}, nil)
+		[]string{"database", "table"}, nil)
 	dbExemptDesc = prometheus.NewDesc("pgfence_backstop_exempt_writes_total",
-		"Rows written to guarded tables without the fence by the backstop's exempt roles, as counted in the database and read at each discovery.",
-		nil, nil)
+		"Rows written to guarded tables of the database without the fence by the backstop's exempt roles, as counted in the database and read at each discovery.",
+		[]string{"database"}, nil)
 )
 
-func (d *dbCounts) Describe(ch chan<- *prometheus.Desc) {
+func (c *dbCounts) Describe(ch chan<- *prometheus.Desc) {
 	ch <- dbRejectsDesc
 	ch <- dbExemptDesc
 }
 
-func (d *dbCounts) Collect(ch chan<- prometheus.Metric) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if !d.known {
-		return
+func (c *dbCounts) Collect(ch chan<- prometheus.Metric) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for database, d := range c.dbs {
+		for table, n := range d.rejects {
+			ch <- prometheus.MustNewConstMetric(dbRejectsDesc, prometheus.CounterValue, float64(n), database, table)
+		}
+		ch <- prometheus.MustNewConstMetric(dbExemptDesc, prometheus.CounterValue, float64(d.exempt), database)
 	}
-	for table, n := range d.rejects {
-		ch <- prometheus.MustNewConstMetric(dbRejectsDesc, prometheus.CounterValue, float64(n), table)
-	}
-	ch <- prometheus.MustNewConstMetric(dbExemptDesc, prometheus.CounterValue, float64(d.exempt))
 }
 
-// tokenMaxes is a gauge per label value that only rises: the highest token
-// seen. Writes raise it with an atomic compare-and-swap, no lock.
+// tokenMaxes is a gauge per database and label value that only rises: the
+// highest token seen. Writes raise it with an atomic compare-and-swap, no
+// lock.
 type tokenMaxes struct {
 	desc *prometheus.Desc
-	m    sync.Map // label value -> *tokenMax
+	m    sync.Map // [2]string{database, label value} -> *tokenMax
 }
 
 type tokenMax struct{ v atomic.Int64 }
 
 func newTokenMaxes(name, help, label string) *tokenMaxes {
-	return &tokenMaxes{desc: prometheus.NewDesc(name, help, []string{label}, nil)}
+	return &tokenMaxes{desc: prometheus.NewDesc(name, help, []string{"database", label}, nil)}
+}
+
+// tokenMaxesOf are the gauges of one database.
+type tokenMaxesOf struct {
+	t        *tokenMaxes
+	database string
 }
 
 // of returns the gauge for a label value, creating it at 0.
-func (t *tokenMaxes) of(label string) *tokenMax {
-	if v, ok := t.m.Load(label); ok {
+func (t tokenMaxesOf) of(label string) *tokenMax {
+	key := [2]string{t.database, label}
+	if v, ok := t.t.m.Load(key); ok {
 		return v.(*tokenMax)
 	}
-	v, _ := t.m.LoadOrStore(label, &tokenMax{})
+	v, _ := t.t.m.LoadOrStore(key, &tokenMax{})
 	return v.(*tokenMax)
+}
+
+func (t tokenMaxesOf) delete(label string) { t.t.m.Delete([2]string{t.database, label}) }
+
+func (t *tokenMaxes) deleteDatabase(database string) {
+	t.m.Range(func(k, _ any) bool {
+		if k.([2]string)[0] == database {
+			t.m.Delete(k)
+		}
+		return true
+	})
 }
 
 func (m *tokenMax) raise(token int64) {
@@ -278,7 +402,8 @@ func (t *tokenMaxes) Describe(ch chan<- *prometheus.Desc) { ch <- t.desc }
 
 func (t *tokenMaxes) Collect(ch chan<- prometheus.Metric) {
 	t.m.Range(func(k, v any) bool {
-		ch <- prometheus.MustNewConstMetric(t.desc, prometheus.GaugeValue, float64(v.(*tokenMax).v.Load()), k.(string))
+		key := k.([2]string)
+		ch <- prometheus.MustNewConstMetric(t.desc, prometheus.GaugeValue, float64(v.(*tokenMax).v.Load()), key[0], key[1])
 		return true
 	})
 }

@@ -54,10 +54,12 @@ const maxCachedText = 4 << 10
 // Policy implements proxy.Interceptor. It is safe for concurrent use, and
 // its configuration can be replaced while sessions run (Reload).
 type Policy struct {
-	m     *Metrics
+	m     *DatabaseMetrics
 	log   *slog.Logger
 	state atomic.Pointer[state]
-	gen   atomic.Uint64 // bumped by every Reload
+	// gen is bumped by every Reload; the policies of a Databases share
+	// theirs (see Databases.Generation).
+	gen *atomic.Uint64
 	// staleLog outlives reloads: a storm does not start over with one.
 	staleLog staleLog
 	onDDL    atomic.Pointer[func() <-chan struct{}]
@@ -119,12 +121,18 @@ type cacheKey struct {
 	sql  string
 }
 
-// New returns a Policy for cfg, reporting to m and log.
+// New returns a Policy for cfg, reporting to m and log. It fences every
+// session with cfg, whatever its database, and labels its series
+// database="" (see Databases for one policy per database).
 func New(cfg Config, m *Metrics, log *slog.Logger) (*Policy, error) {
+	return newPolicy(cfg, m.Database(""), log, new(atomic.Uint64))
+}
+
+func newPolicy(cfg Config, m *DatabaseMetrics, log *slog.Logger, gen *atomic.Uint64) (*Policy, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	p := &Policy{m: m, log: log}
+	p := &Policy{m: m, log: log, gen: gen}
 	if err := p.Reload(cfg); err != nil {
 		return nil, err
 	}
@@ -183,7 +191,7 @@ func (p *Policy) Config() Config { return p.state.Load().cfg }
 
 // SessionStart implements proxy.Interceptor.
 func (p *Policy) SessionStart(c *proxy.Client) {
-	c.Local = &session{}
+	c.Local = &session{policy: p}
 	p.m.connsTotal.Inc()
 	p.m.connsActive.Inc()
 }

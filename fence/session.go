@@ -11,6 +11,9 @@ import (
 // statements that write guarded tables, so EXECUTE of one gets its probe.
 // Only the client-to-server relay touches it.
 type session struct {
+	// policy is the Policy that started the session: the one of its
+	// database (see Databases).
+	policy   *Policy
 	prepared map[string][]string
 	// changed is set by a text that may have changed a setting, until a
 	// text that ends a transaction.

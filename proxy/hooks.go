@@ -195,8 +195,13 @@ type Client struct {
 	ID         uint64
 	RemoteAddr string
 	User       string
-	Database   string
-	TLS        bool // the client connected to pgfence over TLS
+	// Database is the database the session connects to: the startup
+	// packet's, or the user name when it names none, as Postgres does; ""
+	// for a physical replication connection (Replication set), which
+	// connects to none, and for a startup packet of a protocol version
+	// whose parameters the proxy does not read (Replication not set).
+	Database string
+	TLS      bool // the client connected to pgfence over TLS
 	// Replication is set for a replication connection (the startup
 	// packet's replication parameter): Postgres takes only simple-protocol
 	// Queries there, so the proxy answers no SET and sends nothing in the

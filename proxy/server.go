@@ -72,9 +72,12 @@ type Config struct {
 	TransactionPooling bool
 	TokenSetting       string
 	// Admit, if set, is asked before each client session is connected to
-	// Postgres; an error refuses the session with FATAL 08004 and the
-	// error's text.
-	Admit func() error
+	// Postgres (and before the Interceptor's SessionStart); an error
+	// refuses the session with FATAL 08004 and the error's text. It may
+	// take its time (pgfence serve waits there for the first read of the
+	// session's database's catalog): the client waits, and nothing else
+	// does.
+	Admit func(*Client) error
 	// RequirePrimary ends a session whose server says it is a standby
 	// (ParameterStatus in_hot_standby = on, Postgres 14 and later), as
 	// libpq's target_session_attrs=read-write would not use it: after a
@@ -348,7 +351,7 @@ func (s *Server) handle(conn net.Conn) {
 	if startup == nil { // a cancel request, already handled
 		return
 	}
-	c := &Client{ID: id, RemoteAddr: conn.RemoteAddr().String(), User: startup.Parameters["user"], Database: startup.Parameters["database"],
+	c := &Client{ID: id, RemoteAddr: conn.RemoteAddr().String(), User: startup.Parameters["user"], Database: database(startup.Parameters),
 		Replication: replication(startup.Parameters["replication"])}
 	c.setApplicationName(startup.Parameters["application_name"])
 	c.TLS = cc.tls
@@ -362,8 +365,8 @@ func (s *Server) handle(conn net.Conn) {
 		return
 	}
 	if s.cfg.Admit != nil {
-		if err := s.cfg.Admit(); err != nil {
-			log.Warn("client refused", "err", err)
+		if err := s.cfg.Admit(c); err != nil {
+			log.Warn("client refused", "database", c.Database, "user", c.User, "err", err)
 			writeError(cw, "FATAL", codeRejected, err.Error(), "")
 			cw.Flush()
 			return
@@ -411,6 +414,30 @@ func replication(v string) bool {
 		return true
 	}
 	return false
+}
+
+// nameDataLen is Postgres's NAMEDATALEN: it cuts a startup packet's
+// database name to one byte less.
+const nameDataLen = 64
+
+// database is the database a startup packet connects to, as Postgres
+// picks it: the packet's database, else the user name, cut as Postgres
+// cuts them; "" for a physical replication connection, which connects to
+// no database. A logical one (replication=database) connects to its
+// database.
+func database(params map[string]string) string {
+	switch strings.ToLower(params["replication"]) {
+	case "true", "on", "yes", "1":
+		return ""
+	}
+	name := params["database"]
+	if name == "" {
+		name = params["user"]
+	}
+	if len(name) >= nameDataLen {
+		name = name[:nameDataLen-1]
+	}
+	return name
 }
 
 // clientConn is a client connection during startup, which TLS may upgrade.

@@ -146,7 +146,7 @@ func readyz(t *testing.T, inst *instance) (int, string) {
 }
 
 func guarded(inst *instance, schema, table string) (sqlrewrite.Guard, bool) {
-	for _, g := range inst.policy.Config().Guards {
+	for _, g := range inst.main.policy.Load().Config().Guards {
 		if g.Schema == schema && g.Table == table {
 			return g, true
 		}
@@ -170,7 +170,7 @@ func TestServeBackstop(t *testing.T) {
 		if g, ok := guarded(inst, "public", "bs_accounts"); !ok || !g.Backstop {
 			t.Fatalf("guard %+v (found %v): want discovered with Backstop", g, ok)
 		}
-		if v := scrape(t, inst, `pgfence_backstop_installed{table="public.bs_accounts"}`); v != "1" {
+		if v := scrape(t, inst, `pgfence_backstop_installed{database="postgres",table="public.bs_accounts"}`); v != "1" {
 			t.Fatalf("pgfence_backstop_installed = %q, want 1", v)
 		}
 		if code, body := readyz(t, inst); code != 200 || !strings.Contains(body, "backstop: in place on all") {
@@ -181,7 +181,7 @@ func TestServeBackstop(t *testing.T) {
 		if v, e := s.epoch("bs_accounts", 1); v != "v" || e != 5 {
 			t.Fatalf("a stale write through a function landed: %q at %d", v, e)
 		}
-		if v := scrape(t, inst, `fencing_reject_total{kind="row",mode="enforce",table="public.bs_accounts",via="backstop"}`); v != "1" {
+		if v := scrape(t, inst, `fencing_reject_total{database="postgres",kind="row",mode="enforce",table="public.bs_accounts",via="backstop"}`); v != "1" {
 			t.Fatalf(`fencing_reject_total{via="backstop"} = %q, want 1`, v)
 		}
 		if got := tag(t, s.direct("3"), "UPDATE bs_accounts SET val = 'stale' WHERE id = 2"); got != "UPDATE 0" {
@@ -204,7 +204,7 @@ func TestServeBackstop(t *testing.T) {
 		}
 		// The database's counters are read at each discovery.
 		inst.reload(bg, inst.opts)
-		if v := scrape(t, inst, `pgfence_backstop_rejects_total{table="public.bs_accounts"}`); v != "2" {
+		if v := scrape(t, inst, `pgfence_backstop_rejects_total{database="postgres",table="public.bs_accounts"}`); v != "2" {
 			t.Fatalf("pgfence_backstop_rejects_total = %q, want 2 (one through pgfence, one direct)", v)
 		}
 	})
@@ -221,10 +221,10 @@ func TestServeBackstop(t *testing.T) {
 		})
 		up := strings.Replace(s.pg.URL("postgres"), "postgres@", "bs_catalog@", 1)
 		inst := s.serve(serveOptions{upstream: up, policyOptions: policyOptions{guards: []string{"public.bs_foreign"}}, backstop: "install"})
-		if v := scrape(t, inst, `pgfence_backstop_installed{table="public.bs_foreign"}`); v != "0" {
+		if v := scrape(t, inst, `pgfence_backstop_installed{database="postgres",table="public.bs_foreign"}`); v != "0" {
 			t.Fatalf("pgfence_backstop_installed = %q, want 0", v)
 		}
-		if v := scrape(t, inst, `pgfence_backstop_ok`); v != "0" {
+		if v := scrape(t, inst, `pgfence_backstop_ok{database="postgres"}`); v != "0" {
 			t.Fatalf("pgfence_backstop_ok = %q, want 0", v)
 		}
 		code, body := readyz(t, inst)
@@ -254,7 +254,7 @@ func TestServeBackstop(t *testing.T) {
 		}
 		s.exec("ALTER ROLE bs_reader NOLOGIN")
 		inst.reload(bg, inst.opts)
-		if v := scrape(t, inst, "pgfence_discovery_ok"); v != "0" {
+		if v := scrape(t, inst, `pgfence_discovery_ok{database="postgres"}`); v != "0" {
 			t.Fatalf("pgfence_discovery_ok = %q after a failed read", v)
 		}
 		if _, ok := guarded(inst, "public", "bs_kept"); !ok {
@@ -268,7 +268,7 @@ func TestServeBackstop(t *testing.T) {
 		}
 		s.exec("ALTER ROLE bs_reader LOGIN")
 		inst.reload(bg, inst.opts)
-		if v := scrape(t, inst, "pgfence_discovery_ok"); v != "1" {
+		if v := scrape(t, inst, `pgfence_discovery_ok{database="postgres"}`); v != "1" {
 			t.Fatalf("pgfence_discovery_ok = %q after a good read", v)
 		}
 	})
@@ -301,7 +301,7 @@ func TestServeBackstop(t *testing.T) {
 		}
 		s.exec(`ALTER TABLE bs_init DISABLE TRIGGER "~pgfence_backstop"`)
 		inst.reload(bg, inst.opts)
-		if v := scrape(t, inst, `pgfence_backstop_installed{table="public.bs_init"}`); v != "0" {
+		if v := scrape(t, inst, `pgfence_backstop_installed{database="postgres",table="public.bs_init"}`); v != "0" {
 			t.Fatalf("a disabled backstop under verify: pgfence_backstop_installed = %q, want 0", v)
 		}
 		if _, body := readyz(t, inst); !strings.Contains(body, "is disabled") {
@@ -311,7 +311,7 @@ func TestServeBackstop(t *testing.T) {
 			t.Fatal("a disabled backstop still lets MERGE through")
 		}
 		repair := s.serve(serveOptions{policyOptions: policyOptions{guards: []string{"public.bs_init"}}, backstop: "install"})
-		if v := scrape(t, repair, `pgfence_backstop_installed{table="public.bs_init"}`); v != "1" {
+		if v := scrape(t, repair, `pgfence_backstop_installed{database="postgres",table="public.bs_init"}`); v != "1" {
 			t.Fatalf("install did not enable the disabled backstop: %q", v)
 		}
 		if got := tag(t, s.direct("3"), "UPDATE bs_init SET val = 'stale'"); got != "UPDATE 0" {
@@ -334,7 +334,7 @@ func TestServeBackstop(t *testing.T) {
 		if got := tag(t, s.client(inst, "3"), "UPDATE bs_renamed_direct SET val = 'stale'"); got != "UPDATE 0" {
 			t.Fatalf("stale write to the renamed table: %s", got)
 		}
-		if v := scrape(t, inst, `fencing_reject_total{kind="row",mode="enforce",table="public.bs_renamed_direct",via="rewrite"}`); v != "1" {
+		if v := scrape(t, inst, `fencing_reject_total{database="postgres",kind="row",mode="enforce",table="public.bs_renamed_direct",via="rewrite"}`); v != "1" {
 			t.Fatalf("rewrite reject on the renamed table = %q, want 1", v)
 		}
 	})
@@ -364,7 +364,7 @@ func ddlRediscovery(t *testing.T, s *serveTest, goroutines bool) {
 		if got := tag(t, stale, "UPDATE bs_renamed SET val = 'stale'"); got != "UPDATE 0" {
 			t.Fatalf("stale write right after a rename: %s", got)
 		}
-		if v := scrape(t, inst, `fencing_reject_total{kind="row",mode="enforce",table="public.bs_renamed",via="rewrite"}`); v != "1" {
+		if v := scrape(t, inst, `fencing_reject_total{database="postgres",kind="row",mode="enforce",table="public.bs_renamed",via="rewrite"}`); v != "1" {
 			t.Fatalf(`rewrite reject on the renamed table = %q, want 1 (the rewriter, not only the backstop, fenced it)`, v)
 		}
 		if got := tag(t, s.direct("3"), "UPDATE bs_renamed SET val = 'stale'"); got != "UPDATE 0" {
@@ -386,7 +386,7 @@ func ddlRediscovery(t *testing.T, s *serveTest, goroutines bool) {
 		if len(tags) != 3 || tags[2] != "UPDATE 0" {
 			t.Fatalf("pipelined rename and stale write: %q", tags)
 		}
-		if v := scrape(t, inst, `fencing_reject_total{kind="row",mode="enforce",table="public.bs_piped",via="rewrite"}`); v != "1" {
+		if v := scrape(t, inst, `fencing_reject_total{database="postgres",kind="row",mode="enforce",table="public.bs_piped",via="rewrite"}`); v != "1" {
 			t.Fatalf("rewrite reject on the table renamed in the pipeline = %q, want 1", v)
 		}
 		t.Cleanup(func() { s.exec("DROP TABLE IF EXISTS bs_piped") })

@@ -40,14 +40,16 @@ func TestEnvConfig(t *testing.T) {
 	// checked whether or not a guard has it.
 	t.Setenv("PGFENCE_DOMAIN", "a=d1,b=d1")
 	t.Setenv("PGFENCE_TABLE_MODE", "a=shadow,b=observe")
+	t.Setenv("PGFENCE_EXCLUDE_DATABASE", "scratch,reports")
 	var o3 serveOptions
 	cmd3 := &cobra.Command{Use: "serve"}
 	o3.addFlags(cmd3)
 	if err := loadEnv(cmd3); err != nil {
 		t.Fatal(err)
 	}
-	if len(o3.domains) != 2 || o3.domains[1] != "b=d1" || len(o3.tableModes) != 2 || o3.tableModes[1] != "b=observe" {
-		t.Fatalf("domains %q, table modes %q: want two of each", o3.domains, o3.tableModes)
+	if len(o3.domains) != 2 || o3.domains[1] != "b=d1" || len(o3.tableModes) != 2 || o3.tableModes[1] != "b=observe" ||
+		len(o3.excludeDatabases) != 2 || o3.excludeDatabases[1] != "reports" {
+		t.Fatalf("domains %q, table modes %q, excluded databases %q: want two of each", o3.domains, o3.tableModes, o3.excludeDatabases)
 	}
 	if _, err := o3.applier(); err != nil {
 		t.Fatal(err)
@@ -58,6 +60,7 @@ func TestEnvConfig(t *testing.T) {
 	}
 	t.Setenv("PGFENCE_DOMAIN", "")
 	t.Setenv("PGFENCE_TABLE_MODE", "")
+	t.Setenv("PGFENCE_EXCLUDE_DATABASE", "")
 
 	t.Setenv("PGFENCE_MAX_MESSAGE_SIZE", "lots")
 	var o2 serveOptions

@@ -80,11 +80,12 @@ func runDemo(ctx context.Context, out io.Writer, upstream string, pause time.Dur
 	if err := demoRun(ctx, out, admin, viaProxy, pause); err != nil {
 		return err
 	}
-	rejects, err := scrapeCounter("http://"+inst.MetricsAddr()+"/metrics", `fencing_reject_total{kind="row",mode="enforce",table="`+demoTable+`",via="rewrite"}`)
+	series := fmt.Sprintf(`fencing_reject_total{database=%q,kind="row",mode="enforce",table=%q,via="rewrite"}`, inst.main.name, demoTable)
+	rejects, err := scrapeCounter("http://"+inst.MetricsAddr()+"/metrics", series)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "metrics: fencing_reject_total{kind=\"row\",mode=\"enforce\",table=%q,via=\"rewrite\"} %s\n\n", demoTable, rejects)
+	fmt.Fprintf(out, "metrics: %s %s\n\n", series, rejects)
 
 	fmt.Fprintln(out, "== Run 2: the same, straight to Postgres (no pgfence) ==")
 	if err := demoRun(ctx, out, admin, upstream, pause); err != nil {

@@ -61,7 +61,7 @@ domain's row.`,
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), time.Minute)
 			defer cancel()
-			conn, err := connectUpstream(ctx, o.upstream, o.pooling)
+			conn, err := connectUpstream(ctx, o.upstream, "", o.pooling)
 			if err != nil {
 				return fmt.Errorf("connecting to --upstream %s: %w", redact(o.upstream), err)
 			}

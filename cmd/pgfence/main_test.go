@@ -40,7 +40,7 @@ func TestDemo(t *testing.T) {
 		"writer B: UPDATE pgfence_demo_ledger SET owner = 'B' WHERE id = 1  ->  UPDATE 1",
 		"writer A: UPDATE pgfence_demo_ledger SET owner = 'A' WHERE id = 1  ->  UPDATE 0",
 		"final row: id=1 owner=B fence_epoch=2",
-		`fencing_reject_total{kind="row",mode="enforce",table="pgfence_demo_ledger",via="rewrite"} 1`,
+		`fencing_reject_total{database="postgres",kind="row",mode="enforce",table="pgfence_demo_ledger",via="rewrite"} 1`,
 	} {
 		if !strings.Contains(through, want) {
 			t.Errorf("run through pgfence lacks %q:\n%s", want, through)

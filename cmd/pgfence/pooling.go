@@ -41,14 +41,18 @@ func (o serveOptions) policyConfig() (fence.Config, func(sqlrewrite.Guard) sqlre
 	return cfg, apply, err
 }
 
-// connectUpstream opens pgfence's own connection for catalog reads. Behind
+// connectUpstream opens pgfence's own connection for catalog reads, to
+// database db ("" for the URL's own) with the URL's other settings. Behind
 // a transaction pooler it prepares no statements (pgx's exec mode, which
 // PgBouncer supports): a named one would stay on a server connection
 // other clients get.
-func connectUpstream(ctx context.Context, url, pooling string) (*pgx.Conn, error) {
+func connectUpstream(ctx context.Context, url, db, pooling string) (*pgx.Conn, error) {
 	cfg, err := pgx.ParseConfig(url)
 	if err != nil {
 		return nil, err
+	}
+	if db != "" {
+		cfg.Database = db
 	}
 	if pooling == poolingTransaction {
 		cfg.DefaultQueryExecMode = pgx.QueryExecModeExec
@@ -82,19 +86,6 @@ func (i *instance) checkPooler(ctx context.Context, conn *pgx.Conn, pooling stri
 	}
 	if i.pooler.Swap(nil) != nil {
 		i.log.Info("the upstream is Postgres itself again: serving client sessions")
-	}
-	return nil
-}
-
-// admit is proxy.Config.Admit: a session is refused while a pooler nobody
-// told pgfence of answers at the upstream.
-func (i *instance) admit() error {
-	if why := i.pooler.Load(); why != nil {
-		return errors.New(*why) // the proxy says "pgfence: " itself
-	}
-	if !i.known.Load() {
-		return errors.New("it has not read Postgres's catalog yet, so it cannot tell which tables to fence (" + i.statusLine() +
-			"); it tries every second: connect again shortly")
 	}
 	return nil
 }

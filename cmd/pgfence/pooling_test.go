@@ -82,13 +82,13 @@ func TestServeTransactionPooling(t *testing.T) {
 		t.Fatalf("init through the pooler: %v\n%s", err, out.String())
 	}
 	inst := s.serve(serveOptions{upstream: through, upstreamPooling: poolingTransaction, discover: true, backstop: "install"})
-	if got := scrape(t, inst, "pgfence_discovery_ok"); got != "1" {
+	if got := scrape(t, inst, `pgfence_discovery_ok{database="postgres"}`); got != "1" {
 		t.Fatalf("pgfence_discovery_ok = %q through the pooler, want 1", got)
 	}
 	if _, ok := guarded(inst, "public", "accounts"); !ok {
 		t.Fatal("accounts is not guarded: discovery through the pooler found nothing")
 	}
-	if got := scrape(t, inst, `pgfence_backstop_installed{table="public.accounts"}`); got != "1" {
+	if got := scrape(t, inst, `pgfence_backstop_installed{database="postgres",table="public.accounts"}`); got != "1" {
 		t.Fatalf("backstop installed through the pooler = %q, want 1", got)
 	}
 
@@ -132,7 +132,7 @@ func TestServeTransactionPooling(t *testing.T) {
 	if v, e := s.epoch("accounts", 1); v != "block" || e != 9 {
 		t.Fatalf("a stale write in a function: %q at epoch %d, want it skipped by the backstop", v, e)
 	}
-	if got := scrape(t, inst, fmt.Sprintf("fencing_reject_total{kind=%q,mode=%q,table=%q,via=%q}", "row", "enforce", "public.accounts", "backstop")); got != "1" {
+	if got := scrape(t, inst, fmt.Sprintf("fencing_reject_total{database=%q,kind=%q,mode=%q,table=%q,via=%q}", "postgres", "row", "enforce", "public.accounts", "backstop")); got != "1" {
 		t.Fatalf("the backstop's reject counted as %q, want 1", got)
 	}
 }

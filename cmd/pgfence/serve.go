@@ -11,8 +11,6 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"reflect"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -24,7 +22,6 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	"github.com/pgfence/pgfence/backstop"
 	"github.com/pgfence/pgfence/fence"
 	"github.com/pgfence/pgfence/internal/server"
 	"github.com/pgfence/pgfence/proxy"
@@ -56,6 +53,7 @@ type serveOptions struct {
 	initDomains      bool
 	backstop         string
 	exemptRoles      []string
+	excludeDatabases []string
 	logLevel         string
 	logFormat        string
 }
@@ -68,9 +66,10 @@ func (o *serveOptions) addFlags(cmd *cobra.Command) {
 	f.StringVar(&o.upstream, "upstream", "", "postgres:// URL of the real server; its user and password serve only pgfence's own queries")
 	f.StringVar(&o.metricsListen, "metrics-listen", "127.0.0.1:9187", "address of /metrics, /healthz and /readyz (\"\" to disable)")
 	o.policyOptions.addFlags(cmd)
-	f.BoolVar(&o.discover, "discover", true, "guard every table of the upstream database that has a bigint --discover-column (partitions and children of guarded tables are always guarded)")
+	f.BoolVar(&o.discover, "discover", true, "guard every table that has a bigint --discover-column, in each database clients use (partitions and children of guarded tables are always guarded)")
 	f.StringVar(&o.discoverColumn, "discover-column", "fence_epoch", "epoch column name that discovery looks for")
-	f.DurationVar(&o.discoverInterval, "discover-interval", time.Minute, "how often the catalog is read again (also on SIGHUP); 0 for only at start and on SIGHUP")
+	f.DurationVar(&o.discoverInterval, "discover-interval", time.Minute, "how often each database's catalog is read again (also on SIGHUP); 0 for only at its first session and on SIGHUP")
+	f.StringArrayVar(&o.excludeDatabases, "exclude-database", nil, "a database pgfence does not fence: its sessions are refused, saying so (repeatable; not the --upstream database). Every other database is fenced by its own catalog from its first session")
 	f.IntVar(&o.maxMessageSize, "max-message-size", 256<<20, "largest client message in bytes; a larger one ends that client's session")
 	f.DurationVar(&o.startupTimeout, "startup-timeout", 30*time.Second, "how long a new client may take to send its startup packet")
 	f.IntVar(&o.maxClientConns, "max-client-conns", 1000, "client sessions open at once; more are refused with SQLSTATE 53300 (0: no limit)")
@@ -133,8 +132,8 @@ func serveCmd() *cobra.Command {
 			if serving != nil {
 				serving(inst)
 			}
-			log.Info("pgfence serving", "listen", inst.Addr(), "upstream", inst.upstream, "metrics", inst.MetricsAddr(),
-				"guards", len(inst.policy.Config().Guards), "token_setting", o.tokenSetting, "version", buildVersion())
+			log.Info("pgfence serving", "listen", inst.Addr(), "upstream", inst.upstream, "database", inst.main.name, "metrics", inst.MetricsAddr(),
+				"guards", len(inst.main.policy.Load().Config().Guards), "token_setting", o.tokenSetting, "version", buildVersion())
 			var drained chan error // non-nil while draining
 			for {
 				select {
@@ -233,20 +232,25 @@ type instance struct {
 	upstreamURL string // for pgfence's own catalog queries; never logged
 	log         *slog.Logger
 	metrics     *fence.Metrics
+	ctx         context.Context // ends with stop: reads of the catalog stop
 	stop        context.CancelFunc
 
-	mu       sync.Mutex // serialises reloads
-	opts     serveOptions
-	lastGood *catalogRead // the last catalog read that worked
-	// known is set once a catalog read has worked: until then pgfence
-	// cannot tell which tables to fence (discovered ones, partitions), and
-	// refuses clients (see admit).
-	known atomic.Bool
-	// notWatching is why the backstop's event trigger is not in place, as
-	// last logged.
-	notWatching string
-	ddl         chan chan struct{} // DDL seen: read the catalog again, then close it
-	status      atomic.Pointer[string]
+	mu   sync.Mutex // guards opts
+	opts serveOptions
+	// main is the --upstream URL's database; dbs has it and every other
+	// database a session has connected to since, while its catalog reads.
+	main *database
+	dbMu sync.Mutex
+	dbs  map[string]*database
+	// router fences each session with its database's policy.
+	router *fence.Databases
+	// exclude is --exclude-database, as last loaded.
+	exclude atomic.Pointer[map[string]bool]
+	// admissionWait bounds a session's wait for its database's first read.
+	admissionWait time.Duration
+	// discoverEvery is --discover-interval as at start: every database is
+	// read that often (a reload does not change it).
+	discoverEvery time.Duration
 	// pooler, when set, is why client sessions are refused: a pooler
 	// nobody told pgfence of answers at the upstream (see checkPooler).
 	pooler atomic.Pointer[string]
@@ -254,7 +258,6 @@ type instance struct {
 	// the writable primary among them (see followPrimary).
 	hosts []upstream.Host
 
-	policy *fence.Policy
 	proxy  *proxy.Server
 	ln     net.Listener
 	unixLn net.Listener // --unix-socket-dir, or nil
@@ -302,11 +305,19 @@ func start(o serveOptions, log *slog.Logger) (*instance, error) {
 	if err != nil {
 		return nil, err
 	}
-	var inst *instance // for Admit, which runs only once sessions do
+	mainDB, err := upstreamDatabase(o.upstream)
+	if err != nil {
+		return nil, err
+	}
+	exclude, err := exclusions(o, mainDB)
+	if err != nil {
+		return nil, err
+	}
+	var inst *instance // for Admit and Route, which run only once sessions do
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	reg.MustRegister(buildInfo())
-	built, err := server.New(server.Config{Fence: cfg, Logger: log, Registry: reg, Proxy: proxy.Config{
+	built, err := server.New(server.Config{Route: func(c *proxy.Client) *fence.Policy { return inst.route(c) }, Logger: log, Registry: reg, Proxy: proxy.Config{
 		Upstream:            addr,
 		UpstreamNetwork:     up.Network,
 		UpstreamTLS:         up.TLS,
@@ -320,7 +331,7 @@ func start(o serveOptions, log *slog.Logger) (*instance, error) {
 		ForwardSettings:     o.forwardTokenSets,
 		TransactionPooling:  txPool,
 		TokenSetting:        cfg.TokenSetting,
-		Admit:               func() error { return inst.admit() },
+		Admit:               func(c *proxy.Client) error { return inst.admit(c) },
 		Hints: proxy.Hints{
 			TooManyClients:  "try again later, or raise --max-client-conns",
 			CannotConnect:   "check that Postgres is running and --upstream is right; try again",
@@ -331,7 +342,18 @@ func start(o serveOptions, log *slog.Logger) (*instance, error) {
 	if err != nil {
 		return nil, err
 	}
-	srv, policy, metrics := built.Server, built.Policy, built.Metrics
+	srv, metrics := built.Server, built.Metrics
+	main := newDatabase(mainDB, true, log)
+	// The main database's series exist from start-up, and its policy
+	// fences its sessions with the explicit guards until a read works
+	// (which admit waits for).
+	main.metrics = metrics.Database(mainDB)
+	policy, err := built.Databases.New(mainDB, cfg, main.log)
+	if err != nil {
+		return nil, err
+	}
+	main.policy.Store(policy)
+	policy.SetDDLHook(main.readAfterDDL)
 	ln, err := listen(o.listen)
 	if err != nil {
 		return nil, err
@@ -344,9 +366,12 @@ func start(o serveOptions, log *slog.Logger) (*instance, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	inst = &instance{
 		upstream: addr, upstreamURL: o.upstream,
-		log: log, metrics: metrics, policy: policy, proxy: srv, ln: ln,
-		served: make(chan struct{}), stop: cancel,
+		log: log, metrics: metrics, proxy: srv, ln: ln,
+		served: make(chan struct{}), ctx: ctx, stop: cancel,
+		opts: o, main: main, dbs: map[string]*database{mainDB: main}, router: built.Databases,
+		admissionWait: admissionWait(o.startupTimeout), discoverEvery: o.discoverInterval,
 	}
+	inst.exclude.Store(&exclude)
 	if o.metricsListen != "" {
 		if inst.httpLn, err = net.Listen("tcp", o.metricsListen); err != nil {
 			ln.Close()
@@ -378,14 +403,14 @@ func start(o serveOptions, log *slog.Logger) (*instance, error) {
 				return
 			}
 			ok, what := inst.readiness(r.Context())
-			if ok && !inst.known.Load() {
+			if ok && !inst.main.known.Load() {
 				ok, what = false, "pgfence has not read the catalog yet"
 			}
 			if !ok {
-				http.Error(w, "not ready: "+what+"\n"+inst.statusLine()+"\n", http.StatusServiceUnavailable)
+				http.Error(w, "not ready: "+what+"\n"+inst.statusLines(), http.StatusServiceUnavailable)
 				return
 			}
-			fmt.Fprintf(w, "ready: %s\n%s\n", what, inst.statusLine())
+			fmt.Fprintf(w, "ready: %s\n%s", what, inst.statusLines())
 		})
 		inst.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 		go inst.http.Serve(inst.httpLn)
@@ -395,161 +420,60 @@ func start(o serveOptions, log *slog.Logger) (*instance, error) {
 	if len(inst.hosts) > 1 {
 		inst.followPrimary(ctx, time.Second)
 	}
-	// The catalog is read before clients are served, so discovered tables
-	// are guarded from the first statement when Postgres is up.
-	inst.reload(ctx, o)
+	// The main database's catalog is read before clients are served, so
+	// discovered tables are guarded from the first statement when Postgres
+	// is up. Each other database's is read at its first session.
+	main.load(ctx, inst)
 	inst.unixLn = unixLn
 	if unixLn != nil {
 		go srv.Serve(unixLn)
 	}
 	go func() { srv.Serve(ln); close(inst.served) }()
-	// DDL seen in a session has the catalog read again before that
-	// session's next statement.
-	inst.ddl = make(chan chan struct{}, 64)
-	policy.SetDDLHook(func() <-chan struct{} {
-		done := make(chan struct{})
-		select {
-		case inst.ddl <- done:
-		default:
-			go func() { inst.ddl <- done }() // never block the relay
-		}
-		return done
-	})
-	go inst.rediscover(ctx, o.discoverInterval)
+	go main.run(ctx, inst, inst.discoverEvery)
 	return inst, nil
 }
 
-// reload applies o's policy, extended with what the catalog says. When
-// the catalog cannot be read it keeps the guards of the last good read
-// (fail closed): a failover or a full connection table must not unguard
-// the tables only discovery finds.
-func (i *instance) reload(ctx context.Context, o serveOptions) {
+// options are the options in force.
+func (i *instance) options() serveOptions {
 	i.mu.Lock()
 	defer i.mu.Unlock()
-	i.opts = o
-	cfg, apply, err := o.policyConfig()
+	return i.opts
+}
+
+// reload puts o in force and reads the catalog of every database again
+// (one after the other) with it. Options that do not hold together are
+// not put in force.
+func (i *instance) reload(ctx context.Context, o serveOptions) {
+	if _, _, err := o.policyConfig(); err != nil {
+		i.log.Error("configuration not reloaded", "err", err)
+		return
+	}
+	if _, _, err := backstopMode(o.backstop); err != nil {
+		i.log.Error("configuration not reloaded", "err", err)
+		return
+	}
+	exclude, err := exclusions(o, i.main.name)
 	if err != nil {
 		i.log.Error("configuration not reloaded", "err", err)
 		return
 	}
-	read, err := i.readCatalog(ctx, o, cfg.Guards, apply)
-	switch {
-	case err != nil && i.lastGood != nil:
-		i.metrics.DiscoveryOK(false)
-		cfg.Guards = keepGuards(i.lastGood.guards, cfg.Guards, apply)
-		i.log.Error("cannot read the catalog: keeping the guarded tables of the last good read; retrying",
-			"upstream", i.upstream, "err", err, "kept", len(cfg.Guards))
-		i.setStatus(fmt.Sprintf("catalog: last read failed (%v); guarding the tables of the last good read", err))
-	case err != nil:
-		i.metrics.DiscoveryOK(false)
-		i.log.Error("cannot read the catalog, and it never has been: clients are refused until it works, as pgfence cannot tell which tables to fence; retrying every second",
-			"upstream", i.upstream, "err", err)
-		i.setStatus(fmt.Sprintf("catalog: never read (%v); clients refused until it is", err))
-	default:
-		i.metrics.DiscoveryOK(true)
-		i.lastGood = read
-		i.known.Store(true)
-		for _, p := range read.problems {
-			i.log.Error("guarded table problem", "problem", p)
+	i.mu.Lock()
+	i.opts = o
+	i.mu.Unlock()
+	i.exclude.Store(&exclude)
+	for _, d := range i.databases() {
+		if d.main || d.known.Load() {
+			d.load(ctx, i)
 		}
-		cfg.Guards = read.guards
-		i.reportBackstop(read)
 	}
-	if reflect.DeepEqual(cfg, i.policy.Config()) {
-		// Nothing changed: keep the rewrite caches and the sessions'
-		// prepared statements (a reload would plan them again).
-		return
-	}
-	if err := i.policy.Reload(cfg); err != nil {
-		i.log.Error("configuration not reloaded", "err", err)
-		return
-	}
-	names := make([]string, len(cfg.Guards))
-	for k, g := range cfg.Guards {
-		names[k] = g.Name() + ":" + g.Rollout.String()
-	}
-	i.log.Info("guarded tables", "count", len(names), "tables", strings.Join(names, ","))
 }
 
-// keepGuards is the last good read's guards with the flags' settings now,
-// and the explicit guards it lacks. The lock domain the database gave a
-// table stays unless the flags now give it one.
-func keepGuards(last, explicit []sqlrewrite.Guard, apply func(sqlrewrite.Guard) sqlrewrite.Guard) []sqlrewrite.Guard {
-	out := make([]sqlrewrite.Guard, 0, len(last)+len(explicit))
-	seen := map[[2]string]bool{}
-	for _, g := range last {
-		n := apply(g)
-		if n.Domain == "" {
-			n.Domain = g.Domain
-		}
-		n.Backstop = g.Backstop
-		out = append(out, n)
-		seen[[2]string{g.Schema, g.Table}] = true
-	}
-	for _, g := range explicit {
-		if !seen[[2]string{g.Schema, g.Table}] {
-			out = append(out, g)
-		}
-	}
-	return out
-}
-
-// reportBackstop puts the backstop's state in the metrics, the log and
-// /readyz's body.
-func (i *instance) reportBackstop(read *catalogRead) {
-	if read.backstop == nil {
-		i.metrics.Backstop(nil)
-		i.setStatus("backstop: off (--backstop=off): only writes pgfence sees in the SQL text are fenced")
-		return
-	}
-	installed := map[string]bool{}
-	for _, t := range read.backstop.Tables {
-		installed[t.Guard.Name()] = t.OK
-		if t.Changed != "" {
-			i.log.Info("backstop", "table", t.Guard.Name(), "did", t.Changed)
-		}
-	}
-	i.metrics.Backstop(installed)
-	if w := read.backstop.NotWatchingDDL; w != i.notWatching {
-		i.notWatching = w
-		if w != "" {
-			i.log.Warn("backstop: tables created outside pgfence are not fenced by Postgres at once", "why", w)
-		} else {
-			i.log.Info("backstop: the event trigger puts it on tables as DDL gives them the epoch column", "event_trigger", backstop.EventTrigger)
-		}
-	}
-	if read.counts != nil {
-		i.metrics.BackstopCounts(read.counts.Rejects, read.counts.Exempt)
-	}
-	if n := read.backstop.Missing(); n > 0 {
-		var missing []string
-		for _, t := range read.backstop.Tables {
-			if !t.OK {
-				missing = append(missing, t.Problem)
-			}
-		}
-		i.setStatus(fmt.Sprintf("backstop: missing on %d of %d guarded tables (pgfence fences what it sees; writes it cannot see are not fenced there):\n  %s",
-			n, len(read.backstop.Tables), strings.Join(missing, "\n  ")))
-		return
-	}
-	i.setStatus(fmt.Sprintf("backstop: in place on all %d guarded tables", len(read.backstop.Tables)))
-}
-
-// setStatus sets the catalog's and backstop's state that /readyz reports.
-func (i *instance) setStatus(s string) { i.status.Store(&s) }
-
-// statusLine is the state setStatus set last.
-func (i *instance) statusLine() string {
-	if s := i.status.Load(); s != nil {
-		return *s
-	}
-	return "catalog: not read yet"
-}
-
-func (i *instance) readCatalog(ctx context.Context, o serveOptions, explicit []sqlrewrite.Guard, apply func(sqlrewrite.Guard) sqlrewrite.Guard) (*catalogRead, error) {
+// readCatalog reads the catalog of database db (see readCatalog), on a
+// connection of its own with the --upstream URL's settings.
+func (i *instance) readCatalog(ctx context.Context, db string, o serveOptions, explicit []sqlrewrite.Guard, apply func(sqlrewrite.Guard) sqlrewrite.Guard) (*catalogRead, error) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	conn, err := connectUpstream(ctx, i.upstreamURL, o.upstreamPooling)
+	conn, err := connectUpstream(ctx, i.upstreamURL, db, o.upstreamPooling)
 	if err != nil {
 		return nil, err
 	}
@@ -569,61 +493,6 @@ func (o serveOptions) catalogOptions() catalogOptions {
 		discover: o.discover, discoverColumn: o.discoverColumn, initDomains: o.initDomains,
 		backstop: o.backstop, exemptRoles: o.exemptRoles,
 		tokenSetting: o.tokenSetting, allowTruncate: o.allowTruncate,
-	}
-}
-
-// rediscover reads the catalog again every interval (0: never), and when
-// a session's DDL asks for it (see fence.Policy.SetDDLHook): the read
-// starts after the request, and its channel is closed when the read is
-// done, whether it worked or not.
-func (i *instance) rediscover(ctx context.Context, every time.Duration) {
-	var tick, retry <-chan time.Time
-	if every > 0 {
-		t := time.NewTicker(every)
-		defer t.Stop()
-		tick = t.C
-	}
-	if !i.known.Load() {
-		// Clients wait for the first read that works: try every second.
-		t := time.NewTicker(time.Second)
-		defer t.Stop()
-		retry = t.C
-	}
-	var waiting []chan struct{}
-	defer func() {
-		for _, w := range waiting {
-			close(w)
-		}
-	}()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick:
-		case <-retry:
-			if i.known.Load() {
-				retry = nil
-				continue
-			}
-		case w := <-i.ddl:
-			waiting = append(waiting, w)
-		}
-		for more := true; more; { // every request so far is served by this read
-			select {
-			case w := <-i.ddl:
-				waiting = append(waiting, w)
-			default:
-				more = false
-			}
-		}
-		i.mu.Lock()
-		o := i.opts
-		i.mu.Unlock()
-		i.reload(ctx, o)
-		for _, w := range waiting {
-			close(w)
-		}
-		waiting = waiting[:0]
 	}
 }
 

@@ -187,7 +187,7 @@ func TestAlertsEndToEnd(t *testing.T) {
 	// Healthy: both targets scraped, pgfence_upstream_up 1, and, over a few
 	// evaluations, no alert pending or firing.
 	prom.waitQuery(t, `count(up == 1) == 2`, 20*time.Second)
-	prom.waitQuery(t, `pgfence_upstream_up == 1 and pgfence_discovery_ok == 1 and pgfence_backstop_ok == 1`, 20*time.Second)
+	prom.waitQuery(t, `pgfence_upstream_up == 1 and on (job, instance) pgfence_discovery_ok{database="postgres"} == 1 and on (job, instance) pgfence_backstop_ok{database="postgres"} == 1`, 20*time.Second)
 	prom.waitQuery(t, `pgfence_lease_lost_total{lock="billing"} == 0`, 20*time.Second)
 	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(250 * time.Millisecond) {
 		if as := prom.alerts(t); len(as) > 0 {
@@ -293,15 +293,15 @@ func TestAlertsEndToEnd(t *testing.T) {
 		labels  map[string]string
 		summary string
 	}{
-		{"PgfenceWriteWithoutToken", map[string]string{"severity": "critical", "job": "pgfence", "mode": "enforce", "action": "refused"},
-			"1 write(s) without a fencing token to enforced table "},
-		{"PgfenceRejectsRising", map[string]string{"severity": "warning", "job": "pgfence", "mode": "enforce"}, "Stale writes fenced on "},
+		{"PgfenceWriteWithoutToken", map[string]string{"severity": "critical", "job": "pgfence", "database": "postgres", "mode": "enforce", "action": "refused"},
+			" in database postgres (refused) in 10 min"},
+		{"PgfenceRejectsRising", map[string]string{"severity": "warning", "job": "pgfence", "database": "postgres", "mode": "enforce"}, " in database postgres are rising"},
 		{"PgfenceLeaseLost", map[string]string{"severity": "warning", "job": "billing-worker", "lock": "billing", "reason": "expired"},
 			"1 lease(s) of lock billing lost while held (expired) in 10 min"},
-		{"PgfenceBackstopMissing", map[string]string{"severity": "warning", "job": "pgfence", "table": "public.accounts"},
-			"Database backstop not in place on public.accounts"},
+		{"PgfenceBackstopMissing", map[string]string{"severity": "warning", "job": "pgfence", "database": "postgres", "table": "public.accounts"},
+			"Database backstop not in place on public.accounts in database postgres"},
 		{"PgfenceUpstreamDown", map[string]string{"severity": "critical", "job": "pgfence"}, "its Postgres is unreachable or not a writable primary"},
-		{"PgfenceDiscoveryFailing", map[string]string{"severity": "warning", "job": "pgfence"}, "cannot read the catalog"},
+		{"PgfenceDiscoveryFailing", map[string]string{"severity": "warning", "job": "pgfence", "database": "postgres"}, "cannot read the catalog of database postgres"},
 	}
 	for _, c := range checks {
 		al, ok := got[c.name]

@@ -1,5 +1,6 @@
 // Package server wires pgfence's parts into one proxy: the fencing policy
-// (fence) as the relay's (proxy) interceptor, and the series of both in one
+// (fence), one for every session or one per database (fence.Databases), as
+// the relay's (proxy) interceptor, and the series of both in one
 // Prometheus registry. The command, the test harness, the torture check and
 // the benchmark's profiling build all build their servers here, so each runs
 // what the others run.
@@ -20,8 +21,13 @@ type Config struct {
 	// Proxy configures the relay; its Interceptor and Logger are set by
 	// New, and its UpstreamFailed and RoundTrip hooks when left nil.
 	Proxy proxy.Config
-	// Fence is the fencing policy.
+	// Fence is the fencing policy, for every session whatever its
+	// database, unless Route is set.
 	Fence fence.Config
+	// Route, if set, fences each session with the policy of its database
+	// that it returns (see fence.Databases), made with
+	// Server.Databases.New; Fence is then unused and Server.Policy nil.
+	Route func(*proxy.Client) *fence.Policy
 	// Logger receives the relay's and the policy's events; nil discards
 	// them.
 	Logger *slog.Logger
@@ -29,12 +35,13 @@ type Config struct {
 	Registry *prometheus.Registry
 }
 
-// Server is a proxy with its policy and their series.
+// Server is a proxy with its policy (or policies) and their series.
 type Server struct {
 	*proxy.Server
-	Policy   *fence.Policy
-	Metrics  *fence.Metrics
-	Registry *prometheus.Registry
+	Policy    *fence.Policy    // without Config.Route
+	Databases *fence.Databases // with Config.Route
+	Metrics   *fence.Metrics
+	Registry  *prometheus.Registry
 }
 
 // New builds a Server; it starts serving at Serve.
@@ -49,12 +56,19 @@ func New(cfg Config) (*Server, error) {
 	}
 	metrics := fence.NewMetrics(reg)
 	relay := newRelayMetrics(reg)
-	policy, err := fence.New(cfg.Fence, metrics, log)
-	if err != nil {
-		return nil, err
-	}
+	built := &Server{Metrics: metrics, Registry: reg}
 	pc := cfg.Proxy
-	pc.Interceptor, pc.Logger = policy, log
+	if cfg.Route != nil {
+		built.Databases = fence.NewDatabases(metrics, cfg.Route)
+		pc.Interceptor = built.Databases
+	} else {
+		policy, err := fence.New(cfg.Fence, metrics, log)
+		if err != nil {
+			return nil, err
+		}
+		built.Policy, pc.Interceptor = policy, policy
+	}
+	pc.Logger = log
 	if pc.UpstreamFailed == nil {
 		pc.UpstreamFailed = relay.upstreamFailed
 	}
@@ -65,7 +79,8 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Server{Server: srv, Policy: policy, Metrics: metrics, Registry: reg}, nil
+	built.Server = srv
+	return built, nil
 }
 
 // relayMetrics are the relay's own series: why sessions could not be

@@ -1,0 +1,138 @@
+package fence
+
+import (
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+
+	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/pgfence/pgfence/proxy"
+	"github.com/pgfence/pgfence/sqlrewrite"
+)
+
+// Databases is a proxy.Interceptor that fences each session with the
+// Policy of the database it connects to: a table is guarded, and how, by
+// what its own database's catalog says, and a table of the same name in
+// another database is another table. Route picks the policy once, at
+// SessionStart; the session keeps it to its end.
+type Databases struct {
+	m     *Metrics
+	route func(*proxy.Client) *Policy
+	// gen is the generation of every policy made by New: a prepared
+	// statement is planned again after any of them reloads, which costs a
+	// plan (usually a cache hit) and keeps Generation one atomic load.
+	gen atomic.Uint64
+}
+
+// codeNoPolicy is the SQLSTATE of every statement of a session Route found
+// no policy for.
+const codeNoPolicy = "08004"
+
+// NewDatabases returns a Databases reporting to m. route returns the
+// policy (made by New) of a session's database, or nil when there is
+// none: every statement of such a session is then refused (fail closed),
+// as pgfence cannot tell which of its tables to fence. A program should
+// not admit such a session in the first place (proxy.Config.Admit).
+func NewDatabases(m *Metrics, route func(*proxy.Client) *Policy) *Databases {
+	return &Databases{m: m, route: route}
+}
+
+// New returns a policy for cfg, for the sessions of database name, with
+// series labelled database=name (see Metrics.Database).
+func (d *Databases) New(name string, cfg Config, log *slog.Logger) (*Policy, error) {
+	return newPolicy(cfg, d.m.Database(name), log, &d.gen)
+}
+
+// unrouted is the Local of a session Route found no policy for.
+type unrouted struct{ database string }
+
+// policyOf returns the session's policy, nil for an unrouted one.
+func policyOf(c *proxy.Client) *Policy {
+	if s, ok := c.Local.(*session); ok {
+		return s.policy
+	}
+	return nil
+}
+
+// SessionStart implements proxy.Interceptor.
+func (d *Databases) SessionStart(c *proxy.Client) {
+	if p := d.route(c); p != nil {
+		p.SessionStart(c)
+		return
+	}
+	c.Local = unrouted{database: c.Database}
+	d.m.connsTotal.Inc()
+	d.m.connsActive.Inc()
+}
+
+// SessionEnd implements proxy.Interceptor.
+func (d *Databases) SessionEnd(c *proxy.Client, err error) {
+	if p := policyOf(c); p != nil {
+		p.SessionEnd(c, err)
+		return
+	}
+	d.m.connsActive.Dec()
+	if err != nil {
+		d.m.sessionErrors.Inc()
+	}
+}
+
+// Query implements proxy.Interceptor.
+func (d *Databases) Query(c *proxy.Client, sql string) proxy.Plan {
+	if p := policyOf(c); p != nil {
+		return p.Query(c, sql)
+	}
+	return d.refuse(c)
+}
+
+// Parse implements proxy.Interceptor.
+func (d *Databases) Parse(c *proxy.Client, sql string) proxy.Plan {
+	if p := policyOf(c); p != nil {
+		return p.Parse(c, sql)
+	}
+	return d.refuse(c)
+}
+
+func (d *Databases) refuse(c *proxy.Client) proxy.Plan {
+	d.m.refused.Inc()
+	db, _ := c.Local.(unrouted)
+	ref := &sqlrewrite.Refusal{Code: codeNoPolicy, Message: fmt.Sprintf(
+		"pgfence has no fencing policy for database %q, so it cannot tell which of its tables to fence; reconnect", db.database)}
+	return proxy.Plan{SQL: sqlrewrite.Refuse(ref).SQL}
+}
+
+// Error implements proxy.Interceptor.
+func (d *Databases) Error(c *proxy.Client, e *pgproto3.ErrorResponse) *pgproto3.ErrorResponse {
+	if p := policyOf(c); p != nil {
+		return p.Error(c, e)
+	}
+	r, ok := sqlrewrite.ParseErrorMarker(e.Code, e.Message)
+	if !ok {
+		d.m.serverErrors.Inc()
+		return nil
+	}
+	d.m.fenceErrors.Inc()
+	return &pgproto3.ErrorResponse{Severity: e.Severity, SeverityUnlocalized: e.SeverityUnlocalized, Code: r.Code, Message: r.Message}
+}
+
+// Notice implements proxy.Interceptor.
+func (d *Databases) Notice(c *proxy.Client, n *pgproto3.NoticeResponse) bool {
+	if p := policyOf(c); p != nil {
+		return p.Notice(c, n)
+	}
+	return true
+}
+
+// SettingAnswered implements proxy.Interceptor.
+func (d *Databases) SettingAnswered(c *proxy.Client, set *proxy.Setting) {
+	if p := policyOf(c); p != nil {
+		p.SettingAnswered(c, set)
+	}
+}
+
+// Generation implements proxy.Interceptor: it changes whenever a policy
+// made by New reloads.
+func (d *Databases) Generation() uint64 { return d.gen.Load() }
+
+var _ proxy.Interceptor = (*Databases)(nil)
