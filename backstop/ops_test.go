@@ -158,6 +158,22 @@ func TestRejectCounting(t *testing.T) {
 			if got := counter("via=backstop"); got != 3 {
 				t.Errorf(`a rewritten stale write was also counted via="backstop": %v`, got)
 			}
+			// A notice with the backstop's code that a client raises
+			// itself, made up or as the backstop raised one before, is
+			// passed on and not counted.
+			detail := "kind=row mode=enforce epoch=9 token=3 rel=1 at=1 mark=0123"
+			if notify {
+				detail = ns.got[len(ns.got)-1].Detail // a real one, raised again
+			}
+			before := ns.codes(backstop.CodeStaleNotice)
+			exec(t, c, "DO $$ BEGIN RAISE NOTICE USING ERRCODE = 'PF010', MESSAGE = 'not the backstop', DETAIL = "+
+				"'"+detail+"', SCHEMA = 'public', TABLE = '"+tb+"'; END $$")
+			if got := counter("via=backstop"); got != 3 {
+				t.Errorf(`a client's own notice was counted via="backstop": %v`, got)
+			}
+			if got := ns.codes(backstop.CodeStaleNotice) - before; got != 1 {
+				t.Errorf("the client's own notice reached it %d times, want 1", got)
+			}
 		})
 	}
 }

@@ -128,7 +128,12 @@ func backstopProxy(t *testing.T, gs []sqlrewrite.Guard, edit ...func(*fence.Conf
 	for _, g := range gs {
 		specs = append(specs, g.Name())
 	}
+	key, err := backstop.ReadNoticeKey(ctx, pgtest.Direct(t))
+	if err != nil {
+		t.Fatal(err)
+	}
 	return pgtest.StartProxy(t, specs, func(_ *proxy.Config, fc *fence.Config) {
+		fc.NoticeKey = key // as serve reads it: the backstop's notices count
 		for i := range fc.Guards {
 			for _, g := range gs {
 				if fc.Guards[i].Schema == g.Schema && fc.Guards[i].Table == g.Table {

@@ -45,6 +45,8 @@ type Metrics struct {
 		discoveryOK   *prometheus.GaugeVec
 		backstop      *prometheus.GaugeVec
 		backstopOK    *prometheus.GaugeVec
+		exposed       *prometheus.GaugeVec
+		differs       *prometheus.GaugeVec
 		// tokenGap is how far the epoch that beat a stale write was ahead
 		// of its token; acceptedTable and acceptedDomain the highest token
 		// a write went through with, per table and per lock domain.
@@ -132,6 +134,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		"database", "table")
 	a.backstopOK = gauge("pgfence_backstop_ok",
 		"1 if the database backstop is in place on every guarded table of the database (or is turned off), 0 if not.", "database")
+	a.exposed = gauge("pgfence_backstop_owner_exposed",
+		"1 for each guarded table whose owner is a role other than pgfence's while the DDL guard is not in place (pgfence's role is not a superuser): that owner can switch the table's backstop off, unseen until pgfence's next read of the catalog.",
+		"database", "table", "owner")
+	a.differs = gauge("pgfence_backstop_config_differs",
+		"The settings in which this instance's configuration differs from the one the database records for its backstop (which every instance installs): 0 when they agree. Roll a change out with pgfence init.",
+		"database")
 	a.counts = &dbCounts{dbs: map[string]*dbCount{}}
 	a.tokenGap = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "fencing_token_gap",
 		Help:    "For each stale write fenced (on either path), the epoch or lock domain token that beat it minus the token it carried; kind as in fencing_reject_total.",
@@ -141,7 +149,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	a.acceptedDomain = newTokenMaxes("pgfence_domain_token_accepted_max",
 		"The highest fencing token a write to a table of the lock domain went through with, through this pgfence (0 until one does).", "domain")
 	reg.MustRegister(a.rejects, a.withoutToken, a.guardedWrites, a.unfenced, a.guarded, a.discoveryOK,
-		a.backstop, a.backstopOK, a.counts, a.tokenGap, a.acceptedTable, a.acceptedDomain)
+		a.backstop, a.backstopOK, a.exposed, a.differs, a.counts, a.tokenGap, a.acceptedTable, a.acceptedDomain)
 	reg.MustRegister(m.queries, m.errors, m.connsTotal, m.connsActive, m.cacheHits, m.cacheMisses, m.bound, m.setsAnswered)
 	m.passthrough = m.queries.WithLabelValues("passthrough")
 	m.fenced = m.queries.WithLabelValues("fenced")
@@ -201,6 +209,8 @@ func (d *DatabaseMetrics) Retire() {
 	a.discoveryOK.DeletePartialMatch(db)
 	a.backstop.DeletePartialMatch(db)
 	a.backstopOK.DeletePartialMatch(db)
+	a.exposed.DeletePartialMatch(db)
+	a.differs.DeletePartialMatch(db)
 	a.acceptedTable.deleteDatabase(d.database)
 	a.acceptedDomain.deleteDatabase(d.database)
 	a.counts.delete(d.database)
@@ -293,6 +303,22 @@ func (d *DatabaseMetrics) Backstop(installed map[string]bool) {
 		d.all.backstop.WithLabelValues(d.database, table).Set(v)
 	}
 	d.backstopOK.Set(ok)
+}
+
+// BackstopExposure records the guarded tables (schema.table) whose
+// owners (the values) can switch their backstop off unseen; tables no
+// longer listed lose their series.
+func (d *DatabaseMetrics) BackstopExposure(owners map[string]string) {
+	d.all.exposed.DeletePartialMatch(prometheus.Labels{"database": d.database})
+	for table, owner := range owners {
+		d.all.exposed.WithLabelValues(d.database, table, owner).Set(1)
+	}
+}
+
+// BackstopDifferences records in how many settings this instance's
+// configuration differs from the one the database records.
+func (d *DatabaseMetrics) BackstopDifferences(n int) {
+	d.all.differs.WithLabelValues(d.database).Set(float64(n))
 }
 
 // BackstopCounts records the backstop's counters as the database last

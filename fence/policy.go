@@ -40,6 +40,15 @@ type Config struct {
 	// that would change a token setting for the session where the proxy
 	// cannot follow is refused.
 	TransactionPooling bool
+	// DDLGuard says the database's DDL guard is in place (see
+	// sqlrewrite.Config.DDLGuard).
+	DDLGuard bool
+	// NoticeKey is pgfence's secret in the database (see
+	// backstop.ReadNoticeKey), with which the backstop marks the notices
+	// of the stale writes it skips: only a notice whose mark holds is
+	// counted (see Notice). "" counts none, the database's own counters
+	// still do.
+	NoticeKey string
 }
 
 // codeStaleDomain is the SQLSTATE of a stale INSERT into a table of a lock
@@ -146,7 +155,7 @@ func (p *Policy) Reload(cfg Config) error {
 	if cfg.TokenSetting == "" {
 		cfg.TokenSetting = "fence.token"
 	}
-	rw, err := sqlrewrite.New(sqlrewrite.Config{Guards: cfg.Guards, TokenSetting: cfg.TokenSetting, Allow: cfg.Allow})
+	rw, err := sqlrewrite.New(sqlrewrite.Config{Guards: cfg.Guards, TokenSetting: cfg.TokenSetting, Allow: cfg.Allow, DDLGuard: cfg.DDLGuard})
 	if err != nil {
 		return err
 	}

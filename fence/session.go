@@ -33,6 +33,11 @@ type session struct {
 	ddl bool
 	// bind plans a simple-protocol write's templates (see binder).
 	bind binder
+	// noticed is the statement time of the last backstop notice counted,
+	// by table and kind, and forgedNotice says one that was not the
+	// backstop's was met (see Notice); the server side's only.
+	noticed      map[string]int64
+	forgedNotice bool
 }
 
 // passes reports whether sql is the text last passed untouched, under the

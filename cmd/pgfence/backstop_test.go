@@ -227,9 +227,15 @@ func TestServeBackstop(t *testing.T) {
 		if v := scrape(t, inst, `pgfence_backstop_ok{database="postgres"}`); v != "0" {
 			t.Fatalf("pgfence_backstop_ok = %q, want 0", v)
 		}
+		// Not ready while a guarded table lacks its backstop, unless the
+		// operator says to serve anyway.
 		code, body := readyz(t, inst)
-		if code != 200 || !strings.Contains(body, "backstop: missing on") || !strings.Contains(body, "must own the table") {
+		if code != 503 || !strings.Contains(body, "backstop: missing on") || !strings.Contains(body, "must own the table") || !strings.Contains(body, "--ready-without-backstop") {
 			t.Fatalf("/readyz %d %q", code, body)
+		}
+		anyway := s.serve(serveOptions{upstream: up, policyOptions: policyOptions{guards: []string{"public.bs_foreign"}}, backstop: "install", readyWithoutBackstop: true})
+		if code, body := readyz(t, anyway); code != 200 || !strings.Contains(body, "backstop: missing on") {
+			t.Fatalf("/readyz with --ready-without-backstop: %d %q", code, body)
 		}
 		stale := s.client(inst, "3")
 		if got := tag(t, stale, "UPDATE bs_foreign SET val = 'stale' WHERE id = 1"); got != "UPDATE 0" {

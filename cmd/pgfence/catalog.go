@@ -23,6 +23,9 @@ type catalogOptions struct {
 	exemptRoles    []string
 	tokenSetting   string
 	allowTruncate  bool
+	// replace records this configuration in the database in place of the
+	// one there ('pgfence init'): see backstop.Options.Replace.
+	replace bool
 }
 
 // backstopMode reads --backstop: on reports false for off.
@@ -45,6 +48,17 @@ type catalogRead struct {
 	// backstop is nil when --backstop=off.
 	backstop *backstop.Report
 	counts   *backstop.Counts
+	// noticeKey is pgfence's secret in the database, with which the
+	// policy checks the backstop's notices ("" when it cannot be read).
+	noticeKey string
+}
+
+// configure puts in cfg what the read found besides the guards: whether
+// the database's DDL guard is in place, and the key of the backstop's
+// notices.
+func (r *catalogRead) configure(cfg *fence.Config) {
+	cfg.DDLGuard = r.backstop != nil && r.backstop.GuardingDDL
+	cfg.NoticeKey = r.noticeKey
 }
 
 // readCatalog discovers the guarded tables, applies the lock-domain
@@ -79,7 +93,7 @@ func readCatalog(ctx context.Context, conn *pgx.Conn, o catalogOptions, explicit
 			r.guards = append(r.guards, g)
 			tables = append(tables, g)
 			r.problems = append(r.problems, fmt.Sprintf("table %s carries pgfence's backstop but no --guard or discovery names it "+
-				"(renamed or moved since?): guarded as it is; name it in --guard, or DROP TRIGGER %q ON %s to stop guarding it",
+				"(renamed or moved since?): guarded as it is; name it in --guard, or, as pgfence's role or an exempt one, DROP TRIGGER %q ON %s to stop guarding it",
 				g.Name(), backstop.RowTrigger, g.Name()))
 		}
 	}
@@ -104,7 +118,7 @@ func readCatalog(ctx context.Context, conn *pgx.Conn, o catalogOptions, explicit
 	r.problems = append(r.problems, applyMembers(r.guards, members)...)
 	applyMembers(tables, members)
 	if backstopOn {
-		bo := backstop.Options{TokenSetting: o.tokenSetting, AllowTruncate: o.allowTruncate, ExemptRoles: o.exemptRoles}
+		bo := backstop.Options{TokenSetting: o.tokenSetting, AllowTruncate: o.allowTruncate, ExemptRoles: o.exemptRoles, Replace: o.replace}
 		if o.discover {
 			// What a table found by its epoch column gets, for the event
 			// trigger that installs the backstop as DDL creates one.
@@ -130,21 +144,25 @@ func readCatalog(ctx context.Context, conn *pgx.Conn, o catalogOptions, explicit
 		} else {
 			r.counts = &counts
 		}
+		if r.noticeKey, err = backstop.ReadNoticeKey(ctx, conn); err != nil {
+			r.problems = append(r.problems, err.Error()+": the stale writes the backstop skips in pgfence's sessions are counted only in the database (pgfence_backstop_rejects_total)")
+		}
 	}
 	slices.Sort(r.problems)
 	return r, nil
 }
 
-// backstopCovers reports whether the backstop is OK on every table g
-// stands for (an unqualified guard stands for its name in every schema),
-// and g stands for at least one.
+// backstopCovers reports whether the backstop is OK, and this instance's
+// configuration, on every table g stands for (an unqualified guard stands
+// for its name in every schema), and g stands for at least one: only then
+// may the rewrite leave a write to it (MERGE, COPY FROM) to the backstop.
 func backstopCovers(rep *backstop.Report, g sqlrewrite.Guard) bool {
 	found := false
 	for _, t := range rep.Tables {
 		if t.Guard.Table != g.Table || g.Schema != "" && g.Schema != t.Guard.Schema {
 			continue
 		}
-		if !t.OK {
+		if !t.OK || !t.AsConfigured {
 			return false
 		}
 		found = true

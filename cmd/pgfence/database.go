@@ -63,6 +63,14 @@ type database struct {
 	metrics     *fence.DatabaseMetrics
 	lastGood    *catalogRead // the last read that worked
 	notWatching string       // why the backstop's event trigger is not in place, as last logged
+	notGuarding string       // why the DDL guard is not in place, as last logged
+	exposed     string       // the tables whose owners can switch their backstop off, as last logged
+	// gap, when set, is why the database is not ready: a guarded table
+	// lacks its backstop (see /readyz and --ready-without-backstop).
+	gap atomic.Pointer[string]
+	// retrySoon says the last read could not install a table's backstop
+	// without waiting behind open transactions: run reads again soon.
+	retrySoon atomic.Bool
 	// gone is set, and goneCh closed, once a read finds that the database
 	// no longer exists: run stops, and a session of its name starts over
 	// (see instance.database).
@@ -106,6 +114,7 @@ func (d *database) load(ctx context.Context, i *instance) {
 	case err != nil && d.lastGood != nil:
 		d.metrics.DiscoveryOK(false)
 		cfg.Guards = keepGuards(d.lastGood.guards, cfg.Guards, apply)
+		d.lastGood.configure(&cfg)
 		d.log.Error("cannot read the catalog: keeping the guarded tables of the last good read; retrying",
 			"upstream", i.upstream, "err", err, "kept", len(cfg.Guards))
 		d.setStatus(fmt.Sprintf("catalog: last read failed (%v); guarding the tables of the last good read", err))
@@ -132,7 +141,8 @@ func (d *database) load(ctx context.Context, i *instance) {
 			d.log.Error("guarded table problem", "problem", p)
 		}
 		cfg.Guards = read.guards
-		d.reportBackstop(read)
+		read.configure(&cfg)
+		d.reportBackstop(read, i.options())
 	}
 	policy := d.policy.Load()
 	if policy == nil {
@@ -189,22 +199,69 @@ func keepGuards(last, explicit []sqlrewrite.Guard, apply func(sqlrewrite.Guard) 
 }
 
 // reportBackstop puts the backstop's state in the metrics, the log and
-// /readyz's body.
-func (d *database) reportBackstop(read *catalogRead) {
+// /readyz's body (and what makes it not ready: see gap).
+func (d *database) reportBackstop(read *catalogRead, o serveOptions) {
+	d.retrySoon.Store(false)
 	if read.backstop == nil {
 		d.metrics.Backstop(nil)
+		d.metrics.BackstopExposure(nil)
+		d.metrics.BackstopDifferences(0)
+		d.gap.Store(nil)
 		d.setStatus("backstop: off (--backstop=off): only writes pgfence sees in the SQL text are fenced")
 		return
 	}
+	rep := read.backstop
 	installed := map[string]bool{}
-	for _, t := range read.backstop.Tables {
+	for _, t := range rep.Tables {
 		installed[t.Guard.Name()] = t.OK
 		if t.Changed != "" {
 			d.log.Info("backstop", "table", t.Guard.Name(), "did", t.Changed)
 		}
 	}
 	d.metrics.Backstop(installed)
-	if w := read.backstop.NotWatchingDDL; w != d.notWatching {
+	d.retrySoon.Store(rep.Retry())
+	var lines []string
+	// Who can switch it off unseen: without the DDL guard, the owner of
+	// each table pgfence's role does not own.
+	exposed := map[string]string{}
+	if !rep.GuardingDDL {
+		for _, t := range rep.Tables {
+			if t.Owner != "" && t.Owner != rep.Role {
+				exposed[t.Guard.Name()] = t.Owner
+			}
+		}
+	}
+	d.metrics.BackstopExposure(exposed)
+	if w := rep.NotGuardingDDL; w != d.notGuarding {
+		d.notGuarding = w
+		if w != "" {
+			d.log.Warn("backstop: DDL that would weaken it is not refused straight to Postgres", "why", w)
+		} else {
+			d.log.Info("backstop: DDL that would weaken it is refused, but for pgfence's role and the exempt ones", "event_triggers", backstop.GuardTrigger+","+backstop.DropGuardTrigger)
+		}
+	}
+	if len(exposed) > 0 {
+		var owned []string
+		for table, owner := range exposed {
+			owned = append(owned, table+" (owner "+owner+")")
+		}
+		slices.Sort(owned)
+		if e := strings.Join(owned, ", "); e != d.exposed {
+			d.exposed = e
+			d.log.Warn("backstop: guarded tables owned by another role than pgfence's, which can switch their backstop off unseen until pgfence's next read (pgfence's role is not a superuser, so the DDL guard is not in place)",
+				"tables", e, "pgfence_role", rep.Role)
+		}
+		lines = append(lines, "owners other than pgfence's role ("+rep.Role+") can switch the backstop off unseen on: "+strings.Join(owned, ", "))
+	} else {
+		d.exposed = ""
+	}
+	d.metrics.BackstopDifferences(len(rep.Differences))
+	if len(rep.Differences) > 0 {
+		d.log.Warn("backstop: this instance's configuration differs from the one the database records, which stays",
+			"differences", strings.Join(rep.Differences, "; "), "how", backstop.RolloutHint)
+		lines = append(lines, "configuration differs from the database's (which stays; "+backstop.RolloutHint+"): "+strings.Join(rep.Differences, "; "))
+	}
+	if w := rep.NotWatchingDDL; w != d.notWatching {
 		d.notWatching = w
 		if w != "" {
 			d.log.Warn("backstop: tables created outside pgfence are not fenced by Postgres at once", "why", w)
@@ -215,18 +272,23 @@ func (d *database) reportBackstop(read *catalogRead) {
 	if read.counts != nil {
 		d.metrics.BackstopCounts(read.counts.Rejects, read.counts.Exempt)
 	}
-	if n := read.backstop.Missing(); n > 0 {
+	if n := rep.Missing(); n > 0 {
 		var missing []string
-		for _, t := range read.backstop.Tables {
+		for _, t := range rep.Tables {
 			if !t.OK {
 				missing = append(missing, t.Problem)
 			}
 		}
-		d.setStatus(fmt.Sprintf("backstop: missing on %d of %d guarded tables (pgfence fences what it sees; writes it cannot see are not fenced there):\n  %s",
-			n, len(read.backstop.Tables), strings.Join(missing, "\n  ")))
+		gap := fmt.Sprintf("backstop: missing on %d of %d guarded tables (pgfence fences what it sees; writes it cannot see are not fenced there):\n  %s",
+			n, len(rep.Tables), strings.Join(missing, "\n  "))
+		if !o.readyWithoutBackstop {
+			d.gap.Store(&gap)
+		}
+		d.setStatus(strings.Join(append([]string{gap}, lines...), "\n  "))
 		return
 	}
-	d.setStatus(fmt.Sprintf("backstop: in place on all %d guarded tables", len(read.backstop.Tables)))
+	d.gap.Store(nil)
+	d.setStatus(strings.Join(append([]string{fmt.Sprintf("backstop: in place on all %d guarded tables", len(rep.Tables))}, lines...), "\n  "))
 }
 
 // setStatus sets the catalog's and backstop's state that /readyz reports.
@@ -279,12 +341,29 @@ func (d *database) run(ctx context.Context, i *instance, every time.Duration) {
 	if !d.known.Load() && !d.main || d.gone.Load() {
 		return
 	}
-	var tick, retry <-chan time.Time
+	var tick, retry, soon <-chan time.Time
 	if every > 0 {
 		t := time.NewTicker(every)
 		defer t.Stop()
 		tick = t.C
 	}
+	// A backstop Install could not put in place without waiting behind
+	// open transactions is tried again after a second, then twice as long
+	// each time, up to the interval.
+	var backoff time.Duration
+	again := func() {
+		if !d.retrySoon.Load() {
+			backoff, soon = 0, nil
+			return
+		}
+		limit := every
+		if limit <= 0 {
+			limit = time.Minute
+		}
+		backoff = min(max(2*backoff, time.Second), max(limit, time.Second))
+		soon = time.After(backoff)
+	}
+	again()
 	if !d.known.Load() {
 		// Clients wait for the first read that works: try every second.
 		t := time.NewTicker(time.Second)
@@ -298,6 +377,7 @@ func (d *database) run(ctx context.Context, i *instance, every time.Duration) {
 		case <-d.goneCh: // a read of reload's found it gone
 			return
 		case <-tick:
+		case <-soon:
 		case <-retry:
 			if d.known.Load() {
 				retry = nil
@@ -315,6 +395,7 @@ func (d *database) run(ctx context.Context, i *instance, every time.Duration) {
 			}
 		}
 		d.load(ctx, i)
+		again()
 		for _, w := range waiting {
 			close(w)
 		}
@@ -456,6 +537,18 @@ func (i *instance) databases() []*database {
 	}
 	slices.SortFunc(out, func(a, b *database) int { return strings.Compare(a.name, b.name) })
 	return append([]*database{i.main}, out...)
+}
+
+// backstopGap says which databases have guarded tables without their
+// backstop, "" when none has (or --ready-without-backstop).
+func (i *instance) backstopGap() string {
+	var gaps []string
+	for _, d := range i.databases() {
+		if g := d.gap.Load(); g != nil {
+			gaps = append(gaps, fmt.Sprintf("database %q: %s", d.name, *g))
+		}
+	}
+	return strings.Join(gaps, "\n")
 }
 
 // statusLines is each known database's state, for /readyz's body.

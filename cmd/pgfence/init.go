@@ -70,6 +70,7 @@ domain's row.`,
 				discover: o.discover, discoverColumn: o.discoverColumn, initDomains: true,
 				backstop: "install", exemptRoles: o.exemptRoles,
 				tokenSetting: o.tokenSetting, allowTruncate: o.allowTruncate,
+				replace: true, // init is how a configuration is rolled out
 			}, cfg.Guards, apply)
 			if err != nil {
 				return err
@@ -90,6 +91,12 @@ domain's row.`,
 					fmt.Fprintf(out, "%s: backstop in place\n", t.Guard.Name())
 				}
 			}
+			if w := read.backstop.NotGuardingDDL; w != "" {
+				fmt.Fprintf(out, "note: %s\n", w)
+			} else {
+				fmt.Fprintf(out, "event triggers %s and %s in place: DDL that would weaken a backstop is refused, but for pgfence's role and the exempt ones\n", backstop.GuardTrigger, backstop.DropGuardTrigger)
+			}
+			fmt.Fprintln(out, "configuration recorded in the database: every pgfence instance installs it; restart them with the same flags")
 			if w := read.backstop.NotWatchingDDL; w != "" {
 				fmt.Fprintf(out, "note: %s\n", w)
 			} else if read.backstop.WatchingDDL {

@@ -54,6 +54,9 @@ type serveOptions struct {
 	backstop         string
 	exemptRoles      []string
 	excludeDatabases []string
+	// readyWithoutBackstop has /readyz answer 200 while a guarded table
+	// lacks its backstop.
+	readyWithoutBackstop bool
 	logLevel         string
 	logFormat        string
 }
@@ -69,6 +72,7 @@ func (o *serveOptions) addFlags(cmd *cobra.Command) {
 	f.BoolVar(&o.discover, "discover", true, "guard every table that has a bigint --discover-column, in each database clients use (partitions and children of guarded tables are always guarded)")
 	f.StringVar(&o.discoverColumn, "discover-column", "fence_epoch", "epoch column name that discovery looks for")
 	f.DurationVar(&o.discoverInterval, "discover-interval", time.Minute, "how often each database's catalog is read again (also on SIGHUP); 0 for only at its first session and on SIGHUP")
+	f.BoolVar(&o.readyWithoutBackstop, "ready-without-backstop", false, "let /readyz answer 200 while a guarded table lacks its database backstop (by default it answers 503: writes pgfence cannot see in the SQL text would not be fenced there)")
 	f.StringArrayVar(&o.excludeDatabases, "exclude-database", nil, "a database pgfence does not fence: its sessions are refused, saying so (repeatable; not the --upstream database). Every other database is fenced by its own catalog from its first session")
 	f.IntVar(&o.maxMessageSize, "max-message-size", 256<<20, "largest client message in bytes; a larger one ends that client's session")
 	f.DurationVar(&o.startupTimeout, "startup-timeout", 30*time.Second, "how long a new client may take to send its startup packet")
@@ -405,6 +409,11 @@ func start(o serveOptions, log *slog.Logger) (*instance, error) {
 			ok, what := inst.readiness(r.Context())
 			if ok && !inst.main.known.Load() {
 				ok, what = false, "pgfence has not read the catalog yet"
+			}
+			if ok {
+				if gap := inst.backstopGap(); gap != "" {
+					ok, what = false, gap+" (--ready-without-backstop serves anyway)"
+				}
 			}
 			if !ok {
 				http.Error(w, "not ready: "+what+"\n"+inst.statusLines(), http.StatusServiceUnavailable)
