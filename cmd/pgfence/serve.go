@@ -57,8 +57,8 @@ type serveOptions struct {
 	// readyWithoutBackstop has /readyz answer 200 while a guarded table
 	// lacks its backstop.
 	readyWithoutBackstop bool
-	logLevel         string
-	logFormat        string
+	logLevel             string
+	logFormat            string
 }
 
 func (o *serveOptions) addFlags(cmd *cobra.Command) {
