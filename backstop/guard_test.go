@@ -209,8 +209,11 @@ func TestGuardDetachAttach(t *testing.T) {
 		t.Fatalf("triggers of the partition attached again: %s (want the clone of its parent's and the TRUNCATE trigger)", st)
 	}
 
-	// Detached for good: fenced by a trigger of its own.
+	// Detached for good, by the parent's owner, who does not own the
+	// partition: fenced by a trigger of its own.
+	exec(t, pgtest.Direct(t), "ALTER TABLE "+p+"_2 OWNER TO postgres")
 	exec(t, a, "ALTER TABLE "+p+" DETACH PARTITION "+p+"_2")
+	exec(t, pgtest.Direct(t), "ALTER TABLE "+p+"_2 OWNER TO "+app)
 	exec(t, a, "SET fence.token = '3'")
 	if tag := exec(t, a, "UPDATE "+p+"_2 SET val = 'stale'"); tag != "UPDATE 0" {
 		t.Fatalf("stale write to a detached partition: %s", tag)
