@@ -28,19 +28,19 @@ func TestTokenSet(t *testing.T) {
 		{"SET SESSION LOCAL fence.token = '42'", "", "", false, false}, // not SQL
 		{"SET LOCALfence.token = '42'", "", "", false, false},          // no such setting
 
-		{"SET fence.token = DEFAULT", "", "", false, false},             // a reset
-		{"SET fence.token TO '1', '2'", "", "", false, false},           // a list
-		{"SET fence.token = '42'; SELECT 1", "", "", false, false},      // two statements
-		{"SET fence.token = '42' -- why", "", "", false, false},         // a comment
-		{"/* c */ SET fence.token = '42'", "", "", false, false},        // a comment
-		{`SET "fence.token" = '42'`, "fence.token", "42", false, true},  // a quoted name
-		{`SET "FENCE.TOKEN" = '9'`, "fence.token", "9", false, true},    // Postgres folds setting names
-		{`SET "fence"."token" TO 9`, "fence.token", "9", false, true},   // quoted parts
-		{`SET fence."TOKEN" = '9'`, "fence.token", "9", false, true},    // one quoted part
+		{"SET fence.token = DEFAULT", "", "", false, false},            // a reset
+		{"SET fence.token TO '1', '2'", "", "", false, false},          // a list
+		{"SET fence.token = '42'; SELECT 1", "", "", false, false},     // two statements
+		{"SET fence.token = '42' -- why", "", "", false, false},        // a comment
+		{"/* c */ SET fence.token = '42'", "", "", false, false},       // a comment
+		{`SET "fence.token" = '42'`, "fence.token", "42", false, true}, // a quoted name
+		{`SET "FENCE.TOKEN" = '9'`, "fence.token", "9", false, true},   // Postgres folds setting names
+		{`SET "fence"."token" TO 9`, "fence.token", "9", false, true},  // quoted parts
+		{`SET fence."TOKEN" = '9'`, "fence.token", "9", false, true},   // one quoted part
 		{`set "Fence.Token.BILLING" = '9'`, "fence.token.billing", "9", false, true},
 		{`SET fence.token."to" = '1'`, "fence.token.to", "1", false, true}, // a keyword, quoted
 		{`SET LOCAL "Fence.Token" = '1'`, "fence.token", "1", true, true},
-		{`SET "fence.to""ken" = '1'`, "", "", false, false},            // another name
+		{`SET "fence.to""ken" = '1'`, "", "", false, false},             // another name
 		{`SET "fence.token = '1'`, "", "", false, false},                // unterminated
 		{`SET "" = '1'`, "", "", false, false},                          // an empty name
 		{`SET "fence" . "token" = '1'`, "", "", false, false},           // spaced out: not plain
