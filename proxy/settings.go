@@ -23,11 +23,13 @@ import (
 // answered idle and in a block are never pending together (see
 // mayAnswer).
 //
-// Under Config.TransactionPooling deferred is instead the session's token
-// settings, which it always holds (see keepPooled), and the numbers are
-// not used.
+// Under Config.TransactionPooling deferred is instead the values of the
+// session's token settings (see keepPooled), which always include the
+// token setting's, pool the rest of what the session keeps, and the
+// numbers are not used.
 type setState struct {
 	deferred       []Setting
+	pool           pooledSession
 	ver, kept, ran uint64
 	block          bool
 	// haveStmts is set once the client has prepared a statement that is a
