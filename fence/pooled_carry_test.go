@@ -202,6 +202,22 @@ func TestPooledTokenNameCase(t *testing.T) {
 	c.fresh(a, c.plain, 9, "")
 	c.fresh(a, c.dom, 9, "")
 	c.clean()
+	// Read and set LOCAL in any spelling, it is the session's token, and a
+	// SET LOCAL stands for its transaction.
+	var got string
+	if err := a.QueryRow(ctx, `SHOW "FENCE"."TOKEN"`, simple).Scan(&got); err != nil || got != "9" {
+		t.Errorf(`SHOW "FENCE"."TOKEN": %q, %v; want 9`, got, err)
+	}
+	exec(t, a, simple, "BEGIN")
+	exec(t, a, simple, "SET LOCAL Fence . Token = '11'")
+	exec(t, a, simple, "UPDATE "+c.plain+" SET val = 'local' WHERE id = 2")
+	exec(t, a, simple, "COMMIT")
+	if _, e := row(t, c.plain, 2); e != 11 {
+		t.Errorf("a write after SET LOCAL Fence . Token = '11' stamped %d", e)
+	}
+	if got := show(t, a); got != "9" {
+		t.Errorf("after the block, the session's token reads %q, want 9", got)
+	}
 	c.none(c.client(""))
 	c.stale(c.client("3"))
 
