@@ -422,3 +422,25 @@ func TestInternalSettingsRefused(t *testing.T) {
 		})
 	}
 }
+
+// 2b. The nonce in a marker is no secret from the client whose session
+// drew it (it can read its marker), nor from those it tells. A marker
+// left with that nonce still stops nothing in the session's later
+// transactions, as it holds the start of none of them.
+func TestPooledMarkerNonceKnown(t *testing.T) {
+	c := newCarry(t)
+	v := c.client("3")
+	var marker string
+	if err := v.QueryRow(ctx, "SELECT current_setting('pgfence.tx.fence.token')", simple).Scan(&marker); err != nil {
+		t.Fatalf("reading the marker: %v", err)
+	}
+	nonce, _, _ := strings.Cut(marker, ":")
+	a := c.client("")
+	for _, m := range []string{marker, nonce} {
+		exec(t, a, simple, "DO $$ BEGIN"+
+			" PERFORM set_config('pgfence.tx.fence.token', '"+m+"', false);"+
+			" PERFORM set_config('pgfence.tx.fence.token."+c.domain+"', '"+m+"', false);"+
+			" PERFORM set_config('fence.token', '9', false); PERFORM set_config('fence.token."+c.domain+"', '9', false); END $$")
+		c.stale(v)
+	}
+}
