@@ -382,12 +382,14 @@ func TestInternalSettingsRefused(t *testing.T) {
 			if err := conn.QueryRow(ctx, "SELECT current_setting('pgfence.stale_0', true)", simple).Scan(&v); err != nil {
 				t.Errorf("reading pgfence.stale_0: %v", err)
 			}
-			// A name pgfence cannot read from the text: set, it does not
-			// count a write that lands as a reject, in this transaction or
-			// a later one, nor anyone else's on the server connection.
+			// Set where pgfence cannot see it (here in a DO block, in the
+			// form the rewrite raises them, with that transaction's start),
+			// a flag does not count a later transaction's write that lands
+			// as a reject, the client's own or another's on the server
+			// connection.
 			forger := pooledConn(t, p)
 			exec(t, forger, simple, "DO $$ BEGIN PERFORM set_config('pgfence.stale_0', '9', false); PERFORM set_config('pgfence.stale_1', '9', false);"+
-				" PERFORM set_config('pgfence.dstale_1', (date_part('epoch', now()) * 1000000)::int8::text || ':9', false); END $$")
+				" PERFORM set_config('pgfence.stale_0', format('%s:%s', now(), 9), false); PERFORM set_config('pgfence.dstale_1', format('%s:%s', now(), 9), false); END $$")
 			if !pooled {
 				exec(t, forger, simple, "SET fence.token = '7'")
 				if tag := exec(t, forger, simple, "UPDATE "+tbl+" SET val = 'forged' WHERE id = 2"); tag != "UPDATE 1" {

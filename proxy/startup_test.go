@@ -123,3 +123,22 @@ func TestCheckStartup(t *testing.T) {
 		}
 	}
 }
+
+func TestInsertOrigin(t *testing.T) {
+	// "SET;" (4 characters) put in front of "SELECT é; COMMIT; SELECT x" and
+	// after "COMMIT;".
+	sql := "SELECT é; COMMIT; SELECT x"
+	o := insertOrigin{sql: sql, at: []int{0, len("SELECT é; COMMIT;")}, chars: 4, bytes: 4}
+	c := &Client{}
+	for _, tc := range []struct{ pos, want int }{
+		{1, 0}, {4, 0}, // in the first statement of the proxy's
+		{5, 1}, {12, 8}, // S of SELECT, é
+		{21, 17},         // the ; after COMMIT
+		{22, 0}, {25, 0}, // in the second
+		{26, 18}, {34, 26}, // the space before SELECT x, x
+	} {
+		if got := o.Position(c, tc.pos, nil); got != tc.want {
+			t.Errorf("Position(%d) = %d, want %d", tc.pos, got, tc.want)
+		}
+	}
+}
