@@ -7,17 +7,7 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// pgfence keeps state of its own in the settings of the pgfence namespace:
-// the stale flags its rewrites raise and its probes read (pgfence.stale_<i>,
-// pgfence.dstale_<i>), the markers of the token settings it set behind a
-// transaction pooler (pgfence.tx.<name>), and the database backstop's
-// (pgfence.noticed, pgfence.exempt_noted). A client that set one would
-// change what pgfence counts or sets, so InternalChange finds the texts
-// that would, and pgfence refuses them. It can only judge what the text
-// says: a name a text computes, or one set inside a function, a DO block
-// or a procedure, it cannot see, and what reads those settings must not
-// trust a value a client could have left there (see probeSQL and
-// PooledSet).
+// pgfence's own settings: see the package documentation.
 
 // InternalPrefix starts the names of pgfence's own settings; Postgres
 // compares it, like every setting name, without regard to ASCII case.
