@@ -82,7 +82,8 @@ func (p *Policy) PooledSet(*proxy.Client) *proxy.PooledSet {
 		return ps.set
 	}
 	names := st.tokens.Names()
-	set, err := proxy.NewPooledSet(names, sqlrewrite.PooledSet(names))
+	parts, args := sqlrewrite.PooledSet(names)
+	set, err := proxy.NewPooledSet(names, parts, args)
 	if err != nil {
 		panic(err) // sqlrewrite.PooledSet makes as many parts as it must
 	}

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgfence/pgfence/fence"
 	"github.com/pgfence/pgfence/internal/pgbouncer"
@@ -428,7 +429,7 @@ func TestInternalSettingsRefused(t *testing.T) {
 // 2b. The nonce in a marker is no secret from the client whose session
 // drew it (it can read its marker), nor from those it tells. A marker
 // left with that nonce still stops nothing in the session's later
-// transactions, as it holds the start of none of them.
+// transactions: each draws its own.
 func TestPooledMarkerNonceKnown(t *testing.T) {
 	c := newCarry(t)
 	v := c.client("3")
@@ -444,5 +445,45 @@ func TestPooledMarkerNonceKnown(t *testing.T) {
 			" PERFORM set_config('pgfence.tx.fence.token."+c.domain+"', '"+m+"', false);"+
 			" PERFORM set_config('fence.token', '9', false); PERFORM set_config('fence.token."+c.domain+"', '9', false); END $$")
 		c.stale(v)
+	}
+}
+
+// A client that pipelines the start of a transaction behind the end of
+// the one before keeps its SET LOCAL for the rest of that transaction:
+// the session's nonce changes only where a transaction starts with nothing
+// in flight, not at the ReadyForQuery that ended the one before.
+func TestPooledSetLocalPipelinedAcrossTransactions(t *testing.T) {
+	c := newCarry(t)
+	a := c.client("7")
+	pl := a.PgConn().StartPipeline(ctx)
+	pl.SendQueryParams("UPDATE "+c.plain+" SET val = 'p1' WHERE id = 2", nil, nil, nil, nil)
+	pl.SendPipelineSync()
+	pl.SendQueryParams("BEGIN", nil, nil, nil, nil)
+	pl.SendQueryParams("SET LOCAL fence.token = '20'", nil, nil, nil, nil)
+	pl.SendPipelineSync()
+	if err := pl.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	for syncs := 0; syncs < 2; {
+		res, err := pl.GetResults()
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch r := res.(type) {
+		case *pgconn.ResultReader:
+			if _, err := r.Close(); err != nil {
+				t.Fatal(err)
+			}
+		case *pgconn.PipelineSync:
+			syncs++
+		}
+	}
+	if err := pl.Close(); err != nil {
+		t.Fatal(err)
+	}
+	exec(t, a, simple, "UPDATE "+c.plain+" SET val = 'p2' WHERE id = 2")
+	exec(t, a, simple, "COMMIT")
+	if v, e := row(t, c.plain, 2); v != "p2" || e != 20 {
+		t.Errorf("row 2 is %q at epoch %d, want p2 at 20 (the SET LOCAL's)", v, e)
 	}
 }

@@ -30,26 +30,29 @@ type PooledSets interface {
 type PooledSet struct {
 	names []string
 	parts []string
-	ext   string // the statement with parameters $1...$n+1
+	args  []int
+	ext   string // the statement with parameters: $1 the nonce, $i+1 value i
 }
 
 // NewPooledSet returns the statement that sets the settings names (lower
-// case), made of parts: parts[0] V1 parts[1] ... Vn parts[n] N parts[n+1],
-// where Vi is the session's value of names[i-1] ("" for none) and N its
-// nonce, each a text literal or parameter. It is immutable and safe for
-// concurrent use.
-func NewPooledSet(names, parts []string) (*PooledSet, error) {
-	if len(parts) != len(names)+2 {
-		return nil, fmt.Errorf("proxy: a statement setting %d token settings needs %d parts, not %d", len(names), len(names)+2, len(parts))
+// case), made of parts joined around arguments: parts[0] A0 parts[1] A1
+// ... parts[len(args)], where Aj is argument args[j], 0 for the nonce and i
+// for the session's value of names[i-1] ("" for none), each put in as a
+// text literal or parameter. It is immutable and safe for concurrent use.
+func NewPooledSet(names, parts []string, args []int) (*PooledSet, error) {
+	if len(parts) != len(args)+1 {
+		return nil, fmt.Errorf("proxy: %d parts around %d arguments", len(parts), len(args))
 	}
 	var b strings.Builder
-	for i, p := range parts {
-		b.WriteString(p)
-		if i < len(parts)-1 {
-			b.WriteString("$" + strconv.Itoa(i+1))
+	for i, a := range args {
+		if a < 0 || a > len(names) {
+			return nil, fmt.Errorf("proxy: argument %d of a statement setting %d token settings", a, len(names))
 		}
+		b.WriteString(parts[i])
+		b.WriteString("$" + strconv.Itoa(a+1))
 	}
-	return &PooledSet{names: slices.Clone(names), parts: slices.Clone(parts), ext: b.String()}, nil
+	b.WriteString(parts[len(args)])
+	return &PooledSet{names: slices.Clone(names), parts: slices.Clone(parts), args: slices.Clone(args), ext: b.String()}, nil
 }
 
 // TxStart is a statement of a Query's SQL that starts a transaction of its
@@ -62,9 +65,13 @@ type TxStart struct {
 // pooledSession is what a session behind a transaction pooler keeps of its
 // own (see setState.deferred for its token settings' values).
 type pooledSession struct {
-	// nonce is drawn for the session (crypto/rand) and never logged: the
-	// marker of its settings on a server connection holds it, which no
-	// other client can know, nor forge.
+	// nonce is what the marker of the session's settings holds in its
+	// transaction: drawn with crypto/rand, never logged, and drawn anew
+	// whenever a client message finds the session idle (see arrive), so
+	// that one a client could read, or leave on a server connection, is
+	// not one still to be used. (Drawn at a ReadyForQuery instead, it
+	// could change in the middle of a transaction the client pipelined
+	// ahead of the replies, and undo a SET LOCAL of its.)
 	nonce string
 	// startup are the token settings of the startup packet, which a RESET
 	// goes back to, as Postgres's would.
@@ -105,10 +112,10 @@ func (s *session) writePooled(out msgWriter, w *wait) error {
 	}
 	b, _ = (&pgproto3.Parse{Name: name, Query: set.ext, ParameterOIDs: types}).Encode(b)
 	values := make([][]byte, 0, len(types))
+	values = append(values, []byte(s.sets.pool.nonce))
 	for _, n := range set.names {
 		values = append(values, []byte(s.sets.pooledValue(n)))
 	}
-	values = append(values, []byte(s.sets.pool.nonce))
 	b, _ = (&pgproto3.Bind{DestinationPortal: setStmt, PreparedStatement: name, Parameters: values}).Encode(b)
 	// Closed before its portal runs, so that no error can leave it behind.
 	b, _ = (&pgproto3.Close{ObjectType: 'S', Name: name}).Encode(b)
@@ -187,15 +194,15 @@ func (s *session) pooledBind(n int) error {
 func (s *session) pooledQuery(plan *Plan, text []byte) {
 	set := s.pooledSet()
 	var b strings.Builder
-	for i, p := range set.parts {
-		b.WriteString(p)
-		switch {
-		case i < len(set.names):
-			b.WriteString(quoteLiteral(s.sets.pooledValue(set.names[i])))
-		case i == len(set.names):
+	for i, a := range set.args {
+		b.WriteString(set.parts[i])
+		if a == 0 {
 			b.WriteString(quoteLiteral(s.sets.pool.nonce))
+		} else {
+			b.WriteString(quoteLiteral(s.sets.pooledValue(set.names[a-1])))
 		}
 	}
+	b.WriteString(set.parts[len(set.args)])
 	b.WriteString(";")
 	stmt := b.String()
 	sql := plan.SQL

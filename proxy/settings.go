@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"crypto/rand"
 	"encoding/binary"
 )
 
@@ -47,10 +48,15 @@ type setState struct {
 }
 
 // arrive notes where the client's next message finds the session: idle
-// says the session was idle.
+// says the session was idle. Under transaction pooling the message starts
+// a transaction then, with nothing of an earlier one in flight: the
+// session draws a new nonce for it (see pooledSession).
 func (t *setState) arrive(idle bool) {
 	t.wasIdle = idle
 	t.wasBlock, t.quietBlock = t.quietBlock, false
+	if idle && t.pool.nonce != "" {
+		t.pool.nonce = rand.Text()
+	}
 }
 
 // quiet reports whether the message being handled found the session where

@@ -340,32 +340,27 @@ func endsTx(stmt *pg_query.Node) bool {
 // transaction pooler is the setting pgfence.tx.<name>.
 const pooledMarker = "pgfence.tx."
 
-// TxTag is an expression for the transaction it runs in: the time it
-// started, in microseconds since 1970, as text. It is the same throughout
-// a transaction and reads the same whatever the session's settings
-// (DateStyle, TimeZone, extra_float_digits), and no transaction of the
-// session started before can have it (each client message takes the time
-// anew, in microseconds).
-const TxTag = "(pg_catalog.date_part('epoch', pg_catalog.now()) OPERATOR(pg_catalog.*) 1000000)::pg_catalog.int8::pg_catalog.text"
-
 // PooledSet returns the statement that sets the token settings names
 // (lower case) for the transaction it runs in, behind a transaction pooler,
-// unless it has already run in that transaction, in parts to join around
-// its arguments: parts[0] V1 parts[1] ... Vn parts[n] N parts[n+1], where
-// Vi is the value of names[i-1] ("" for none) and N the session's nonce,
-// each a text parameter ($1, ..., $n+1) or a literal.
+// unless it has already run in that transaction, in pieces to join around
+// its arguments: parts[0] A0 parts[1] A1 ... parts[len(args)], where Aj is
+// argument args[j], 0 for the nonce the proxy draws for the transaction
+// and i for the session's value of names[i-1] ("" for none), each a text
+// parameter ($1 for the nonce, $i+1 for value i) or a literal.
 //
 // For each setting it reads the marker pgfence.tx.<name>: unless it holds
-// N and the transaction's tag (TxTag), it sets the setting to "" for the
-// session, then to Vi for the transaction, and the marker to N and the tag
-// for the transaction. So:
+// the nonce, it sets the setting to "" for the session, then to its value
+// for the transaction, and the marker to the nonce for the transaction.
+// So:
 //
 //   - It sets each setting once per transaction: a SET LOCAL the client
 //     runs after it in the same transaction stands.
 //   - A marker a client left for the session on the server connection
-//     (where pgfence cannot see it: in a function, say) holds no nonce of
-//     a later client's session, nor the tag of a transaction that starts
-//     later: it stops nothing.
+//     (where pgfence cannot see it: in a function, say) stops nothing: the
+//     proxy draws a new nonce once a transaction of the session has ended,
+//     so no client, the session's own included, can know one still to be
+//     used, even if it read one (in a marker, or in a Query's text that
+//     pg_stat_activity shows).
 //   - A token a client left for the session there, the same way, is gone
 //     for the session once the transaction commits (a procedure that
 //     commits and writes on finds no token, and fails closed), and before
@@ -373,19 +368,24 @@ const TxTag = "(pg_catalog.date_part('epoch', pg_catalog.now()) OPERATOR(pg_cata
 //
 // Every operator and function is schema-qualified, so the client's
 // search_path cannot change what it does.
-func PooledSet(names []string) []string {
-	parts := make([]string, 0, len(names)+2)
+func PooledSet(names []string) (parts []string, args []int) {
 	text := "SELECT "
+	arg := func(a int) {
+		parts, args = append(parts, text), append(args, a)
+		text = "::pg_catalog.text"
+	}
 	for i, n := range names {
 		if i > 0 {
 			text += ", "
 		}
 		name, marker := quoteLiteral(n), quoteLiteral(pooledMarker+n)
-		text += "CASE WHEN COALESCE(pg_catalog.current_setting(" + marker + ", true), " + quoteLiteral("") + ") OPERATOR(pg_catalog.<>) pgfence_tx.m THEN " +
-			"pg_catalog.set_config(" + name + ", " + quoteLiteral("") + ", false) OPERATOR(pg_catalog.||) pg_catalog.set_config(" + name + ", "
-		parts = append(parts, text)
-		text = "::pg_catalog.text, true) OPERATOR(pg_catalog.||) pg_catalog.set_config(" + marker + ", pgfence_tx.m, true) END"
+		text += "CASE WHEN COALESCE(pg_catalog.current_setting(" + marker + ", true), " + quoteLiteral("") + ") OPERATOR(pg_catalog.<>) "
+		arg(0)
+		text += " THEN pg_catalog.set_config(" + name + ", " + quoteLiteral("") + ", false) OPERATOR(pg_catalog.||) pg_catalog.set_config(" + name + ", "
+		arg(i + 1)
+		text += ", true) OPERATOR(pg_catalog.||) pg_catalog.set_config(" + marker + ", "
+		arg(0)
+		text += ", true) END"
 	}
-	parts = append(parts, text+" FROM (SELECT ")
-	return append(parts, "::pg_catalog.text OPERATOR(pg_catalog.||) "+quoteLiteral(":")+" OPERATOR(pg_catalog.||) "+TxTag+" AS m) AS pgfence_tx")
+	return append(parts, text), args
 }

@@ -204,15 +204,15 @@ func TestTxStarts(t *testing.T) {
 
 func TestPooledSetParts(t *testing.T) {
 	names := []string{"fence.token", "fence.token.billing"}
-	parts := PooledSet(names)
-	if len(parts) != len(names)+2 {
-		t.Fatalf("%d parts for %d settings", len(parts), len(names))
+	parts, args := PooledSet(names)
+	if len(parts) != len(args)+1 || !slices.Equal(args, []int{0, 1, 0, 0, 2, 0}) {
+		t.Fatalf("parts %q, args %v", parts, args)
 	}
 	var b strings.Builder
 	for i, p := range parts {
 		b.WriteString(p)
-		if i < len(parts)-1 {
-			b.WriteString("$" + strconv.Itoa(i+1))
+		if i < len(args) {
+			b.WriteString("$" + strconv.Itoa(args[i]+1))
 		}
 	}
 	sql := b.String()
@@ -220,9 +220,10 @@ func TestPooledSetParts(t *testing.T) {
 	if err != nil || len(tree.Stmts) != 1 {
 		t.Fatalf("%s: %v", sql, err)
 	}
-	for _, want := range []string{"pg_catalog.set_config(E'fence.token', $1::pg_catalog.text, true)",
-		"pg_catalog.set_config(E'fence.token.billing', $2::pg_catalog.text, true)", "(SELECT $3::pg_catalog.text OPERATOR(pg_catalog.||) E':'",
-		"pg_catalog.set_config(E'pgfence.tx.fence.token', pgfence_tx.m, true)", "pg_catalog.set_config(E'fence.token', E'', false)"} {
+	for _, want := range []string{"pg_catalog.set_config(E'fence.token', $2::pg_catalog.text, true)",
+		"pg_catalog.set_config(E'fence.token.billing', $3::pg_catalog.text, true)",
+		"COALESCE(pg_catalog.current_setting(E'pgfence.tx.fence.token', true), E'') OPERATOR(pg_catalog.<>) $1::pg_catalog.text",
+		"pg_catalog.set_config(E'pgfence.tx.fence.token', $1::pg_catalog.text, true)", "pg_catalog.set_config(E'fence.token', E'', false)"} {
 		if !strings.Contains(sql, want) {
 			t.Errorf("the statement lacks %s:\n%s", want, sql)
 		}
