@@ -83,12 +83,13 @@
 //     that what a client left there is gone once the transaction commits.
 //     It does so at most once per transaction: it also sets a marker
 //     setting per token setting (pgfence.tx.<name>), transaction-local
-//     too, and sets nothing while the marker holds the session's nonce
-//     (drawn with crypto/rand when the session starts, never logged) and
-//     the start of the transaction, so a SET LOCAL the client ran after it
-//     in the same transaction stands. No client can leave a marker that
-//     stops it: the next client's nonce is not its own, and a marker holds
-//     the start of no transaction still to come. (Tracking in the proxy
+//     too, and sets nothing while the marker holds the session's nonce, so
+//     a SET LOCAL the client ran after it in the same transaction stands.
+//     The nonce is drawn with crypto/rand, never logged, and drawn anew
+//     whenever a client message finds the session idle, where a
+//     transaction starts with nothing of an earlier one in flight: no
+//     client can leave a marker that stops it, as none can know a nonce
+//     still to be drawn, even one that read its own. (Tracking in the proxy
 //     whether the client set a token LOCAL in the transaction instead
 //     would mean following where transactions end in what the client
 //     pipelines, which only the server knows.)

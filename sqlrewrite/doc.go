@@ -65,8 +65,8 @@
 // settings does not trust a value a client could have left there. A flag
 // holds the start of the transaction that raised it (flagValue), and the
 // probe, which runs in the write's transaction, counts only a flag that
-// holds its own transaction's start; a pooled marker holds the session's
-// nonce and the start of its transaction (PooledSet). Within one
+// holds its own transaction's start; a pooled marker holds a nonce the
+// proxy draws for each transaction (PooledSet). Within one
 // transaction a client can still raise a flag (or clear one) itself,
 // through a function its own statement calls: SQL offers nothing the
 // rewrite can compute that a function the client calls cannot, so that
