@@ -308,8 +308,10 @@ func flagValue(v string) string {
 	return "pg_catalog.format(E'%s:%s', pg_catalog.now(), " + v + ")"
 }
 
-// flagTag is the tag flagValue puts in front of a flag's value.
-const flagTag = "pg_catalog.now()::pg_catalog.text"
+// flagTag is the tag flagValue puts in front of a flag's value, as the
+// probe reads it: the transaction's start, which Postgres sends as text
+// (the probe's results are text) as format's %s writes it.
+const flagTag = "pg_catalog.now()"
 
 // setValue is what an UPDATE (or DO UPDATE) sets the epoch to: the token
 // (Enforce: the plain cast TOKC, as GATE has already failed the statement
