@@ -131,8 +131,31 @@ func (d *Databases) SettingAnswered(c *proxy.Client, set *proxy.Setting) {
 	}
 }
 
+// PooledSet implements proxy.PooledSets: the session's policy's. A
+// session without one sets no token setting (every statement it sends is
+// refused).
+func (d *Databases) PooledSet(c *proxy.Client) *proxy.PooledSet {
+	if p := policyOf(c); p != nil {
+		return p.PooledSet(c)
+	}
+	return noPooledSet
+}
+
+// noPooledSet sets no token setting.
+var noPooledSet = func() *proxy.PooledSet {
+	parts, args := sqlrewrite.PooledSet(nil)
+	set, err := proxy.NewPooledSet(nil, parts, args)
+	if err != nil {
+		panic(err)
+	}
+	return set
+}()
+
 // Generation implements proxy.Interceptor: it changes whenever a policy
 // made by New reloads.
 func (d *Databases) Generation() uint64 { return d.gen.Load() }
 
-var _ proxy.Interceptor = (*Databases)(nil)
+var (
+	_ proxy.Interceptor = (*Databases)(nil)
+	_ proxy.PooledSets  = (*Databases)(nil)
+)

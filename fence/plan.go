@@ -12,6 +12,16 @@ import (
 
 func (p *Policy) plan(c *proxy.Client, sql string, mode sqlrewrite.Mode) proxy.Plan {
 	st := p.state.Load()
+	// pgfence's own settings are its alone, in every mode. (The text the
+	// session's memo passes passed this too.)
+	if !sessionOf(c).passes(st, sql) {
+		if ref := sqlrewrite.InternalChange(sql); ref != nil {
+			p.m.refused.Inc()
+			p.log.Info("statement refused", "code", ref.Code, "reason", ref.Message,
+				"client", c.RemoteAddr, "application_name", c.ApplicationName())
+			return p.newPlanned(st, sql, sqlrewrite.Refuse(ref)).plan
+		}
+	}
 	if st.cfg.TransactionPooling {
 		return p.pooledPlan(st, c, sql, mode)
 	}

@@ -72,6 +72,8 @@ type Policy struct {
 	// staleLog outlives reloads: a storm does not start over with one.
 	staleLog staleLog
 	onDDL    atomic.Pointer[func() <-chan struct{}]
+	// pooled is the PooledSet of the last configuration asked for one.
+	pooled atomic.Pointer[pooledSet]
 }
 
 // state is one configuration, swapped as a whole on reload.

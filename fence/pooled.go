@@ -53,23 +53,66 @@ func (p *Policy) pooledPlan(st *state, c *proxy.Client, sql string, mode sqlrewr
 	}
 	plan := p.planIn(st, c, sql, mode)
 	plan.NeedsToken = needsToken(st, sql, plan)
+	if plan.NeedsToken && mode == sqlrewrite.Simple && plan.ParamTypes == nil {
+		text := plan.SQL
+		if text == "" {
+			text = sql
+		}
+		starts, unread := sqlrewrite.TxStarts(text)
+		if unread != nil {
+			pl := p.newPlanned(st, sql, sqlrewrite.Refuse(unread))
+			p.m.refused.Inc()
+			p.log.Info("statement refused", "code", unread.Code, "reason", unread.Message,
+				"client", c.RemoteAddr, "application_name", c.ApplicationName())
+			return pl.plan
+		}
+		for _, s := range starts {
+			plan.TxStarts = append(plan.TxStarts, proxy.TxStart{Offset: s.Offset, Index: s.Index})
+		}
+	}
 	return plan
+}
+
+// PooledSet implements proxy.PooledSets: the statement that sets every
+// token setting of the configuration in force (the token setting and
+// each lock domain's), made once per configuration.
+func (p *Policy) PooledSet(*proxy.Client) *proxy.PooledSet {
+	st := p.state.Load()
+	if ps := p.pooled.Load(); ps != nil && ps.st == st {
+		return ps.set
+	}
+	names := st.tokens.Names()
+	parts, args := sqlrewrite.PooledSet(names)
+	set, err := proxy.NewPooledSet(names, parts, args)
+	if err != nil {
+		panic(err) // sqlrewrite.PooledSet makes as many parts as it must
+	}
+	p.pooled.Store(&pooledSet{st, set})
+	return set
+}
+
+// pooledSet is the PooledSet of a configuration.
+type pooledSet struct {
+	st  *state
+	set *proxy.PooledSet
 }
 
 // needsToken reports whether, behind a transaction pooler, the session's
 // token must be set in sql's transaction ahead of it: sql is fenced here,
-// or reads or sets the token, or may write (a write keyword), or may call
-// a function (a parenthesis), which may write a guarded table that the
-// database backstop fences with the token. A text with none of these
-// (SELECT abalance FROM accounts WHERE id = $1, BEGIN, SHOW) runs without
-// it: should it write anyway (through an operator's function, say) the
-// backstop finds no token there and refuses, which fails closed.
+// or reads or sets the token (however it spells it), or may write (a write
+// keyword), or may call a function (a parenthesis), which may write a
+// guarded table that the database backstop fences with the token. A text
+// with none of these (SELECT abalance FROM accounts WHERE id = $1, BEGIN,
+// SHOW work_mem) runs without it: should it write anyway (through an
+// operator's function, say) the backstop finds there no token but one a
+// transaction of this server connection left for the session where pgfence
+// could not see it (see sqlrewrite.PooledSet), which fails closed.
 func needsToken(st *state, sql string, plan proxy.Plan) bool {
 	switch {
 	case plan.SQL != "" || len(plan.Probes) > 0 || sqlrewrite.ContainsFold(sql, st.tokenLower):
 		return true
 	case sqlrewrite.WritesNothing(sql):
-		return false
+		return sqlrewrite.ShowsToken(sql, st.tokenLower)
 	}
 	return sqlrewrite.MayWrite(sql) || strings.IndexByte(sql, '(') >= 0
 }

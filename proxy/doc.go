@@ -62,27 +62,44 @@
 // With Config.TransactionPooling, a transaction pooler such as PgBouncer
 // with pool_mode = transaction hands the server connection behind a session
 // to another client whenever a transaction ends, so nothing the proxy
-// leaves on it may outlive the transaction:
+// leaves on it may outlive the transaction, and nothing a client leaves on
+// it (where the proxy cannot see: in a function, say) may change what the
+// next client's writes carry:
 //
-//   - The session's token settings live in the proxy. A plain SET or
-//     RESET of one outside a transaction block is answered at once and
-//     kept in setState.deferred (which then always holds the token setting,
-//     "" while unset); anything else that would change one for the session
-//     is refused by the Interceptor before it gets here.
+//   - The session's token settings live in the proxy (setState.deferred,
+//     which always holds the token setting, "" while unset). A plain SET
+//     or RESET of one outside a transaction block is answered at once and
+//     kept; a token setting in the startup packet (a parameter, or a -c
+//     or -- switch of options) is kept, a RESET's value, and taken out of
+//     what is forwarded (see startup.go); anything else that would change
+//     one for the session is refused by the Interceptor before it gets
+//     here.
 //   - Ahead of every statement that may need the token (Plan.NeedsToken),
-//     in its transaction, the proxy sets the kept values with set_config
-//     (..., true), which lasts until that transaction ends. It does so at
-//     most once per transaction: the statement also sets a marker setting
-//     per token setting (pgfence.tx.<name>), transaction-local too, and
-//     sets nothing while the marker is there, so a SET LOCAL the client
-//     ran after it in the same transaction stands. A client that never
-//     set a token gets "" set, so it cannot inherit one that another
-//     client left on the server connection.
+//     in its transaction, the proxy runs the statement its Interceptor
+//     gives it (PooledSets) for the configuration in force: it sets every
+//     token setting, the token setting and each lock domain's, to the
+//     session's value or "", with set_config(..., true), which lasts
+//     until that transaction ends, and clears each for the session, so
+//     that what a client left there is gone once the transaction commits.
+//     It does so at most once per transaction: it also sets a marker
+//     setting per token setting (pgfence.tx.<name>), transaction-local
+//     too, and sets nothing while the marker holds the session's nonce, so
+//     a SET LOCAL the client ran after it in the same transaction stands.
+//     The nonce is drawn with crypto/rand, never logged, and drawn anew
+//     whenever a client message finds the session idle, where a
+//     transaction starts with nothing of an earlier one in flight: no
+//     client can leave a marker that stops it, as none can know a nonce
+//     still to be drawn, even one that read its own. (Tracking in the proxy
+//     whether the client set a token LOCAL in the transaction instead
+//     would mean following where transactions end in what the client
+//     pipelines, which only the server knows.)
 //   - Ahead of extended-protocol messages that is a Parse, Bind, Execute
 //     and Close of a statement of the session's own, closed before its
 //     portal runs; ahead of a simple Query, which runs in a transaction of
-//     its own, a statement put in front of the Query's text, whose replies
-//     the client does not see.
+//     its own, a statement put in front of the Query's text, and again at
+//     each statement of it that starts a transaction of its own after a
+//     COMMIT and the like (Plan.TxStarts), whose replies the client does
+//     not see.
 //   - The proxy prepares nothing for reuse (Plan.Reuse and the named
 //     statements of bound Queries) and its probes' statements are closed
 //     as soon as they are bound.

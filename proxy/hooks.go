@@ -95,6 +95,11 @@ type Plan struct {
 	// or it reads or sets a token setting itself. The proxy then sets them
 	// ahead of it (see pooled.go). Ignored otherwise.
 	NeedsToken bool
+	// TxStarts, for a Query with NeedsToken, are the statements of SQL
+	// (or of the client's text, if SQL is "") that start a transaction of
+	// their own, in order: the proxy sets the token settings again ahead
+	// of each.
+	TxStarts []TxStart
 }
 
 // Setting is a session setting and its value, as set_config takes them.

@@ -1,9 +1,11 @@
 package proxy
 
 import (
+	"crypto/rand"
+	"fmt"
+	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgproto3"
@@ -11,40 +13,85 @@ import (
 
 // Transaction pooling: see the package documentation.
 
-// markerPrefix starts the name of the setting that marks a token setting
-// as set by the proxy in the transaction.
-const markerPrefix = "pgfence.tx."
-
-// pooledSQL returns the statement that sets n token settings, at most once
-// per transaction: $1, $2 are the first one's name and value, and so on.
-// Every operator is schema-qualified, so the client's search_path cannot
-// change what it does.
-func pooledSQL(n int) string {
-	if v, ok := pooledSQLs.Load(n); ok {
-		return v.(string)
-	}
-	var b strings.Builder
-	b.WriteString("SELECT ")
-	for i := range n {
-		name, value := "$"+strconv.Itoa(2*i+1), "$"+strconv.Itoa(2*i+2)
-		if i > 0 {
-			b.WriteString(", ")
-		}
-		b.WriteString(pooledSet(name, value))
-	}
-	sql := b.String()
-	pooledSQLs.Store(n, sql)
-	return sql
+// PooledSets is what an Interceptor tells the proxy behind a transaction
+// pooler (Config.TransactionPooling requires it): the statement that sets
+// a session's token settings.
+type PooledSets interface {
+	// PooledSet returns the statement for c's session, under the
+	// configuration in force now: the proxy asks for it each time it sets
+	// the token settings.
+	PooledSet(c *Client) *PooledSet
 }
 
-var pooledSQLs sync.Map
+// PooledSet is the statement that sets every token setting of a
+// configuration for the transaction it runs in, once per transaction (see
+// Transaction pooling in the package documentation). The Interceptor
+// writes it; the proxy only puts in the session's values and nonce.
+type PooledSet struct {
+	names []string
+	parts []string
+	args  []int
+	ext   string // the statement with parameters: $1 the nonce, $i+1 value i
+}
 
-// pooledSet is the expression that sets the setting name (an SQL
-// expression) to value, and its marker, unless the marker is set.
-func pooledSet(name, value string) string {
-	marker := "'" + markerPrefix + "' OPERATOR(pg_catalog.||) " + name
-	return "CASE WHEN COALESCE(pg_catalog.current_setting(" + marker + ", true), '') OPERATOR(pg_catalog.<>) 'y' THEN " +
-		"pg_catalog.set_config(" + name + ", " + value + ", true) OPERATOR(pg_catalog.||) pg_catalog.set_config(" + marker + ", 'y', true) END"
+// NewPooledSet returns the statement that sets the settings names (lower
+// case), made of parts joined around arguments: parts[0] A0 parts[1] A1
+// ... parts[len(args)], where Aj is argument args[j], 0 for the nonce and i
+// for the session's value of names[i-1] ("" for none), each put in as a
+// text literal or parameter. It is immutable and safe for concurrent use.
+func NewPooledSet(names, parts []string, args []int) (*PooledSet, error) {
+	if len(parts) != len(args)+1 {
+		return nil, fmt.Errorf("proxy: %d parts around %d arguments", len(parts), len(args))
+	}
+	var b strings.Builder
+	for i, a := range args {
+		if a < 0 || a > len(names) {
+			return nil, fmt.Errorf("proxy: argument %d of a statement setting %d token settings", a, len(names))
+		}
+		b.WriteString(parts[i])
+		b.WriteString("$" + strconv.Itoa(a+1))
+	}
+	b.WriteString(parts[len(args)])
+	return &PooledSet{names: slices.Clone(names), parts: slices.Clone(parts), args: slices.Clone(args), ext: b.String()}, nil
+}
+
+// TxStart is a statement of a Query's SQL that starts a transaction of its
+// own (see Plan.TxStarts).
+type TxStart struct {
+	Offset int // where it starts in the SQL, in bytes
+	Index  int // its index among the SQL's statements
+}
+
+// pooledSession is what a session behind a transaction pooler keeps of its
+// own (see setState.deferred for its token settings' values).
+type pooledSession struct {
+	// nonce is what the marker of the session's settings holds in its
+	// transaction: drawn with crypto/rand, never logged, and drawn anew
+	// whenever a client message finds the session idle (see arrive), so
+	// that one a client could read, or leave on a server connection, is
+	// not one still to be used. (Drawn at a ReadyForQuery instead, it
+	// could change in the middle of a transaction the client pipelined
+	// ahead of the replies, and undo a SET LOCAL of its.)
+	nonce string
+	// startup are the token settings of the startup packet, which a RESET
+	// goes back to, as Postgres's would.
+	startup []Setting
+}
+
+// pooledSet returns the statement that sets the session's token settings
+// under the configuration in force.
+func (s *session) pooledSet() *PooledSet {
+	return s.srv.cfg.Interceptor.(PooledSets).PooledSet(s.c)
+}
+
+// pooledValue returns the session's value of the token setting name.
+func (t *setState) pooledValue(name string) string {
+	for _, d := range t.deferred {
+		if d.Name == name {
+			return d.Value
+		}
+	}
+	return ""
 }
 
 // Replies to writePooled: CloseComplete and ParseComplete, BindComplete,
@@ -55,17 +102,19 @@ const pooledSetReplies = 7
 // writePooled writes to out the statement that sets the session's token
 // settings in the transaction, and sets the replies w wants.
 func (s *session) writePooled(out msgWriter, w *wait) error {
+	set := s.pooledSet()
 	name := s.apply.stmtName(s.tag)
 	b := s.out[:0]
 	b, _ = (&pgproto3.Close{ObjectType: 'S', Name: name}).Encode(b)
-	types := make([]uint32, 2*len(s.sets.deferred))
+	types := make([]uint32, len(set.names)+1)
 	for i := range types {
 		types[i] = 25 // text
 	}
-	b, _ = (&pgproto3.Parse{Name: name, Query: pooledSQL(len(s.sets.deferred)), ParameterOIDs: types}).Encode(b)
+	b, _ = (&pgproto3.Parse{Name: name, Query: set.ext, ParameterOIDs: types}).Encode(b)
 	values := make([][]byte, 0, len(types))
-	for _, set := range s.sets.deferred {
-		values = append(values, []byte(set.Name), []byte(set.Value))
+	values = append(values, []byte(s.sets.pool.nonce))
+	for _, n := range set.names {
+		values = append(values, []byte(s.sets.pooledValue(n)))
 	}
 	b, _ = (&pgproto3.Bind{DestinationPortal: setStmt, PreparedStatement: name, Parameters: values}).Encode(b)
 	// Closed before its portal runs, so that no error can leave it behind.
@@ -81,23 +130,41 @@ func (s *session) writePooled(out msgWriter, w *wait) error {
 func (s *session) txPool() bool { return s.srv.cfg.TransactionPooling }
 
 // startPooled readies a session for transaction pooling: it has the token
-// setting, unset.
-func (s *session) startPooled() {
-	if s.txPool() {
-		s.sets.deferred = append(s.sets.deferred[:0], Setting{Name: s.srv.cfg.TokenSetting})
+// settings of its startup packet, a nonce, and the token setting, unset
+// unless the startup packet set it.
+func (s *session) startPooled(startup []Setting) {
+	if !s.txPool() {
+		return
+	}
+	s.sets.pool.nonce = rand.Text()
+	s.sets.pool.startup = startup
+	s.sets.deferred = append(s.sets.deferred[:0], startup...)
+	token := strings.ToLower(s.srv.cfg.TokenSetting) // as Postgres folds it, and the Interceptor names it
+	if !slices.ContainsFunc(startup, func(set Setting) bool { return set.Name == token }) {
+		s.sets.deferred = append(s.sets.deferred, Setting{Name: token})
 	}
 }
 
 // keepPooled keeps set, a SET or RESET the proxy answered, as the
-// session's value of its setting.
+// session's value of its setting: a RESET goes back to the startup
+// packet's value, as Postgres's would.
 func (t *setState) keepPooled(set *Setting) {
+	value := set.Value
+	if set.Reset {
+		value = ""
+		for _, st := range t.pool.startup {
+			if st.Name == set.Name {
+				value = st.Value
+			}
+		}
+	}
 	for i := range t.deferred {
 		if t.deferred[i].Name == set.Name {
-			t.deferred[i].Value = set.Value
+			t.deferred[i].Value = value
 			return
 		}
 	}
-	t.deferred = append(t.deferred, Setting{Name: set.Name, Value: set.Value})
+	t.deferred = append(t.deferred, Setting{Name: set.Name, Value: value})
 }
 
 // pooledBind sets the token settings ahead of the client's Bind (n bytes)
@@ -120,59 +187,104 @@ func (s *session) pooledBind(n int) error {
 }
 
 // pooledQuery puts the statement that sets the token settings in front of
-// a Query whose text is text and plan needs them: the Query's replies to
-// it are kept from the client (a probe of its own at index 0), and error
-// positions are mapped past it.
+// a Query whose text is text and plan needs them, and again at each
+// statement of it that starts a transaction of its own (Plan.TxStarts):
+// the Query's replies to them are kept from the client (probes of their
+// own), and error positions are mapped past them.
 func (s *session) pooledQuery(plan *Plan, text []byte) {
+	set := s.pooledSet()
 	var b strings.Builder
-	b.WriteString("SELECT ")
-	for i, set := range s.sets.deferred {
-		if i > 0 {
-			b.WriteString(", ")
+	for i, a := range set.args {
+		b.WriteString(set.parts[i])
+		if a == 0 {
+			b.WriteString(quoteLiteral(s.sets.pool.nonce))
+		} else {
+			b.WriteString(quoteLiteral(s.sets.pooledValue(set.names[a-1])))
 		}
-		b.WriteString(pooledSet(quoteLiteral(set.Name), quoteLiteral(set.Value)))
 	}
+	b.WriteString(set.parts[len(set.args)])
 	b.WriteString(";")
-	prefix := b.String()
+	stmt := b.String()
 	sql := plan.SQL
 	if sql == "" {
 		sql = string(text)
 	}
-	plan.SQL = prefix + sql
-	probes := make([]ProbeAt, 0, len(plan.Probes)+1)
+	// The statement goes first, and before each start.
+	b.Reset()
+	b.WriteString(stmt)
+	at := []int{0}
+	last := 0
+	for _, st := range plan.TxStarts {
+		if st.Offset < last || st.Offset > len(sql) {
+			continue // not the Interceptor's promise: skip it rather than cut a statement
+		}
+		b.WriteString(sql[last:st.Offset])
+		at = append(at, st.Offset)
+		b.WriteString(stmt)
+		last = st.Offset
+	}
+	b.WriteString(sql[last:])
+	plan.SQL = b.String()
+
+	probes := make([]ProbeAt, 0, len(plan.Probes)+1+len(plan.TxStarts))
 	probes = append(probes, ProbeAt{Index: 0, Probe: pooledProbe})
+	inserted := 1 // statements put in before the one at hand
+	k := 0
 	for _, p := range plan.Probes {
-		probes = append(probes, ProbeAt{Index: p.Index + 1, Probe: p.Probe})
+		for ; k < len(plan.TxStarts) && plan.TxStarts[k].Index <= p.Index; k++ {
+			probes = append(probes, ProbeAt{Index: plan.TxStarts[k].Index + inserted, Probe: pooledProbe})
+			inserted++
+		}
+		probes = append(probes, ProbeAt{Index: p.Index + inserted, Probe: p.Probe})
+	}
+	for ; k < len(plan.TxStarts); k++ {
+		probes = append(probes, ProbeAt{Index: plan.TxStarts[k].Index + inserted, Probe: pooledProbe})
+		inserted++
 	}
 	plan.Probes = probes
-	plan.Origin = prefixOrigin{inner: plan.Origin, chars: utf8.RuneCountInString(prefix), bytes: len(prefix)}
+	plan.Origin = insertOrigin{inner: plan.Origin, sql: sql, at: at,
+		chars: utf8.RuneCountInString(stmt), bytes: len(stmt)}
 }
 
 // pooledProbe keeps the replies to pooledQuery's statement from the client.
 var pooledProbe = NewProbe("", func(*Client, [][]byte) *pgproto3.NoticeResponse { return nil })
 
-// prefixOrigin maps error positions in a text that pooledQuery put a
-// statement in front of.
-type prefixOrigin struct {
+// insertOrigin maps error positions in a text that pooledQuery put
+// statements into: one of chars characters (bytes bytes) at each byte
+// offset at of sql.
+type insertOrigin struct {
 	inner        Origin
+	sql          string
+	at           []int
 	chars, bytes int
 }
 
-func (o prefixOrigin) Position(c *Client, pos int, params []string) int {
-	n := o.chars
-	if c.ServerEncoding() == "SQL_ASCII" {
-		n = o.bytes // Postgres counts bytes there
+func (o insertOrigin) Position(c *Client, pos int, params []string) int {
+	asBytes := c.ServerEncoding() == "SQL_ASCII" // Postgres counts bytes there
+	n, shift := o.chars, 0
+	if asBytes {
+		n = o.bytes
 	}
-	if pos <= n {
-		return 0
+	for _, off := range o.at {
+		start := off
+		if !asBytes {
+			start = utf8.RuneCountInString(o.sql[:off])
+		}
+		if pos-1 < start+shift {
+			break
+		}
+		if pos-1 < start+shift+n {
+			return 0 // in a statement of the proxy's
+		}
+		shift += n
 	}
 	if o.inner == nil {
-		return pos - n
+		return pos - shift
 	}
-	return o.inner.Position(c, pos-n, params)
+	return o.inner.Position(c, pos-shift, params)
 }
 
-func (o prefixOrigin) Param(c *Client, n int, params []string) int {
+func (o insertOrigin) Param(c *Client, n int, params []string) int {
 	if o.inner == nil {
 		return 0
 	}

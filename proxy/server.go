@@ -146,6 +146,9 @@ func New(cfg Config) (*Server, error) {
 		return nil, errors.New("proxy: Config.Upstream is required")
 	}
 	if cfg.TransactionPooling {
+		if _, ok := cfg.Interceptor.(PooledSets); !ok {
+			return nil, errors.New("proxy: Config.TransactionPooling needs an Interceptor that implements PooledSets")
+		}
 		switch {
 		case cfg.TokenSetting == "":
 			return nil, errors.New("proxy: Config.TransactionPooling needs Config.TokenSetting")
@@ -351,13 +354,22 @@ func (s *Server) handle(conn net.Conn) {
 	if startup == nil { // a cancel request, already handled
 		return
 	}
+	settings := s.checkStartup(packet)
+	if settings.internal != "" {
+		log.Warn("client refused: its startup packet sets one of pgfence's own settings", "setting", settings.internal)
+		writeFatal(cw, codeInsufficientPrivilege, "the setting "+settings.internal+" is pgfence's own: no client may set it through pgfence",
+			"remove it from the connection's options and parameters")
+		cw.Flush()
+		return
+	}
+	packet = settings.packet
 	c := &Client{ID: id, RemoteAddr: conn.RemoteAddr().String(), User: startup.Parameters["user"], Database: database(startup.Parameters),
 		Replication: replication(startup.Parameters["replication"])}
 	c.setApplicationName(startup.Parameters["application_name"])
 	c.TLS = cc.tls
 	sess := &session{srv: s, c: c, log: log, client: cc.Conn, cr: cc.r, cw: cc.w, tag: sessionTag(id)}
 	c.answered = sess.pipe.whenDrained
-	sess.startPooled()
+	sess.startPooled(settings.tokens)
 	if !s.admit(conn, sess) {
 		log.Warn("client refused: too many client connections", "max_client_conns", s.cfg.MaxClientConns)
 		writeError(cw, "FATAL", codeTooManyConnections, fmt.Sprintf("too many client connections: pgfence allows %d at once", s.cfg.MaxClientConns), s.cfg.Hints.TooManyClients)

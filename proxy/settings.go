@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"crypto/rand"
 	"encoding/binary"
 )
 
@@ -23,11 +24,13 @@ import (
 // answered idle and in a block are never pending together (see
 // mayAnswer).
 //
-// Under Config.TransactionPooling deferred is instead the session's token
-// settings, which it always holds (see keepPooled), and the numbers are
-// not used.
+// Under Config.TransactionPooling deferred is instead the values of the
+// session's token settings (see keepPooled), which always include the
+// token setting's, pool the rest of what the session keeps, and the
+// numbers are not used.
 type setState struct {
 	deferred       []Setting
+	pool           pooledSession
 	ver, kept, ran uint64
 	block          bool
 	// haveStmts is set once the client has prepared a statement that is a
@@ -45,10 +48,15 @@ type setState struct {
 }
 
 // arrive notes where the client's next message finds the session: idle
-// says the session was idle.
+// says the session was idle. Under transaction pooling the message starts
+// a transaction then, with nothing of an earlier one in flight: the
+// session draws a new nonce for it (see pooledSession).
 func (t *setState) arrive(idle bool) {
 	t.wasIdle = idle
 	t.wasBlock, t.quietBlock = t.quietBlock, false
+	if idle && t.pool.nonce != "" {
+		t.pool.nonce = rand.Text()
+	}
 }
 
 // quiet reports whether the message being handled found the session where

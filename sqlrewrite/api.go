@@ -225,36 +225,53 @@ type ProbeOutcome struct {
 }
 
 // The probe's row: column 0 is the token setting's text (NULL or "" when
-// unset); then three per entry of Tables, in order: the stale flag (the
-// epoch of a row that was above the token and skipped (Enforce) or written
-// (Shadow), as text, the last one's if several, else NULL or ""), the domain flag (the domain's
-// token, when rows the write matched were skipped because its lock domain
-// had a higher token, else NULL or ""; NULL when the table is in no domain
-// or is not Enforce) and the domain's token text (NULL outside one). The
-// remaining columns clear the flags and carry no information.
-const probeColumnsPerTable = 3
+// unset), column 1 the transaction's tag (flagTag); then three per entry of
+// Tables, in order: the stale flag (the tag, ':' and the epoch of a row
+// that was above the token and skipped (Enforce) or written (Shadow), as
+// text, the last one's if several, else NULL or ""), the domain flag (the
+// tag, ':' and the domain's token, when rows the write matched were
+// skipped because its lock domain had a higher token, else NULL or "";
+// NULL when the table is in no domain or is not Enforce) and the domain's
+// token text (NULL outside one). The remaining columns clear the flags and
+// carry no information.
+const (
+	probeLead            = 2
+	probeColumnsPerTable = 3
+)
 
 // Outcome reads table i's outcome from a row the probe returned; ok is false
-// when the row is too short to be the probe's.
+// when the row is too short to be the probe's. A flag counts only when it
+// holds the tag of the probe's own transaction: one a client set itself,
+// where pgfence cannot see it, in an earlier transaction (or left on a
+// server connection another client uses next) does not.
 func (p *Probe) Outcome(row [][]byte, i int) (o ProbeOutcome, ok bool) {
-	if len(row) < 1+probeColumnsPerTable*len(p.Tables) || i >= len(p.Tables) {
+	if len(row) < probeLead+probeColumnsPerTable*len(p.Tables) || i >= len(p.Tables) {
 		return o, false
 	}
-	c := row[1+probeColumnsPerTable*i:]
+	c := row[probeLead+probeColumnsPerTable*i:]
+	tag := row[1]
 	o.Token = row[0]
 	if len(c[2]) > 0 {
 		o.Token = c[2]
 	}
-	switch {
-	case len(c[1]) > 0:
-		o.Stale, o.Winner = StaleDomain, c[1]
-	case len(c[0]) > 0:
-		o.Stale, o.Winner = StaleRow, c[0]
+	if v, ok := raised(c[1], tag); ok {
+		o.Stale, o.Winner = StaleDomain, v
+	} else if v, ok := raised(c[0], tag); ok {
+		o.Stale, o.Winner = StaleRow, v
 	}
 	if string(o.Winner) == unknownEpoch {
 		o.Winner = nil
 	}
 	return o, true
+}
+
+// raised reports whether flag was raised in the transaction tagged tag,
+// and returns what it was raised to.
+func raised(flag, tag []byte) ([]byte, bool) {
+	if len(tag) == 0 || len(flag) <= len(tag) || flag[len(tag)] != ':' || string(flag[:len(tag)]) != string(tag) {
+		return nil, false
+	}
+	return flag[len(tag)+1:], true
 }
 
 // ProbeTable is one table a probe reports on.

@@ -51,6 +51,28 @@
 // TABLE AS, that query is the one they hold); anywhere else Postgres
 // rejects it anyway, and pgfence refuses it.
 //
+// # pgfence's own settings
+//
+// pgfence keeps state of its own in the settings of the pgfence namespace:
+// the stale flags its rewrites raise and its probes read (pgfence.stale_<i>,
+// pgfence.dstale_<i>), the markers of the token settings the proxy sets
+// behind a transaction pooler (pgfence.tx.<name>), and the database
+// backstop's (pgfence.noticed, pgfence.exempt_noted). A client that set one
+// would change what pgfence counts or sets, so InternalChange finds the
+// texts that would, in any spelling, and pgfence refuses them. It can only
+// judge what a text says: a name a text computes, or one set inside a
+// function, a DO block or a procedure, it cannot see, so what reads those
+// settings does not trust a value a client could have left there. A flag
+// holds the start of the transaction that raised it (flagValue), and the
+// probe, which runs in the write's transaction, counts only a flag that
+// holds its own transaction's start; a pooled marker holds a nonce the
+// proxy draws for each transaction (PooledSet). Within one
+// transaction a client can still raise a flag (or clear one) itself,
+// through a function its own statement calls: SQL offers nothing the
+// rewrite can compute that a function the client calls cannot, so that
+// only ever miscounts the client's own writes, and never changes what a
+// write does.
+//
 // # Parameterized writes
 //
 // A simple-protocol write carries its values as literals, so its text, and

@@ -62,13 +62,14 @@ func StaleDomainTokens(message string) (token, newer string, ok bool) {
 }
 
 // raise is the expression that raises a domain-fenced guard's flag for a
-// matched row of ref that was not written: the stale flag, set to the
-// greatest epoch among such rows, when the domain was claimed (the row's
-// epoch was newer), else the domain flag, set to the domain's token.
+// matched row of ref that was not written (see flagValue): the stale flag,
+// set to the greatest epoch among such rows, when the domain was claimed
+// (the row's epoch was newer), else the domain flag, set to the domain's
+// token.
 func (g *guardInfo) domainRaise(ref string) string {
 	d := g.domain
-	return "pg_catalog.set_config(CASE WHEN " + d.exists + " THEN " + g.flag + " ELSE " + g.dflag + " END, CASE WHEN " + d.exists +
-		" THEN " + g.staleValue(ref) + " ELSE " + d.winner + " END, true)"
+	return "pg_catalog.set_config(CASE WHEN " + d.exists + " THEN " + g.flag + " ELSE " + g.dflag + " END, " +
+		flagValue("CASE WHEN "+d.exists+" THEN "+g.epochText(ref)+" ELSE "+d.winner+" END") + ", true)"
 }
 
 // domainNamed returns the lock domain called name, creating it.

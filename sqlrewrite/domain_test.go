@@ -152,7 +152,8 @@ func TestProbeOutcome(t *testing.T) {
 		}
 		return out
 	}
-	row := b("5", "9", "NULL", "NULL", "", "12", "6", "?", "", "NULL", "x", "y")
+	const tag = "2026-11-28 07:11:50.357123+00"
+	row := b("5", tag, tag+":9", "NULL", "NULL", "", tag+":12", "6", tag+":?", "", "NULL", "x", "y")
 	want := []struct {
 		token, winner string
 		stale         Stale
@@ -163,11 +164,24 @@ func TestProbeOutcome(t *testing.T) {
 			t.Errorf("table %d: %q %q %v %v, want %+v", i, o.Token, o.Winner, o.Stale, ok, w)
 		}
 	}
-	if _, ok := p.Outcome(row[:9], 2); ok {
+	if _, ok := p.Outcome(row[:10], 2); ok {
 		t.Error("a short row was read")
 	}
-	if o, _ := p.Outcome(b("5", "", "", "NULL", "", "", "NULL", "", "", "NULL"), 1); o.Stale != NotStale || string(o.Token) != "5" {
+	if o, _ := p.Outcome(b("5", tag, "", "NULL", "", "", "NULL", "", "", "NULL", ""), 1); o.Stale != NotStale || string(o.Token) != "5" {
 		t.Errorf("fresh write: %+v", o)
+	}
+	// A flag that does not hold the probe's own transaction's tag was not
+	// raised by the write: a client set it (in an earlier transaction, or
+	// to a value of its own).
+	for _, flag := range []string{"9", "2026-11-28 07:11:50.357122+00:9", tag, tag + "9", ":" + tag + ":9", "x" + tag + ":9"} {
+		for i, r := range [][][]byte{b("5", tag, flag, "NULL", "NULL"), b("5", tag, "", flag, "7")} {
+			if o, ok := (&Probe{Tables: []ProbeTable{{Table: "a"}}}).Outcome(r, 0); !ok || o.Stale != NotStale {
+				t.Errorf("flag %d set to %q: %+v, want the write counted as not stale", i, flag, o)
+			}
+		}
+	}
+	if o, _ := (&Probe{Tables: []ProbeTable{{Table: "a"}}}).Outcome(b("5", "", ":9", "NULL", "NULL"), 0); o.Stale != NotStale {
+		t.Errorf("no tag: %+v", o)
 	}
 }
 
@@ -185,7 +199,7 @@ func TestDomainProbe(t *testing.T) {
 		t.Fatalf("Rewrite: %v %+v", err, res.Refusal)
 	}
 	billing := "COALESCE(NULLIF(pg_catalog.current_setting(E'fence.token.billing', true), E''), pg_catalog.current_setting(E'fence.token', true))"
-	want := "SELECT pg_catalog.current_setting(E'fence.token', true), " +
+	want := "SELECT pg_catalog.current_setting(E'fence.token', true), " + flagTag + ", " +
 		"pg_catalog.current_setting(E'pgfence.stale_1', true), NULL::pg_catalog.text, NULL::pg_catalog.text, " +
 		"NULL::pg_catalog.text, NULL::pg_catalog.text, " + billing + ", " +
 		"pg_catalog.current_setting(E'pgfence.stale_0', true), pg_catalog.current_setting(E'pgfence.dstale_0', true), " + billing + ", " +

@@ -76,14 +76,15 @@ func (r *Rewriter) build(res *Result, stmts []*pg_query.RawStmt, plans []*plan, 
 	return res, nil
 }
 
-// probeSQL reads the token and, per table, the stale flag, the domain
-// stale flag and the domain's token, and clears the flags (the layout
-// Probe.Outcome reads). Observe tables raise no flag, and tables not fenced
-// by a lock domain no domain flag and have no token of their own: their
-// columns are NULL.
+// probeSQL reads the token, the transaction's tag (flagTag) and, per
+// table, the stale flag, the domain stale flag and the domain's token, and
+// clears the flags (the layout Probe.Outcome reads, which takes a flag for
+// raised only if it holds the tag). Observe tables raise no flag, and
+// tables not fenced by a lock domain no domain flag and have no token of
+// their own: their columns are NULL.
 func (r *Rewriter) probeSQL(tables []*guardInfo) string {
 	var b strings.Builder
-	b.WriteString("SELECT pg_catalog.current_setting(" + quoteLiteral(r.setting) + ", true)")
+	b.WriteString("SELECT pg_catalog.current_setting(" + quoteLiteral(r.setting) + ", true), " + flagTag)
 	for _, g := range tables {
 		if g.Rollout == Observe {
 			b.WriteString(", NULL::pg_catalog.text")
@@ -280,14 +281,37 @@ func (r *Rewriter) fenceWhere(sql string, sp span, g *guardInfo, ref string, fro
 // to NULL, as set_config would then return NULL and let the row be written.
 const unknownEpoch = "?"
 
-// staleValue is what a stale row of ref sets the guard's stale flag to: its
-// epoch, as text, so that the probe can say which epoch beat the token (the
-// last stale row's, when there are several). It only runs for stale rows,
-// and is kept short: Postgres 15.18 has a crash that longer Parse texts
-// make likelier (see TestNoNamedParseInFailedBlock).
+// staleValue is what a stale row of ref sets the guard's stale flag to
+// (see flagValue): its epoch, as text, so that the probe can say which
+// epoch beat the token (the last stale row's, when there are several). It
+// only runs for stale rows, and is kept short: Postgres 15.18 has a crash
+// that longer Parse texts make likelier (see TestNoNamedParseInFailedBlock).
 func (g *guardInfo) staleValue(ref string) string {
+	return flagValue(g.epochText(ref))
+}
+
+// epochText is the epoch of ref's row as text, unknownEpoch for NULL.
+func (g *guardInfo) epochText(ref string) string {
 	return "COALESCE(CAST(" + ref + "." + g.column + " AS pg_catalog.text), " + quoteLiteral(unknownEpoch) + ")"
 }
+
+// flagValue is what a flag is raised to: the start of the transaction as
+// text (flagTag), then ':' and v, what beat the token. A client can set a
+// flag too, with a name pgfence cannot see in its text (computed, or in a
+// function): the probe only takes a flag that holds its own transaction's
+// start, which no value set in an earlier transaction holds (see
+// probeSQL). Both read the time with the session's DateStyle and
+// TimeZone, which the client cannot change between a write and its probe
+// but from inside the write. It is as short as it can be, as staleValue
+// must be.
+func flagValue(v string) string {
+	return "pg_catalog.format(E'%s:%s', pg_catalog.now(), " + v + ")"
+}
+
+// flagTag is the tag flagValue puts in front of a flag's value, as the
+// probe reads it: the transaction's start, which Postgres sends as text
+// (the probe's results are text) as format's %s writes it.
+const flagTag = "pg_catalog.now()"
 
 // setValue is what an UPDATE (or DO UPDATE) sets the epoch to: the token
 // (Enforce: the plain cast TOKC, as GATE has already failed the statement

@@ -9,11 +9,12 @@ import (
 
 // Behind a transaction pooler a session's settings stay on a server
 // connection that other clients use next, so pgfence keeps the session's
-// token itself and sets it anew, for the transaction only, in each
-// transaction that may need it. That holds only while pgfence sees every
-// change of the token the session makes: a plain SET or RESET of it
+// token settings itself and sets them anew, for the transaction only, in
+// each transaction that may need them (PooledSet; TxStarts finds where a
+// Query starts a transaction of its own). That holds only while pgfence
+// sees every change of them the session makes: a plain SET or RESET
 // (Match, MatchReset). SessionChange finds the statements that would change
-// it, or every setting, for the session where pgfence cannot follow.
+// one, or every setting, for the session where pgfence cannot follow.
 
 // The parts of the refusal of a session-level change of the token behind a
 // transaction pooler (PooledRefusal), which pooledHint reads back.
@@ -47,7 +48,8 @@ func pooledHint(text string) string {
 //
 //	RESET <name> [;]
 //
-// and if so which setting (Value is "", Reset is set).
+// (name in any case, its parts quoted or not) and if so which setting
+// (lower case; Value is "", Reset is set).
 func (ts TokenSettings) MatchReset(sql string) (TokenSet, bool) {
 	i := space(sql, 0)
 	if !word(sql, i, "reset") {
@@ -55,10 +57,11 @@ func (ts TokenSettings) MatchReset(sql string) (TokenSet, bool) {
 	}
 	i = space(sql, i+len("reset"))
 	start := i
-	for i < len(sql) && (isIdentCont(sql[i]) || sql[i] == '.') {
-		i++
+	i, quoted, ok := settingName(sql, i)
+	if !ok {
+		return TokenSet{}, false
 	}
-	name := sql[start:i]
+	spelled := sql[start:i]
 	i = space(sql, i)
 	if i < len(sql) && sql[i] == ';' {
 		i = space(sql, i+1)
@@ -66,12 +69,11 @@ func (ts TokenSettings) MatchReset(sql string) (TokenSet, bool) {
 	if i != len(sql) {
 		return TokenSet{}, false
 	}
-	for _, n := range ts.names {
-		if isWord(name, n) {
-			return TokenSet{Name: n, Reset: true}, true
-		}
+	n, ok := ts.named(spelled, quoted)
+	if !ok || quoted && !parsedAs(sql, n, pg_query.VariableSetKind_VAR_RESET, false) {
+		return TokenSet{}, false
 	}
-	return TokenSet{}, false
+	return TokenSet{Name: n, Reset: true}, true
 }
 
 // SessionChange reports whether sql may change a token setting for the
@@ -79,10 +81,12 @@ func (ts TokenSettings) MatchReset(sql string) (TokenSet, bool) {
 // plain SET or RESET that Match and MatchReset read, and if so names the
 // form: a SET or RESET of it among other statements or not plain, RESET
 // ALL, DISCARD ALL, or set_config on it (or on a name it computes) whose
-// third argument is not the constant true. SET LOCAL and set_config(...,
-// true) last until the transaction ends and are no such change. A text
-// that names neither a token setting, set_config, RESET nor DISCARD is
-// cleared without parsing.
+// third argument is not the constant true. Every setting in the token
+// setting's namespace counts (<token setting>.<anything>, which lock
+// domains use: one may be a domain's after a reload), however its name is
+// written. SET LOCAL and set_config(..., true) last until the transaction
+// ends and are no such change. A text that names neither a token setting,
+// set_config, RESET nor DISCARD is cleared without parsing.
 //
 // A text that may be such a change and that pgfence's parser cannot read
 // may still be one on the server, whose grammar may differ (see skew.go):
@@ -139,7 +143,7 @@ func (ts TokenSettings) sessionChange(m proto.Message) (string, bool) {
 		switch {
 		case n.Kind == pg_query.VariableSetKind_VAR_RESET_ALL:
 			return "RESET ALL", true
-		case n.IsLocal || !ts.has(n.Name):
+		case n.IsLocal || !ts.isToken(n.Name):
 			return "", false
 		case n.Kind == pg_query.VariableSetKind_VAR_RESET:
 			return "RESET " + n.Name, true
@@ -156,22 +160,12 @@ func (ts TokenSettings) sessionChange(m proto.Message) (string, bool) {
 		if c := n.Args[2].GetAConst(); c != nil && c.GetBoolval() != nil && c.GetBoolval().Boolval {
 			return "", false // is_local: the transaction's only
 		}
-		if c := n.Args[0].GetAConst(); c != nil && c.GetSval() != nil && !ts.has(asciiLower(c.GetSval().Sval)) {
+		if c := n.Args[0].GetAConst(); c != nil && c.GetSval() != nil && !ts.isToken(c.GetSval().Sval) {
 			return "", false // another setting
 		}
 		return "set_config(..., false)", true
 	}
 	return "", false
-}
-
-// has reports whether name (as Postgres folded it) is a token setting.
-func (ts TokenSettings) has(name string) bool {
-	for _, n := range ts.names {
-		if n == name {
-			return true
-		}
-	}
-	return false
 }
 
 // mayChangeSession is SessionChange's prefilter, allocation-free: sql
@@ -260,4 +254,141 @@ func leadWord(sql string, i int) string {
 func oneStatement(sql string) bool {
 	k := strings.IndexByte(sql, ';')
 	return k < 0 || space(sql, k+1) == len(sql)
+}
+
+// ShowsToken reports whether sql, which WritesNothing clears, may read or
+// set a token setting all the same: a SHOW, SET or RESET that spells the
+// token setting's first part (any case, quoted or spaced out) or a Unicode
+// escape. Behind a transaction pooler its transaction then needs the
+// session's token settings too.
+func ShowsToken(sql, token string) bool {
+	switch leadWord(sql, skipLeading(sql)) {
+	case "show", "set", "reset":
+		first, _, _ := strings.Cut(token, ".")
+		return ContainsFold(sql, asciiLower(first)) || ContainsFold(sql, "u&")
+	}
+	return false
+}
+
+// TxStart is a statement of a text that starts a transaction of its own:
+// one after a statement that ends a transaction.
+type TxStart struct {
+	// Offset is the byte offset in the text where the statement starts
+	// (its leading white space and comments included).
+	Offset int
+	// Index is its index among the text's statements.
+	Index int
+}
+
+// TxStarts returns the statements of sql, a simple Query's text, that
+// start a transaction of their own: each one after a COMMIT, END,
+// ROLLBACK, ABORT (with or without AND CHAIN), PREPARE TRANSACTION, COMMIT
+// PREPARED or ROLLBACK PREPARED. Behind a transaction pooler the session's
+// token settings must be set again ahead of each, as what was set for the
+// transaction before ended with it. A text of one statement, or that
+// spells none of those words, has none and is not parsed.
+//
+// A text that spells one of them and that pgfence's parser cannot read
+// may still end a transaction and go on on the server (see skew.go):
+// TxStarts then returns the refusal to send instead (42601).
+func TxStarts(sql string) ([]TxStart, *Refusal) {
+	if oneStatement(sql) || !spellsTxEnd(sql) {
+		return nil, nil
+	}
+	tree, err := pg_query.Parse(sql)
+	if err != nil {
+		return nil, unparsableRefusal(err,
+			"may end a transaction and go on with more statements on a server connection that a transaction pooler shares (pgfence runs behind one)",
+			"run those without the session's fencing token")
+	}
+	var starts []TxStart
+	for i, raw := range tree.Stmts[:max(len(tree.Stmts)-1, 0)] {
+		if endsTx(raw.Stmt) {
+			starts = append(starts, TxStart{Offset: int(tree.Stmts[i+1].StmtLocation), Index: i + 1})
+		}
+	}
+	return starts, nil
+}
+
+// spellsTxEnd reports whether sql spells, as a word of its own, a keyword
+// that starts a statement that may end a transaction.
+func spellsTxEnd(sql string) bool {
+	for _, w := range [...]string{"commit", "end", "rollback", "abort", "prepared", "transaction"} {
+		if spellsWord(sql, w) {
+			return true
+		}
+	}
+	return false
+}
+
+// endsTx reports whether stmt ends the transaction it runs in.
+func endsTx(stmt *pg_query.Node) bool {
+	t := stmt.GetTransactionStmt()
+	if t == nil {
+		return false
+	}
+	switch t.Kind {
+	case pg_query.TransactionStmtKind_TRANS_STMT_COMMIT, pg_query.TransactionStmtKind_TRANS_STMT_ROLLBACK,
+		pg_query.TransactionStmtKind_TRANS_STMT_PREPARE, pg_query.TransactionStmtKind_TRANS_STMT_COMMIT_PREPARED,
+		pg_query.TransactionStmtKind_TRANS_STMT_ROLLBACK_PREPARED:
+		return true
+	}
+	return false
+}
+
+// The marker of the token settings pgfence set in a transaction behind a
+// transaction pooler is the setting pgfence.tx.<name>.
+const pooledMarker = "pgfence.tx."
+
+// PooledSet returns the statement that sets the token settings names
+// (lower case) for the transaction it runs in, behind a transaction pooler,
+// unless it has already run in that transaction, in pieces to join around
+// its arguments: parts[0] A0 parts[1] A1 ... parts[len(args)], where Aj is
+// argument args[j], 0 for the nonce the proxy draws for the transaction
+// and i for the session's value of names[i-1] ("" for none), each a text
+// parameter ($1 for the nonce, $i+1 for value i) or a literal.
+//
+// For each setting it reads the marker pgfence.tx.<name>: unless it holds
+// the nonce, it sets the setting to "" for the session, then to its value
+// for the transaction, and the marker to the nonce for the transaction.
+// So:
+//
+//   - It sets each setting once per transaction: a SET LOCAL the client
+//     runs after it in the same transaction stands.
+//   - A marker a client left for the session on the server connection
+//     (where pgfence cannot see it: in a function, say) stops nothing: the
+//     proxy draws a new nonce once a transaction of the session has ended,
+//     so no client, the session's own included, can know one still to be
+//     used, even if it read one (in a marker, or in a Query's text that
+//     pg_stat_activity shows).
+//   - A token a client left for the session there, the same way, is gone
+//     for the session once the transaction commits (a procedure that
+//     commits and writes on finds no token, and fails closed), and before
+//     that the transaction reads its own value.
+//
+// Every operator and function is schema-qualified, so the client's
+// search_path cannot change what it does.
+func PooledSet(names []string) (parts []string, args []int) {
+	text := "SELECT "
+	arg := func(a int) {
+		parts, args = append(parts, text), append(args, a)
+		text = "::pg_catalog.text"
+	}
+	for i, n := range names {
+		if i > 0 {
+			text += ", "
+		}
+		name, marker := quoteLiteral(n), quoteLiteral(pooledMarker+n)
+		text += "CASE WHEN COALESCE(pg_catalog.current_setting(" + marker + ", true), " + quoteLiteral("") + ") OPERATOR(pg_catalog.<>) "
+		arg(0)
+		text += " THEN pg_catalog.set_config(" + name + ", " + quoteLiteral("") + ", false) OPERATOR(pg_catalog.||) pg_catalog.set_config(" + name + ", "
+		arg(i + 1)
+		text += ", true) OPERATOR(pg_catalog.||) pg_catalog.set_config(" + marker + ", "
+		arg(0)
+		text += ", true) END"
+	}
+	if len(names) == 0 {
+		text += "NULL" // nothing to set: still one statement, one column
+	}
+	return append(parts, text), args
 }

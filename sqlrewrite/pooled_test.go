@@ -1,8 +1,12 @@
 package sqlrewrite
 
 import (
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
+
+	pg_query "github.com/pganalyze/pg_query_go/v6"
 )
 
 func TestWritesNothing(t *testing.T) {
@@ -70,6 +74,16 @@ func TestSessionChange(t *testing.T) {
 		{"SET fence . token = '5'; SELECT 1", "SET fence.token"},
 		{`SELECT U&"\0073et_config"('fence.token', '5', false)`, "set_config(..., false)"},
 		{`SET U&"\0066ence".token = '5'; SELECT 1`, "SET fence.token"},
+		// Names as Postgres compares them: ASCII case folded, quoted or
+		// not, and the whole namespace of the token setting.
+		{`SET "FENCE.TOKEN" = '5'; SELECT 1`, "SET FENCE.TOKEN"},
+		{`SELECT 1; RESET "Fence"."Token"."Billing"`, "RESET Fence.Token.Billing"},
+		{"SELECT set_config('Fence.Token.BILLING', '5', false)", "set_config(..., false)"},
+		{"SELECT set_config('fence.token.other', '5', false)", "set_config(..., false)"},
+		{"SET fence.token.other = '5'; SELECT 1", "SET fence.token.other"},
+		{"SELECT set_config('fence.tokens', '5', false)", ""},
+		{"SELECT set_config('fence.tokenother', '5', false)", ""},
+		{"ALTER ROLE app SET fence.token = '5'", "SET fence.token"},
 		// Texts pgfence's parser cannot read may be such changes on an
 		// older server (UPDATE ... SET system_user = ... runs on 15).
 		{"UPDATE t SET system_user = 'x'; SET fence.token = '9'", unreadForm},
@@ -105,6 +119,10 @@ func TestMatchReset(t *testing.T) {
 		{"RESET fence.token", "fence.token"},
 		{"reset FENCE.TOKEN ;", "fence.token"},
 		{"RESET fence.token.billing", "fence.token.billing"},
+		{`RESET "FENCE.TOKEN"`, "fence.token"},
+		{`RESET fence."Token"."BILLING";`, "fence.token.billing"},
+		{`RESET "fence.token.other"`, ""},
+		{`RESET "fence.token`, ""},
 		{"RESET fence.token; SELECT 1", ""},
 		{"RESET work_mem", ""},
 		{"RESET ALL", ""},
@@ -112,6 +130,102 @@ func TestMatchReset(t *testing.T) {
 		set, ok := ts.MatchReset(tc.sql)
 		if ok != (tc.name != "") || set.Name != tc.name || (ok && (!set.Reset || set.Value != "")) {
 			t.Errorf("MatchReset(%q) = %+v, %v; want %q", tc.sql, set, ok, tc.name)
+		}
+	}
+}
+
+func TestShowsToken(t *testing.T) {
+	for _, tc := range []struct {
+		sql  string
+		want bool
+	}{
+		{"SHOW fence.token", true},
+		{`SHOW "FENCE"."TOKEN"`, true},
+		{"show Fence . Token", true},
+		{`SHOW U&"\0066ence.token"`, true},
+		{"SET LOCAL fence . token = '5'", true},
+		{"RESET fence.token", true},
+		{"SHOW work_mem", false},
+		{"VACUUM fence_log", false},
+		{"CREATE INDEX CONCURRENTLY ON fence (id)", false},
+		{"BEGIN", false},
+	} {
+		if got := ShowsToken(tc.sql, "fence.token"); got != tc.want {
+			t.Errorf("ShowsToken(%q) = %v, want %v", tc.sql, got, tc.want)
+		}
+	}
+}
+
+func TestTxStarts(t *testing.T) {
+	for _, tc := range []struct {
+		sql  string
+		want []string // the text from each start on, up to the next ';'
+	}{
+		{"UPDATE t SET a = 1", nil},
+		{"COMMIT", nil},
+		{"BEGIN; UPDATE t SET a = 1; COMMIT;", nil},
+		{"SELECT 1; UPDATE t SET a = 1", nil},
+		{"BEGIN; COMMIT; UPDATE t SET a = 1", []string{" UPDATE t SET a = 1"}},
+		{"begin;end;select 1", []string{"select 1"}},
+		{"BEGIN; ROLLBACK; SELECT 1; ABORT; SELECT 2", []string{" SELECT 1", " SELECT 2"}},
+		{"BEGIN; COMMIT AND CHAIN; SELECT 1; COMMIT", []string{" SELECT 1"}},
+		{"SELECT 1; COMMIT -- done\n; SELECT 2", []string{" SELECT 2"}},
+		{"BEGIN; ROLLBACK TO SAVEPOINT a; SELECT 1", nil},
+		{"PREPARE TRANSACTION 'x'; SELECT 1", []string{" SELECT 1"}},
+		{"COMMIT PREPARED 'x'; SELECT 1", []string{" SELECT 1"}},
+		{"SELECT 'commit'; SELECT 1", nil},
+		{"CREATE FUNCTION f() RETURNS int LANGUAGE sql BEGIN ATOMIC SELECT 1; END; SELECT 2", nil},
+		{"SELECT 1; COMMIT; /* c */ SELECT 2", []string{" /* c */ SELECT 2"}},
+	} {
+		starts, ref := TxStarts(tc.sql)
+		if ref != nil {
+			t.Errorf("TxStarts(%q) refused: %+v", tc.sql, ref)
+			continue
+		}
+		var got []string
+		for i, s := range starts {
+			rest, _, _ := strings.Cut(tc.sql[s.Offset:], ";")
+			got = append(got, rest)
+			if i > 0 && s.Index <= starts[i-1].Index {
+				t.Errorf("TxStarts(%q): indexes out of order: %+v", tc.sql, starts)
+			}
+		}
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("TxStarts(%q) = %q, want %q", tc.sql, got, tc.want)
+		}
+	}
+	if starts, _ := TxStarts("BEGIN; COMMIT; SELECT 1; COMMIT; SELECT 2"); len(starts) != 2 || starts[0].Index != 2 || starts[1].Index != 4 {
+		t.Errorf("indexes: %+v", starts)
+	}
+	if _, ref := TxStarts("UPDATE t SET system_user = 'x'; COMMIT; SELECT 1"); ref == nil || ref.Code != codeSyntax || !strings.Contains(ref.Message, "transaction pooler") {
+		t.Errorf("an unreadable text: %+v, want it refused", ref)
+	}
+}
+
+func TestPooledSetParts(t *testing.T) {
+	names := []string{"fence.token", "fence.token.billing"}
+	parts, args := PooledSet(names)
+	if len(parts) != len(args)+1 || !slices.Equal(args, []int{0, 1, 0, 0, 2, 0}) {
+		t.Fatalf("parts %q, args %v", parts, args)
+	}
+	var b strings.Builder
+	for i, p := range parts {
+		b.WriteString(p)
+		if i < len(args) {
+			b.WriteString("$" + strconv.Itoa(args[i]+1))
+		}
+	}
+	sql := b.String()
+	tree, err := pg_query.Parse(sql)
+	if err != nil || len(tree.Stmts) != 1 {
+		t.Fatalf("%s: %v", sql, err)
+	}
+	for _, want := range []string{"pg_catalog.set_config(E'fence.token', $2::pg_catalog.text, true)",
+		"pg_catalog.set_config(E'fence.token.billing', $3::pg_catalog.text, true)",
+		"COALESCE(pg_catalog.current_setting(E'pgfence.tx.fence.token', true), E'') OPERATOR(pg_catalog.<>) $1::pg_catalog.text",
+		"pg_catalog.set_config(E'pgfence.tx.fence.token', $1::pg_catalog.text, true)", "pg_catalog.set_config(E'fence.token', E'', false)"} {
+		if !strings.Contains(sql, want) {
+			t.Errorf("the statement lacks %s:\n%s", want, sql)
 		}
 	}
 }

@@ -156,6 +156,9 @@ func markerHint(code, text string) string {
 		}
 		return "the fencing token must be a whole number, e.g. '42'"
 	case codeForgedEpoch:
+		if h := internalHint(text); h != "" {
+			return h
+		}
 		return hintForgedEpoch
 	case codeUnsupported:
 		if strings.HasPrefix(text, "MERGE on guarded table ") {

@@ -1,20 +1,26 @@
 package sqlrewrite
 
 import (
+	"slices"
+	"strings"
+
 	pg_query "github.com/pganalyze/pg_query_go/v6"
 )
 
 // TokenSettings recognizes the statements that set the session's fencing
 // token: the token setting itself, or a lock domain's
-// <token setting>.<domain>.
+// <token setting>.<domain>. Postgres matches setting names without regard
+// to ASCII case (guc.c's guc_name_compare), whether they were written
+// quoted or not, and so does every method here.
 type TokenSettings struct {
-	names []string // lower case, as Postgres folds them
+	names []string // lower case, as Postgres folds them: the token setting first
+	// plain[i] says Postgres's parser takes names[i] unquoted in a SET (a
+	// part that is a reserved keyword needs quotes).
+	plain []bool
 }
 
 // NewTokenSettings returns the recognizer for token and the lock domains'
-// settings. A name Postgres's parser does not take unquoted in a SET (a
-// part that is a reserved keyword, say) is left out, so a SET of it is
-// never recognized and runs as sent.
+// settings.
 func NewTokenSettings(token string, domains []string) TokenSettings {
 	var ts TokenSettings
 	token = asciiLower(token)
@@ -22,12 +28,30 @@ func NewTokenSettings(token string, domains []string) TokenSettings {
 		if name != token {
 			name = token + "." + asciiLower(name)
 		}
-		if set, ok := parseTokenSet("SET " + name + " = '1'"); !ok || set.Name != name || set.Value != "1" || !plainSet(name) {
+		if slices.Contains(ts.names, name) {
 			continue
 		}
+		set, ok := parseTokenSet("SET " + name + " = '1'")
 		ts.names = append(ts.names, name)
+		ts.plain = append(ts.plain, ok && !set.quoted && set.Value == "1" && plainSet(name))
 	}
 	return ts
+}
+
+// Names returns every token setting, lower case, the token setting first.
+// The slice is shared: do not modify it.
+func (ts TokenSettings) Names() []string { return ts.names }
+
+// isToken reports whether name (as written in a statement, or given to
+// set_config) names the token setting or a setting in its namespace
+// (<token setting>.<anything>, where lock domains' settings are), as
+// Postgres compares names: ASCII case folded.
+func (ts TokenSettings) isToken(name string) bool {
+	if len(ts.names) == 0 {
+		return false
+	}
+	tok := ts.names[0]
+	return len(name) >= len(tok) && equalFoldASCII(name[:len(tok)], tok) && (len(name) == len(tok) || name[len(tok)] == '.')
 }
 
 // plainSet reports whether Postgres's parser reads SET name = '1' as one
@@ -50,6 +74,8 @@ type TokenSet struct {
 	Local bool
 	// Reset is set for a RESET (see MatchReset); Value is then "".
 	Reset bool
+	// quoted says a part of the name was written in double quotes.
+	quoted bool
 }
 
 // Match reports whether sql is exactly one statement that sets one of the
@@ -58,12 +84,14 @@ type TokenSet struct {
 //
 //	SET [SESSION | LOCAL] <name> { = | TO } { '<text>' | <integer> } [;]
 //
-// Such a statement can only fail on the server for reasons outside the
-// statement (an aborted transaction, a cancel), so a proxy may answer it
-// itself and run it later. Anything less plain (comments, quoted names,
-// escapes, DEFAULT, a second statement) is not recognized and so runs as
-// sent: recognizing too little only costs speed. Value shares sql's
-// memory; nothing is allocated.
+// where name is written in any case, each of its dotted parts quoted or
+// not. Such a statement can only fail on the server for reasons outside
+// the statement (an aborted transaction, a cancel), so a proxy may answer
+// it itself and run it later. Anything less plain (comments, escapes,
+// DEFAULT, a second statement) is not recognized and so runs as sent:
+// recognizing too little only costs speed. Name is the setting in lower
+// case; Value shares sql's memory. Nothing is allocated, but for a name
+// with a quoted part, which Postgres's parser confirms.
 func (ts TokenSettings) Match(sql string) (TokenSet, bool) {
 	if len(ts.names) == 0 {
 		return TokenSet{}, false
@@ -72,17 +100,118 @@ func (ts TokenSettings) Match(sql string) (TokenSet, bool) {
 	if !ok {
 		return TokenSet{}, false
 	}
-	for _, n := range ts.names {
-		if isWord(set.Name, n) { // as Postgres folds an unquoted name: ASCII only
-			set.Name = n
-			return set, true
+	n, ok := ts.named(set.Name, set.quoted)
+	if !ok || set.quoted && !parsedAs(sql, n, pg_query.VariableSetKind_VAR_SET_VALUE, set.Local) {
+		return TokenSet{}, false
+	}
+	set.Name, set.quoted = n, false
+	return set, true
+}
+
+// named returns the token setting that spelled (a name as written: dotted
+// parts, quoted or not) names. Unquoted, it must be one Postgres's parser
+// takes unquoted.
+func (ts TokenSettings) named(spelled string, quoted bool) (string, bool) {
+	for i, n := range ts.names {
+		if (quoted || ts.plain[i]) && spells(spelled, n) {
+			return n, true
 		}
 	}
-	return TokenSet{}, false
+	return "", false
+}
+
+// parsedAs reports whether Postgres's parser reads sql as one SET (kind
+// VAR_SET_VALUE, LOCAL or not) or RESET (VAR_RESET) of the setting name.
+func parsedAs(sql, name string, kind pg_query.VariableSetKind, local bool) bool {
+	tree, err := pg_query.Parse(sql)
+	if err != nil || len(tree.Stmts) != 1 {
+		return false
+	}
+	set := tree.Stmts[0].Stmt.GetVariableSetStmt()
+	return set != nil && set.Kind == kind && set.IsLocal == local && asciiLower(set.Name) == name
+}
+
+// settingName reads a setting's name at sql[i:] as a SET or RESET spells
+// it: parts that are unquoted words or double-quoted identifiers, joined by
+// dots with nothing between. It returns where the name ends and whether a
+// part was quoted.
+func settingName(sql string, i int) (end int, quoted, ok bool) {
+	for {
+		if i < len(sql) && sql[i] == '"' {
+			j := i + 1
+			for {
+				k := strings.IndexByte(sql[j:], '"')
+				if k < 0 {
+					return 0, false, false
+				}
+				j += k + 1
+				if j < len(sql) && sql[j] == '"' {
+					j++ // a doubled quote stands for one
+					continue
+				}
+				break
+			}
+			if j == i+2 {
+				return 0, false, false // "": Postgres refuses it
+			}
+			i, quoted = j, true
+		} else {
+			j := i
+			for j < len(sql) && isIdentCont(sql[j]) {
+				j++
+			}
+			if j == i {
+				return 0, false, false
+			}
+			i = j
+		}
+		if i < len(sql) && sql[i] == '.' {
+			i++
+			continue
+		}
+		return i, quoted, true
+	}
+}
+
+// spells reports whether spelled, a name settingName read, names the
+// setting lower (lower case) as Postgres compares them: quotes taken off,
+// ASCII case folded.
+func spells(spelled, lower string) bool {
+	j := 0
+	match := func(c byte) bool {
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		ok := j < len(lower) && lower[j] == c
+		j++
+		return ok
+	}
+	for i := 0; i < len(spelled); i++ {
+		if spelled[i] != '"' {
+			if !match(spelled[i]) {
+				return false
+			}
+			continue
+		}
+		for i++; i < len(spelled); i++ {
+			if spelled[i] == '"' {
+				if i+1 < len(spelled) && spelled[i+1] == '"' {
+					i++
+				} else {
+					break
+				}
+			}
+			if !match(spelled[i]) {
+				return false
+			}
+		}
+	}
+	return j == len(lower)
 }
 
 // parseTokenSet reads sql as SET [SESSION | LOCAL] <name> { = | TO }
-// <constant>, where name is dotted words, returned as written.
+// <constant>, where name is dotted parts (see settingName), returned as
+// written.
 func parseTokenSet(sql string) (set TokenSet, ok bool) {
 	i := space(sql, 0)
 	if !word(sql, i, "set") {
@@ -97,8 +226,9 @@ func parseTokenSet(sql string) (set TokenSet, ok bool) {
 		i = space(sql, i+len("local"))
 	}
 	start := i
-	for i < len(sql) && (isIdentCont(sql[i]) || sql[i] == '.') {
-		i++
+	i, set.quoted, ok = settingName(sql, i)
+	if !ok {
+		return set, false
 	}
 	set.Name = sql[start:i]
 	i = space(sql, i)

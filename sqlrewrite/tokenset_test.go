@@ -28,12 +28,25 @@ func TestTokenSet(t *testing.T) {
 		{"SET SESSION LOCAL fence.token = '42'", "", "", false, false}, // not SQL
 		{"SET LOCALfence.token = '42'", "", "", false, false},          // no such setting
 
-		{"SET fence.token = DEFAULT", "", "", false, false},             // a reset
-		{"SET fence.token TO '1', '2'", "", "", false, false},           // a list
-		{"SET fence.token = '42'; SELECT 1", "", "", false, false},      // two statements
-		{"SET fence.token = '42' -- why", "", "", false, false},         // a comment
-		{"/* c */ SET fence.token = '42'", "", "", false, false},        // a comment
-		{`SET "fence.token" = '42'`, "", "", false, false},              // a quoted name
+		{"SET fence.token = DEFAULT", "", "", false, false},            // a reset
+		{"SET fence.token TO '1', '2'", "", "", false, false},          // a list
+		{"SET fence.token = '42'; SELECT 1", "", "", false, false},     // two statements
+		{"SET fence.token = '42' -- why", "", "", false, false},        // a comment
+		{"/* c */ SET fence.token = '42'", "", "", false, false},       // a comment
+		{`SET "fence.token" = '42'`, "fence.token", "42", false, true}, // a quoted name
+		{`SET "FENCE.TOKEN" = '9'`, "fence.token", "9", false, true},   // Postgres folds setting names
+		{`SET "fence"."token" TO 9`, "fence.token", "9", false, true},  // quoted parts
+		{`SET fence."TOKEN" = '9'`, "fence.token", "9", false, true},   // one quoted part
+		{`set "Fence.Token.BILLING" = '9'`, "fence.token.billing", "9", false, true},
+		{`SET fence.token."to" = '1'`, "fence.token.to", "1", false, true}, // a keyword, quoted
+		{`SET LOCAL "Fence.Token" = '1'`, "fence.token", "1", true, true},
+		{`SET "fence.to""ken" = '1'`, "", "", false, false},             // another name
+		{`SET "fence.token = '1'`, "", "", false, false},                // unterminated
+		{`SET "" = '1'`, "", "", false, false},                          // an empty name
+		{`SET "fence" . "token" = '1'`, "", "", false, false},           // spaced out: not plain
+		{`SET U&"fence.token" = '1'`, "", "", false, false},             // an escape
+		{`SET "fence.tokens" = '42'`, "", "", false, false},             // another setting
+		{`SET "fence.token.other" = '42'`, "", "", false, false},        // not a domain of the configuration
 		{"SET fence.tokens = '42'", "", "", false, false},               // another setting
 		{"SET fence.token. = '42'", "", "", false, false},               // no domain
 		{"SET fence.token.other = '42'", "", "", false, false},          // not a domain of the configuration
@@ -87,7 +100,7 @@ func checkTokenSet(t *testing.T, sql string, set TokenSet) {
 		t.Fatalf("Match accepted %q, which has %d statements", sql, len(tree.Stmts))
 	}
 	stmt := tree.Stmts[0].Stmt.GetVariableSetStmt()
-	if stmt == nil || stmt.Kind != pg_query.VariableSetKind_VAR_SET_VALUE || stmt.IsLocal != set.Local || stmt.Name != set.Name || len(stmt.Args) != 1 {
+	if stmt == nil || stmt.Kind != pg_query.VariableSetKind_VAR_SET_VALUE || stmt.IsLocal != set.Local || asciiLower(stmt.Name) != set.Name || len(stmt.Args) != 1 {
 		t.Fatalf("Match accepted %q as %+v, but the parser reads %v", sql, set, tree.Stmts[0].Stmt)
 	}
 	c := stmt.Args[0].GetAConst()
@@ -116,6 +129,7 @@ func FuzzTokenSet(f *testing.F) {
 		"SET fence.token = '42'", "set session fence.token to 7;", "SET fence.token.billing = -3",
 		"SET fence.token = 'x''y'", "SET fence.token = 0042", "SET LOCAL fence.token = 1",
 		"SET LOCAL SESSION fence.token = 1", "set local fence.token.billing to '5'",
+		`SET "FENCE"."TOKEN" = '1'`, `SET fence.token."select" = 2`, `SET "fence.token.x""1" = '3'`,
 	} {
 		f.Add(s)
 	}

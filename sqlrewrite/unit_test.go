@@ -259,8 +259,8 @@ func TestRewriteExample(t *testing.T) {
 		t.Fatalf("Rewrite: %v %v", err, res.Refusal)
 	}
 	cast, gate := r.guards[0].cast, r.guards[0].gate
-	probe := `SELECT pg_catalog.current_setting(E'fence.token', true), pg_catalog.current_setting(E'pgfence.stale_0', true), NULL::pg_catalog.text, NULL::pg_catalog.text, pg_catalog.set_config(E'pgfence.stale_0', E'', true)`
-	stale := `COALESCE(CAST("accounts"."fence_epoch" AS pg_catalog.text), E'?')`
+	probe := `SELECT pg_catalog.current_setting(E'fence.token', true), ` + flagTag + `, pg_catalog.current_setting(E'pgfence.stale_0', true), NULL::pg_catalog.text, NULL::pg_catalog.text, pg_catalog.set_config(E'pgfence.stale_0', E'', true)`
+	stale := `pg_catalog.format(E'%s:%s', pg_catalog.now(), COALESCE(CAST("accounts"."fence_epoch" AS pg_catalog.text), E'?'))`
 	want := `UPDATE accounts SET "fence_epoch" = ` + cast + `, balance = 10 WHERE (id = 1) AND (pg_catalog.int8le("accounts"."fence_epoch", ` + cast +
 		`) OR ((id = 1) AND pg_catalog.set_config(E'pgfence.stale_0', ` + stale + `, true) IS NULL)) AND ` + gate + `;` + probe
 	if res.SQL != want {
@@ -290,11 +290,11 @@ func TestFlagsPerGuard(t *testing.T) {
 	if err != nil || res.Refusal != nil {
 		t.Fatalf("Rewrite: %v %+v", err, res.Refusal)
 	}
-	if !strings.Contains(res.SQL, `set_config(E'pgfence.stale_1', COALESCE(CAST("accounts"."fence_epoch"`) ||
-		!strings.Contains(res.SQL, `set_config(E'pgfence.stale_0', COALESCE(CAST("orders"."version"`) {
+	if !strings.Contains(res.SQL, `set_config(E'pgfence.stale_1', pg_catalog.format(E'%s:%s', pg_catalog.now(), COALESCE(CAST("accounts"."fence_epoch"`) ||
+		!strings.Contains(res.SQL, `set_config(E'pgfence.stale_0', pg_catalog.format(E'%s:%s', pg_catalog.now(), COALESCE(CAST("orders"."version"`) {
 		t.Errorf("flags: %s", res.SQL)
 	}
-	want := "SELECT pg_catalog.current_setting(E'app.tok', true), pg_catalog.current_setting(E'pgfence.stale_1', true), NULL::pg_catalog.text, NULL::pg_catalog.text, " +
+	want := "SELECT pg_catalog.current_setting(E'app.tok', true), " + flagTag + ", pg_catalog.current_setting(E'pgfence.stale_1', true), NULL::pg_catalog.text, NULL::pg_catalog.text, " +
 		"NULL::pg_catalog.text, NULL::pg_catalog.text, NULL::pg_catalog.text, " +
 		"pg_catalog.current_setting(E'pgfence.stale_0', true), NULL::pg_catalog.text, NULL::pg_catalog.text, pg_catalog.set_config(E'pgfence.stale_1', E'', true), pg_catalog.set_config(E'pgfence.stale_0', E'', true)"
 	if len(res.Probes) != 1 || res.Probes[0].SQL != want || res.Probes[0].Index != -1 {

@@ -391,7 +391,7 @@ func (v *verifier) checkProbe(p Probe, tables []*guardInfo) error {
 	if len(p.Tables) != len(tables) {
 		return fmt.Errorf("tables %+v, want %d", p.Tables, len(tables))
 	}
-	sql := "SELECT pg_catalog.current_setting(" + quoteLiteral(v.r.setting) + ", true)"
+	sql := "SELECT pg_catalog.current_setting(" + quoteLiteral(v.r.setting) + ", true), " + flagTag
 	clear := ""
 	for i, g := range tables {
 		if p.Tables[i] != (ProbeTable{Table: g.name, Rollout: g.Rollout, Domain: g.Domain}) {
@@ -675,13 +675,14 @@ func (v *verifier) whereText(g *guardInfo, ref string, cond, checked bool) strin
 	if g.Rollout == Enforce && !g.AllowMissingToken {
 		ok = "pg_catalog.int8le(" + col + ", " + v.strictCast(g) + ")"
 	}
-	// The stale flag's value: the stale row's epoch.
+	// The stale flag's value: the transaction's start and the stale row's
+	// epoch.
 	epoch := "COALESCE(CAST(" + col + " AS pg_catalog.text), E'?')"
-	flag := fmt.Sprintf("pg_catalog.set_config(E'pgfence.stale_%d', %s, true)", g.index, epoch)
+	flag := fmt.Sprintf("pg_catalog.set_config(E'pgfence.stale_%d', pg_catalog.format(E'%%s:%%s', pg_catalog.now(), %s), true)", g.index, epoch)
 	if domainChecked(g) {
 		claimed := fmt.Sprintf(`EXISTS (SELECT 1 FROM "pgfence_domain_%d")`, v.domainIndex(g.Domain))
 		ok = "(" + claimed + " AND " + ok + ")"
-		flag = fmt.Sprintf("pg_catalog.set_config(CASE WHEN %[1]s THEN E'pgfence.stale_%[2]d' ELSE E'pgfence.dstale_%[2]d' END, CASE WHEN %[1]s THEN %[3]s ELSE %[4]s END, true)",
+		flag = fmt.Sprintf("pg_catalog.set_config(CASE WHEN %[1]s THEN E'pgfence.stale_%[2]d' ELSE E'pgfence.dstale_%[2]d' END, pg_catalog.format(E'%%s:%%s', pg_catalog.now(), CASE WHEN %[1]s THEN %[3]s ELSE %[4]s END), true)",
 			claimed, g.index, epoch, v.domainWinner(g))
 	}
 	c := func(s string) string {
