@@ -87,6 +87,39 @@
 //     statements of bound Queries) and its probes' statements are closed
 //     as soon as they are bound.
 //
+// # Statement holds
+//
+// After a text whose effect pgfence must know before it can judge the
+// next one (DDL, which the catalog read after it must see; a change of
+// client_encoding), the Interceptor holds the session's next Query or
+// Parse (Client.HoldNextStatement) until the server has answered all
+// before it. Postgres sends nothing of an extended-protocol batch before
+// its Sync or a Flush, and drivers that pipeline (pgx's batches, libpq's
+// pipeline mode, pgJDBC's executeBatch) send the held statement in the
+// batch, with the Sync behind it: waiting for the answers then would wait
+// for ever, and the client with it. So when the client has sent
+// extended-protocol messages since its last Sync, the proxy sends a Flush
+// of its own before it waits. A Flush has no reply and changes nothing
+// but when Postgres writes; after an error in the batch Postgres skips it
+// with everything else up to the Sync, but then it has sent the error,
+// and the replies the pipeline still waits for are the ones it skips
+// (pipeline.skipToSync): the hold ends at once. A simple Query ends with
+// ReadyForQuery, which Postgres always sends at once.
+//
+// A catalog read the hold starts in the middle of a batch cannot see
+// what the batch's implicit transaction has yet to commit (it reads on
+// another connection), so the first Query or Parse after the batch's Sync
+// waits for the Sync's ReadyForQuery and for the read again (once); in a
+// transaction block, the text that ends it holds again (see fence's
+// noteDDL).
+//
+// While a hold waits, the event loop reads nothing more of the client
+// (side.parked) but still learns when it hangs up: a client that leaves
+// then ends its session at once, and the statement it had running is
+// cancelled, as when it leaves mid-query. On the goroutine relay a held
+// client side reads nothing until the hold ends, which it does once the
+// server has answered.
+//
 // # Statement names
 //
 // The proxy's own statements on a server backend carry names no other

@@ -212,13 +212,20 @@ type Client struct {
 	midBatch bool
 	// held says the session's next Query or Parse waits, and holdStarts
 	// what for besides the server's answers (see HoldNextStatement); owned
-	// by the client side too.
+	// by the client side too, as is afterSync.
 	held       bool
 	holdStarts []func() <-chan struct{}
+	// afterSync are the holdStarts of a hold taken in the middle of an
+	// extended-protocol batch, which the batch's Sync moves to holdAgain:
+	// the first Query or Parse after it waits for them again (see
+	// Statement holds in the package documentation), once.
+	afterSync, holdAgain []func() <-chan struct{}
 	// answered returns a channel closed once the server has answered what
 	// the client sent so far (the session's pipeline drained), or the
 	// session ended.
 	answered func() <-chan struct{}
+	// ended reports whether the session has ended.
+	ended func() bool
 }
 
 // HoldNextStatement has the session's next Query or Parse wait, before it
@@ -227,7 +234,10 @@ type Client struct {
 // start returns (called then) is closed. Only the client's side of the
 // session waits: the server's replies go on. A client that waits for each
 // reply before it sends on never waits for the first part. Holds asked for
-// by one text add up. Call it from Query or Parse.
+// by one text add up. Call it from Query or Parse. In the middle of an
+// extended-protocol batch the proxy asks the server for its answers, and
+// start is called again once the batch has ended (see Statement holds in
+// the package documentation).
 //
 // It is for a text after which pgfence does not know what the next one
 // means until something has happened: the server's reply to it says the
@@ -241,13 +251,11 @@ func (c *Client) HoldNextStatement(start func() <-chan struct{}) {
 }
 
 // takeHold returns the channel the next Query or Parse must wait for, or
-// nil when there is nothing to wait for.
+// nil when there is nothing to wait for, and takes the hold (if any) that
+// HoldNextStatement asked for.
 func (c *Client) takeHold() <-chan struct{} {
-	if !c.held {
-		return nil
-	}
-	starts := c.holdStarts
-	c.held, c.holdStarts = false, nil
+	starts := append(c.holdAgain, c.holdStarts...)
+	c.held, c.holdStarts, c.holdAgain = false, nil, nil
 	var answered <-chan struct{} = closedChan
 	if c.answered != nil {
 		answered = c.answered()
@@ -263,6 +271,10 @@ func (c *Client) takeHold() <-chan struct{} {
 	done := make(chan struct{})
 	go func() {
 		<-answered
+		if c.ended != nil && c.ended() {
+			close(done) // nobody to hold: start nothing for it
+			return
+		}
 		for _, start := range starts {
 			<-start()
 		}

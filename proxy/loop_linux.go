@@ -3,6 +3,7 @@ package proxy
 import (
 	"bufio"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"runtime"
@@ -302,6 +303,13 @@ func (l *loop) drainPosts() {
 // peer is backed up (so a slow reader slows its writer instead of growing
 // a buffer); writable resumes it then.
 func (l *loop) readable(x *side) {
+	if x.parked && x.hup && x.client && !x.ls.ended {
+		// The client left while its next statement waits (see
+		// Client.HoldNextStatement): end the session now, as when it
+		// leaves mid-query, rather than once the server has answered.
+		l.end(x.ls, true, io.EOF)
+		return
+	}
 	for x.more && !x.ls.ended && !x.parked && x.peer.flushed() {
 		n, err := x.fill(x.in.space(&l.pool, x.need()))
 		if err != nil {

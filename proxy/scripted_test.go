@@ -36,6 +36,10 @@ type scriptIC struct {
 	// batch for a Query's sent InExtendedBatch; a text not in them gets
 	// Plan{}.
 	query, parse, batch map[string]proxy.Plan
+	// holds are the texts after which the next Query or Parse is held
+	// (Client.HoldNextStatement), with the start each asks for (nil for
+	// none).
+	holds map[string]func() <-chan struct{}
 	// replace are replacements for the server's errors, by SQLSTATE.
 	replace map[string]*pgproto3.ErrorResponse
 	// hide are the messages of notices kept from the client.
@@ -49,7 +53,7 @@ type scriptIC struct {
 
 func newScriptIC() *scriptIC {
 	return &scriptIC{query: map[string]proxy.Plan{}, parse: map[string]proxy.Plan{}, batch: map[string]proxy.Plan{}, replace: map[string]*pgproto3.ErrorResponse{},
-		hide: map[string]bool{}, ended: make(chan error, 4)}
+		hide: map[string]bool{}, ended: make(chan error, 4), holds: map[string]func() <-chan struct{}{}}
 }
 
 func (ic *scriptIC) note(format string, args ...any) {
@@ -70,7 +74,17 @@ func (ic *scriptIC) takeCalls() []string {
 func (ic *scriptIC) SessionStart(*proxy.Client)            {}
 func (ic *scriptIC) SessionEnd(_ *proxy.Client, err error) { ic.ended <- err }
 
+// hold asks for the hold ic.holds gives sql, if any; ic.mu is held.
+func (ic *scriptIC) hold(c *proxy.Client, sql string) {
+	if start, ok := ic.holds[sql]; ok {
+		c.HoldNextStatement(start)
+	}
+}
+
 func (ic *scriptIC) Query(c *proxy.Client, sql string) proxy.Plan {
+	ic.mu.Lock()
+	ic.hold(c, sql)
+	ic.mu.Unlock()
 	if c.InExtendedBatch() {
 		ic.note("Query (in a batch): %s", sql)
 		ic.mu.Lock()
@@ -83,10 +97,11 @@ func (ic *scriptIC) Query(c *proxy.Client, sql string) proxy.Plan {
 	return ic.query[sql]
 }
 
-func (ic *scriptIC) Parse(_ *proxy.Client, sql string) proxy.Plan {
+func (ic *scriptIC) Parse(c *proxy.Client, sql string) proxy.Plan {
 	ic.note("Parse: %s", sql)
 	ic.mu.Lock()
 	defer ic.mu.Unlock()
+	ic.hold(c, sql)
 	return ic.parse[sql]
 }
 

@@ -228,11 +228,15 @@ func (s *session) clientToServer() error {
 		if err != nil {
 			return s.framingError(err)
 		}
-		if s.c.held && (typ == 'Q' || typ == 'P') {
-			if err := s.sw.Flush(); err != nil {
+		if typ == 'Q' || typ == 'P' {
+			ch, err := s.holdFor(typ, n)
+			if err != nil {
 				return err
 			}
-			if ch := s.c.takeHold(); ch != nil {
+			if ch != nil {
+				if err := s.sw.Flush(); err != nil {
+					return err
+				}
 				select {
 				case <-ch:
 				case <-s.stopped:
@@ -245,6 +249,32 @@ func (s *session) clientToServer() error {
 		}
 	}
 }
+
+// holdFor returns what the client's Query or Parse, whose header is typ
+// and n, must wait for before the Interceptor sees it, nil for nothing:
+// the hold a text before it asked for (see Client.HoldNextStatement and
+// Statement holds in the package documentation). In the middle of an
+// extended-protocol batch, where Postgres answers only at a Sync or
+// Flush, it asks the server for its answers. The message stays unread.
+func (s *session) holdFor(typ byte, n int) (<-chan struct{}, error) {
+	c := s.c
+	if !c.held {
+		return nil, nil
+	}
+	if c.midBatch {
+		// Have Postgres send what it has. A hold's catalog read here may
+		// not see what the batch's implicit transaction has yet to commit:
+		// it runs again after the batch's Sync.
+		if _, err := s.sw.Write(flushMessage); err != nil {
+			return nil, err
+		}
+		c.afterSync = append(c.afterSync, c.holdStarts...)
+	}
+	return c.takeHold(), nil
+}
+
+// flushMessage is a Flush.
+var flushMessage = []byte{'H', 0, 0, 0, 4}
 
 // clientMessage forwards the client's next message, whose header is typ
 // and n, handing the few that matter to the Interceptor. It returns io.EOF
@@ -270,6 +300,10 @@ func (s *session) clientMessage(typ byte, n int) error {
 		s.c.midBatch = true
 	case 'S':
 		s.c.midBatch = false
+		if len(s.c.afterSync) > 0 {
+			// A hold taken in the batch this Sync ends (see Statement holds).
+			s.c.held, s.c.holdAgain, s.c.afterSync = true, append(s.c.holdAgain, s.c.afterSync...), nil
+		}
 	}
 	switch typ {
 	case 'Q':

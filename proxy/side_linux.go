@@ -154,8 +154,12 @@ func (x *side) dispatch() error {
 		if in.Buffered() < x.needFor(typ, n) {
 			return nil
 		}
-		if x.client && s.c.held && (typ == 'Q' || typ == 'P') {
-			if ch := s.c.takeHold(); ch != nil {
+		if x.client && (typ == 'Q' || typ == 'P') {
+			ch, err := s.holdFor(typ, n)
+			if err != nil {
+				return err
+			}
+			if ch != nil {
 				eventLoop().park(x, ch) // dispatch runs on the one loop
 				return nil
 			}
