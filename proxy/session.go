@@ -8,6 +8,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 )
 
 // Waits that carry no state are shared, so the common path allocates nothing.
@@ -79,8 +80,10 @@ type session struct {
 	// reads it.
 	idle atomic.Bool
 	// failed is true while the last ReadyForQuery said the transaction
-	// block failed; written by the server side.
-	failed atomic.Bool
+	// block failed; written by the server side. ranSinceReady is set by a
+	// statement's end (CommandComplete, EmptyQueryResponse,
+	// PortalSuspended) until the next ReadyForQuery.
+	failed, ranSinceReady atomic.Bool
 	// terminated is set by the client side when the client sent Terminate:
 	// the server closing its end afterwards is the expected end, not a
 	// failure.
@@ -228,20 +231,21 @@ func (s *session) clientToServer() error {
 		if err != nil {
 			return s.framingError(err)
 		}
-		if typ == 'Q' || typ == 'P' {
+		for typ == 'Q' || typ == 'P' {
 			ch, err := s.holdFor(typ, n)
 			if err != nil {
 				return err
 			}
-			if ch != nil {
-				if err := s.sw.Flush(); err != nil {
-					return err
-				}
-				select {
-				case <-ch:
-				case <-s.stopped:
-					return net.ErrClosed
-				}
+			if ch == nil {
+				break
+			}
+			if err := s.sw.Flush(); err != nil {
+				return err
+			}
+			select {
+			case <-ch:
+			case <-s.stopped:
+				return net.ErrClosed
 			}
 		}
 		if err := s.clientMessage(typ, n); err != nil {
@@ -252,29 +256,98 @@ func (s *session) clientToServer() error {
 
 // holdFor returns what the client's Query or Parse, whose header is typ
 // and n, must wait for before the Interceptor sees it, nil for nothing:
-// the hold a text before it asked for (see Client.HoldNextStatement and
-// Statement holds in the package documentation). In the middle of an
-// extended-protocol batch, where Postgres answers only at a Sync or
-// Flush, it asks the server for its answers. The message stays unread.
+// the hold a text before it asked for (Client.HoldNextStatement), or, for
+// a text sent before the server said how it reads SQL after what came
+// before, the server's answer, when what the Interceptor makes of the
+// text depends on it (see Statement holds and Reading holds in the
+// package documentation). In the middle of an extended-protocol batch,
+// where Postgres answers only at a Sync or Flush and reports no setting,
+// it asks the server for its answers and the settings. The message stays
+// unread: the caller waits and asks again, until holdFor returns nil.
 func (s *session) holdFor(typ byte, n int) (<-chan struct{}, error) {
 	c := s.c
-	if !c.held {
+	switch {
+	case c.settled:
 		return nil, nil
+	case c.probeLater:
+		// The block had failed, or may have: a probe fails in a failed
+		// block, where the held text may be the ROLLBACK that ends it. If
+		// it still has failed, nothing ran since the ReadyForQuery that
+		// said so, which reported the settings.
+		c.probeLater = false
+		if !s.failed.Load() || s.ranSinceReady.Load() {
+			if err := s.probeReading(); err != nil {
+				return nil, err
+			}
+		}
+		c.settled = true
+		return c.takeHold(), nil
+	case !c.held:
+		if !c.midBatch && s.pipe.head() == nil {
+			return nil, nil // every reply is in, ReadyForQuery last
+		}
+		if text, ok := s.peekText(typ, n); ok && !s.srv.cfg.Interceptor.DependsOnReading(c, text) {
+			return nil, nil
+		}
 	}
-	if c.midBatch {
-		// Have Postgres send what it has. A hold's catalog read here may
-		// not see what the batch's implicit transaction has yet to commit:
-		// it runs again after the batch's Sync.
+	if !c.midBatch {
+		c.settled = true
+		return c.takeHold(), nil
+	}
+	// A hold's catalog read here may not see what the batch's implicit
+	// transaction has yet to commit: it runs again after the batch's Sync.
+	c.afterSync = append(c.afterSync, c.holdStarts...)
+	if s.blockMayHaveFailed() {
+		// Learn first whether it has, then probe (above).
+		c.probeLater = true
 		if _, err := s.sw.Write(flushMessage); err != nil {
 			return nil, err
 		}
-		c.afterSync = append(c.afterSync, c.holdStarts...)
+		return s.pipe.whenDrained(), nil
 	}
+	if err := s.probeReading(); err != nil {
+		return nil, err
+	}
+	c.settled = true
 	return c.takeHold(), nil
+}
+
+// probeReading runs the Interceptor's reading probe, if it has one, and
+// has Postgres send what it has: in the batch, after all the batch sent
+// before it, so it sees what that did to the settings.
+func (s *session) probeReading() error {
+	if p := s.srv.cfg.Interceptor.ReadingProbe(); p != nil && !s.c.Replication {
+		if err := s.injectProbe(p); err != nil {
+			return err
+		}
+	}
+	_, err := s.sw.Write(flushMessage)
+	return err
 }
 
 // flushMessage is a Flush.
 var flushMessage = []byte{'H', 0, 0, 0, 4}
+
+// peekText returns the SQL text of the Query or Parse (typ, n bytes) next
+// in the client's reader, without reading it; ok is false when the
+// reader cannot hold all of it or it is malformed (the handler says so).
+func (s *session) peekText(typ byte, n int) (text string, ok bool) {
+	b, err := s.cr.Peek(5 + n)
+	if err != nil {
+		return "", false
+	}
+	b = b[5:]
+	if typ == 'P' {
+		if _, b, err = cstring(b); err != nil {
+			return "", false
+		}
+	}
+	t, _, err := cstring(b)
+	if err != nil {
+		return "", false
+	}
+	return unsafe.String(unsafe.SliceData(t), len(t)), true
+}
 
 // clientMessage forwards the client's next message, whose header is typ
 // and n, handing the few that matter to the Interceptor. It returns io.EOF
@@ -304,6 +377,9 @@ func (s *session) clientMessage(typ byte, n int) error {
 			// A hold taken in the batch this Sync ends (see Statement holds).
 			s.c.held, s.c.holdAgain, s.c.afterSync = true, append(s.c.holdAgain, s.c.afterSync...), nil
 		}
+	}
+	if typ == 'Q' || typ == 'P' {
+		s.c.settled = false
 	}
 	switch typ {
 	case 'Q':

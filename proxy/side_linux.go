@@ -155,13 +155,8 @@ func (x *side) dispatch() error {
 			return nil
 		}
 		if x.client && (typ == 'Q' || typ == 'P') {
-			ch, err := s.holdFor(typ, n)
-			if err != nil {
+			if parked, err := x.hold(typ, n); parked || err != nil {
 				return err
-			}
-			if ch != nil {
-				eventLoop().park(x, ch) // dispatch runs on the one loop
-				return nil
 			}
 		}
 		if x.client {
@@ -172,5 +167,23 @@ func (x *side) dispatch() error {
 		if err != nil {
 			return err
 		}
+	}
+}
+
+// hold parks x, the client side, while its Query or Parse (typ, n) must
+// wait (see session.holdFor), and reports whether it did.
+func (x *side) hold(typ byte, n int) (parked bool, err error) {
+	for {
+		ch, err := x.ls.s.holdFor(typ, n)
+		if ch == nil || err != nil {
+			return false, err
+		}
+		select {
+		case <-ch:
+			continue // nothing to wait for after all: ask again
+		default:
+		}
+		eventLoop().park(x, ch) // dispatch runs on the one loop
+		return true, nil
 	}
 }
