@@ -116,9 +116,14 @@
 // While a hold waits, the event loop reads nothing more of the client
 // (side.parked) but still learns when it hangs up: a client that leaves
 // then ends its session at once, and the statement it had running is
-// cancelled, as when it leaves mid-query. On the goroutine relay a held
-// client side reads nothing until the hold ends, which it does once the
-// server has answered.
+// cancelled, as when it leaves mid-query. A hold that waits only for the
+// server's answers waits for the pipeline's own channel, which the server
+// side closes on the loop: the loop resumes the client side right after
+// the server's messages that closed it (loop.resumeLocal), with no
+// goroutine and no wake-up of another thread; a hold that waits for a
+// catalog read too is resumed by a goroutine. On the goroutine relay a
+// held client side reads nothing until the hold ends, which it does once
+// the server has answered.
 //
 // # Reading holds
 //

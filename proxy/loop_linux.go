@@ -358,6 +358,25 @@ func (l *loop) park(x *side, ch <-chan struct{}) {
 	}()
 }
 
+// resumeLocal resumes x, a client side parked on its pipeline's channel
+// (see side.hold), if the server side's messages just handled closed it:
+// the pipeline drained, or the session ended.
+func (l *loop) resumeLocal(x *side) {
+	if !x.parked || x.parkedOn == nil || x.ls.ended {
+		return
+	}
+	select {
+	case <-x.parkedOn:
+	default:
+		return
+	}
+	x.parked, x.parkedOn = false, nil
+	l.relayed(x)
+	if !x.ls.ended {
+		l.readable(x)
+	}
+}
+
 // relayed hands every message x's buffer holds to the session, then writes
 // what that produced.
 func (l *loop) relayed(x *side) {
@@ -380,6 +399,10 @@ func (l *loop) relayed(x *side) {
 	}
 	if err := l.write(x); err != nil {
 		l.end(x.ls, x.client, err)
+		return
+	}
+	if !x.client {
+		l.resumeLocal(x.peer)
 	}
 }
 

@@ -232,7 +232,7 @@ func (s *session) clientToServer() error {
 			return s.framingError(err)
 		}
 		for typ == 'Q' || typ == 'P' {
-			ch, err := s.holdFor(typ, n)
+			ch, _, err := s.holdFor(typ, n)
 			if err != nil {
 				return err
 			}
@@ -264,11 +264,13 @@ func (s *session) clientToServer() error {
 // where Postgres answers only at a Sync or Flush and reports no setting,
 // it asks the server for its answers and the settings. The message stays
 // unread: the caller waits and asks again, until holdFor returns nil.
-func (s *session) holdFor(typ byte, n int) (<-chan struct{}, error) {
+// local says the channel is the pipeline's own (see pipeline.whenDrained),
+// which the server side closes.
+func (s *session) holdFor(typ byte, n int) (ch <-chan struct{}, local bool, err error) {
 	c := s.c
 	switch {
 	case c.settled:
-		return nil, nil
+		return nil, false, nil
 	case c.probeLater:
 		// The block had failed, or may have: a probe fails in a failed
 		// block, where the held text may be the ROLLBACK that ends it. If
@@ -277,22 +279,22 @@ func (s *session) holdFor(typ byte, n int) (<-chan struct{}, error) {
 		c.probeLater = false
 		if !s.failed.Load() || s.ranSinceReady.Load() {
 			if err := s.probeReading(); err != nil {
-				return nil, err
+				return nil, false, err
 			}
 		}
 		c.settled = true
-		return c.takeHold(), nil
+		return s.takeHold()
 	case !c.held:
 		if !c.midBatch && s.pipe.head() == nil {
-			return nil, nil // every reply is in, ReadyForQuery last
+			return nil, false, nil // every reply is in, ReadyForQuery last
 		}
 		if text, ok := s.peekText(typ, n); ok && !s.srv.cfg.Interceptor.DependsOnReading(c, text) {
-			return nil, nil
+			return nil, false, nil
 		}
 	}
 	if !c.midBatch {
 		c.settled = true
-		return c.takeHold(), nil
+		return s.takeHold()
 	}
 	// A hold's catalog read here may not see what the batch's implicit
 	// transaction has yet to commit: it runs again after the batch's Sync.
@@ -301,15 +303,22 @@ func (s *session) holdFor(typ byte, n int) (<-chan struct{}, error) {
 		// Learn first whether it has, then probe (above).
 		c.probeLater = true
 		if _, err := s.sw.Write(flushMessage); err != nil {
-			return nil, err
+			return nil, false, err
 		}
-		return s.pipe.whenDrained(), nil
+		return s.pipe.whenDrained(), true, nil
 	}
 	if err := s.probeReading(); err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	c.settled = true
-	return c.takeHold(), nil
+	return s.takeHold()
+}
+
+// takeHold takes the client's hold (see Client.takeHold); local says
+// what it returns is the pipeline's own channel.
+func (s *session) takeHold() (ch <-chan struct{}, local bool, err error) {
+	local = len(s.c.holdStarts) == 0 && len(s.c.holdAgain) == 0
+	return s.c.takeHold(), local, nil
 }
 
 // probeReading runs the Interceptor's reading probe, if it has one, and

@@ -30,7 +30,10 @@ type side struct {
 	readErr error
 	// parked is set while the client's next statement waits (see
 	// Client.HoldNextStatement): nothing more of x is read or handled.
-	parked bool
+	// parkedOn, if set, is the pipeline's channel it waits for, which the
+	// loop checks itself (see loop.resumeLocal).
+	parked   bool
+	parkedOn <-chan struct{}
 }
 
 // arrived notes an edge: x's socket has bytes to read, and, with hup, its
@@ -174,7 +177,7 @@ func (x *side) dispatch() error {
 // wait (see session.holdFor), and reports whether it did.
 func (x *side) hold(typ byte, n int) (parked bool, err error) {
 	for {
-		ch, err := x.ls.s.holdFor(typ, n)
+		ch, local, err := x.ls.s.holdFor(typ, n)
 		if ch == nil || err != nil {
 			return false, err
 		}
@@ -183,7 +186,13 @@ func (x *side) hold(typ byte, n int) (parked bool, err error) {
 			continue // nothing to wait for after all: ask again
 		default:
 		}
-		eventLoop().park(x, ch) // dispatch runs on the one loop
+		if local {
+			// Closed by the server side, on the loop: the loop resumes x
+			// when it is (see loop.resumeLocal), with no goroutine.
+			x.parked, x.parkedOn = true, ch
+		} else {
+			eventLoop().park(x, ch) // dispatch runs on the one loop
+		}
 		return true, nil
 	}
 }
