@@ -289,3 +289,50 @@ func TestHeldRollbackInFailedBlock(t *testing.T) {
 		t.Fatalf("the held ROLLBACK: tags %q, errors %v; want ROLLBACK", tags, errs)
 	}
 }
+
+// A Bind plans its prepared statement's text again after a reload (see
+// proxy's replan), and sends the new plan's Parse: Postgres reads that
+// with the settings of that moment. A Bind pipelined behind a statement
+// that changed them without naming them waits for them too. Here the
+// reload renames the token setting, which changes the fence; read with
+// standard_conforming_strings off, the rewrite's WHERE clause would fall
+// into a literal and a comment, and the UPDATE, now without one, would
+// stamp every row with the stale token 1.
+func TestReplanWaitsForReading(t *testing.T) {
+	tbl := table(t, [3]any{1, "init", 5}, [3]any{2, "init", 5})
+	p := pgtest.StartProxy(t, []string{tbl})
+	_, fe := pgtest.RawSession(t, p.Addr)
+	fe.Send(&pgproto3.Query{String: "SET fence.token = '7'"})
+	fe.Send(&pgproto3.Query{String: "SET fence.tok2 = '1'"})
+	fe.Send(&pgproto3.Parse{Name: "w", Query: `UPDATE ` + tbl + ` SET val = 'a\' WHERE id = 1 AND '--' = '--'`})
+	fe.Send(&pgproto3.Sync{})
+	if err := fe.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if _, errs := pgtest.Replies(t, fe, 3); len(errs) != 0 {
+		t.Fatalf("setting up: %v", errs)
+	}
+	cfg := p.Policy.Config()
+	cfg.TokenSetting = "fence.tok2"
+	if err := p.Policy.Reload(cfg); err != nil {
+		t.Fatal(err)
+	}
+	fe.Send(&pgproto3.Parse{Query: readingChanges["standard_conforming_strings"][1]})
+	fe.Send(&pgproto3.Bind{})
+	fe.Send(&pgproto3.Execute{})
+	fe.Send(&pgproto3.Bind{PreparedStatement: "w"})
+	fe.Send(&pgproto3.Execute{})
+	fe.Send(&pgproto3.Sync{})
+	if err := fe.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	tags, errs := pgtest.Replies(t, fe, 1)
+	for _, id := range []int{1, 2} {
+		if v, e := row(t, tbl, id); v != "init" || e != 5 {
+			t.Fatalf("row %d = (%s, %d), want (init, 5): the statement planned again with the old reading ran unfenced (tags %q, errors %v)", id, v, e, tags, errs)
+		}
+	}
+	if len(errs) != 1 || errs[0].Code != "0A000" {
+		t.Fatalf("errors %v (tags %q), want pgfence's refusal of the statement read with standard_conforming_strings off", errs, tags)
+	}
+}

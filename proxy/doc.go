@@ -143,12 +143,14 @@
 // no text does), and if so holds it as after HoldNextStatement: until the
 // ReadyForQuery of what came before, or, in a batch, until the
 // Interceptor's reading probe (ReadingProbe, a SELECT of both settings,
-// injected before the held text with a Flush) has answered. What the
-// probe found stands until the next ReadyForQuery, from which on the
-// proxy goes by what the server reported again (Postgres reports there
-// every setting that changed; one the probe saw may have been rolled back
-// since). A client that waits for each reply before it sends its next
-// statement never waits.
+// injected before the held text with a Flush) has answered. So too a Bind
+// or Describe that plans its prepared statement's text again after a
+// configuration change (see replan), which sends Postgres a Parse of the
+// new plan. What the probe found stands until the next ReadyForQuery,
+// from which on the proxy goes by what the server reported again
+// (Postgres reports there every setting that changed; one the probe saw
+// may have been rolled back since). A client that waits for each reply
+// before it sends its next statement never waits.
 //
 // The probe is a statement like any: in a transaction block that failed
 // it fails (25P02), where the held text may be the ROLLBACK that ends the

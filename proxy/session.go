@@ -231,7 +231,7 @@ func (s *session) clientToServer() error {
 		if err != nil {
 			return s.framingError(err)
 		}
-		for typ == 'Q' || typ == 'P' {
+		for typ == 'Q' || typ == 'P' || typ == 'B' || typ == 'D' {
 			ch, _, err := s.holdFor(typ, n)
 			if err != nil {
 				return err
@@ -254,20 +254,23 @@ func (s *session) clientToServer() error {
 	}
 }
 
-// holdFor returns what the client's Query or Parse, whose header is typ
-// and n, must wait for before the Interceptor sees it, nil for nothing:
-// the hold a text before it asked for (Client.HoldNextStatement), or, for
-// a text sent before the server said how it reads SQL after what came
-// before, the server's answer, when what the Interceptor makes of the
-// text depends on it (see Statement holds and Reading holds in the
-// package documentation). In the middle of an extended-protocol batch,
-// where Postgres answers only at a Sync or Flush and reports no setting,
-// it asks the server for its answers and the settings. The message stays
-// unread: the caller waits and asks again, until holdFor returns nil.
-// local says the channel is the pipeline's own (see pipeline.whenDrained),
-// which the server side closes.
+// holdFor returns what the client's message, whose header is typ and n,
+// must wait for before the Interceptor sees it, nil for nothing: for a
+// Query or Parse, the hold a text before it asked for
+// (Client.HoldNextStatement); for a Query or Parse sent before the server
+// said how it reads SQL after what came before, and for a Bind or
+// Describe that plans a prepared statement's text again (see replan), the
+// server's answer, when what the Interceptor makes of the text depends on
+// it (see Statement holds and Reading holds in the package
+// documentation). In the middle of an extended-protocol batch, where
+// Postgres answers only at a Sync or Flush and reports no setting, it asks
+// the server for its answers and the settings. The message stays unread:
+// the caller waits and asks again, until holdFor returns nil. local says
+// the channel is the pipeline's own (see pipeline.whenDrained), which the
+// server side closes.
 func (s *session) holdFor(typ byte, n int) (ch <-chan struct{}, local bool, err error) {
 	c := s.c
+	statement := typ == 'Q' || typ == 'P'
 	switch {
 	case c.settled:
 		return nil, false, nil
@@ -283,22 +286,31 @@ func (s *session) holdFor(typ byte, n int) (ch <-chan struct{}, local bool, err 
 			}
 		}
 		c.settled = true
-		return s.takeHold()
-	case !c.held:
+		return s.waitFor(statement)
+	case !statement || !c.held:
 		if !c.midBatch && s.pipe.head() == nil {
 			return nil, false, nil // every reply is in, ReadyForQuery last
 		}
-		if text, ok := s.peekText(typ, n); ok && !s.srv.cfg.Interceptor.DependsOnReading(c, text) {
+		text, ok := "", true
+		if statement {
+			text, ok = s.peekText(typ, n)
+		} else if text, ok = s.replanText(typ, n); !ok {
+			return nil, false, nil
+		}
+		if ok && !s.srv.cfg.Interceptor.DependsOnReading(c, text) {
 			return nil, false, nil
 		}
 	}
 	if !c.midBatch {
 		c.settled = true
-		return s.takeHold()
+		return s.waitFor(statement)
 	}
-	// A hold's catalog read here may not see what the batch's implicit
-	// transaction has yet to commit: it runs again after the batch's Sync.
-	c.afterSync = append(c.afterSync, c.holdStarts...)
+	if statement {
+		// A hold's catalog read here may not see what the batch's
+		// implicit transaction has yet to commit: it runs again after the
+		// batch's Sync.
+		c.afterSync = append(c.afterSync, c.holdStarts...)
+	}
 	if s.blockMayHaveFailed() {
 		// Learn first whether it has, then probe (above).
 		c.probeLater = true
@@ -311,14 +323,51 @@ func (s *session) holdFor(typ byte, n int) (ch <-chan struct{}, local bool, err 
 		return nil, false, err
 	}
 	c.settled = true
-	return s.takeHold()
+	return s.waitFor(statement)
 }
 
-// takeHold takes the client's hold (see Client.takeHold); local says
-// what it returns is the pipeline's own channel.
-func (s *session) takeHold() (ch <-chan struct{}, local bool, err error) {
+// waitFor is what a settled message waits for: a Query or Parse takes the
+// client's hold (see Client.takeHold); anything else waits for the
+// server's answers only, and leaves the hold to the next Query or Parse.
+func (s *session) waitFor(statement bool) (ch <-chan struct{}, local bool, err error) {
+	if !statement {
+		return s.pipe.whenDrained(), true, nil
+	}
 	local = len(s.c.holdStarts) == 0 && len(s.c.holdAgain) == 0
 	return s.c.takeHold(), local, nil
+}
+
+// replanText returns the text of the prepared statement that the Bind or
+// Describe (typ, n bytes) next in the client's reader plans again before
+// it is sent (see replan), without reading it; ok is false when it plans
+// none.
+func (s *session) replanText(typ byte, n int) (text string, ok bool) {
+	if len(s.book.stmts) == 0 {
+		return "", false
+	}
+	b, err := s.peek(n)
+	if err != nil {
+		return "", false
+	}
+	var name []byte
+	switch typ {
+	case 'B':
+		if _, b, err = cstring(b); err != nil {
+			return "", false
+		}
+		if name, _, err = cstring(b); err != nil {
+			return "", false
+		}
+	case 'D':
+		if n != 2 || b[0] != 'S' || b[1] != 0 {
+			return "", false // only a Describe of the unnamed statement plans it again
+		}
+	}
+	st := s.book.stmts[string(name)]
+	if st == nil || st.gen == s.srv.cfg.Interceptor.Generation() && (st.again == nil || st.again.state.Load() == stmtReady) {
+		return "", false
+	}
+	return st.text, true
 }
 
 // probeReading runs the Interceptor's reading probe, if it has one, and
@@ -387,7 +436,7 @@ func (s *session) clientMessage(typ byte, n int) error {
 			s.c.held, s.c.holdAgain, s.c.afterSync = true, append(s.c.holdAgain, s.c.afterSync...), nil
 		}
 	}
-	if typ == 'Q' || typ == 'P' {
+	if typ == 'Q' || typ == 'P' || typ == 'B' || typ == 'D' {
 		s.c.settled = false
 	}
 	switch typ {

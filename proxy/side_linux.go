@@ -157,7 +157,7 @@ func (x *side) dispatch() error {
 		if in.Buffered() < x.needFor(typ, n) {
 			return nil
 		}
-		if x.client && (typ == 'Q' || typ == 'P') {
+		if x.client && (typ == 'Q' || typ == 'P' || typ == 'B' || typ == 'D') {
 			if parked, err := x.hold(typ, n); parked || err != nil {
 				return err
 			}
@@ -173,8 +173,8 @@ func (x *side) dispatch() error {
 	}
 }
 
-// hold parks x, the client side, while its Query or Parse (typ, n) must
-// wait (see session.holdFor), and reports whether it did.
+// hold parks x, the client side, while its message (typ, n) must wait
+// (see session.holdFor), and reports whether it did.
 func (x *side) hold(typ byte, n int) (parked bool, err error) {
 	for {
 		ch, local, err := x.ls.s.holdFor(typ, n)
