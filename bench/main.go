@@ -27,6 +27,9 @@
 // BENCH_ONLY=backstop runs only it (~2 min; see backstop.go). Every other
 // pgfence runs with --backstop off, so pgbench_accounts never gets the
 // trigger and the other sections measure what they did before it existed.
+// BENCH_ONLY=holds measures pipelines of fenced writes, which pgfence may
+// hold until it knows how Postgres reads them (~5 min; see holds.go); it
+// runs only alone.
 //
 // Environment: BENCH_SECONDS (per pgbench run, default 3), BENCH_ROUNDS
 // (default 3), BENCH_CONNS (default 1000), PGFENCE_BIN (default
@@ -152,8 +155,10 @@ func main() {
 		err = r.benchPoolingOnly()
 	case only == "shapes":
 		err = r.benchShapesOnly()
+	case only == "holds":
+		err = r.benchHoldsOnly()
 	case only != "":
-		err = fmt.Errorf("BENCH_ONLY=%q: the sections that run alone are domain, backstop, pooling and shapes", only)
+		err = fmt.Errorf("BENCH_ONLY=%q: the sections that run alone are domain, backstop, pooling, shapes and holds", only)
 	default:
 		err = r.bench()
 	}

@@ -131,6 +131,18 @@ func (d *Databases) SettingAnswered(c *proxy.Client, set *proxy.Setting) {
 	}
 }
 
+// DependsOnReading implements proxy.Interceptor: the session's policy's
+// answer (a session without one has every statement refused).
+func (d *Databases) DependsOnReading(c *proxy.Client, sql string) bool {
+	if p := policyOf(c); p != nil {
+		return p.DependsOnReading(c, sql)
+	}
+	return false
+}
+
+// ReadingProbe implements proxy.Interceptor.
+func (d *Databases) ReadingProbe() *proxy.Probe { return readingProbe }
+
 // PooledSet implements proxy.PooledSets: the session's policy's. A
 // session without one sets no token setting (every statement it sends is
 // refused).

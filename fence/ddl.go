@@ -13,7 +13,9 @@ import (
 // rename, move, attach or inherit a table (sqlrewrite.ChangesTables)
 // holds the session's next Query or Parse until then; so does the first
 // text that ends the transaction it ran in, after which the change is
-// committed and visible to the read. Other sessions are not held: a write
+// committed and visible to the read, and the proxy holds the first one
+// after the Sync of an extended-protocol batch the hold came in (see
+// Statement holds in package proxy). Other sessions are not held: a write
 // of theirs that comes first finds a renamed, moved or attached table
 // still fenced by the backstop, whose triggers go with it, and a new table
 // empty.
@@ -22,12 +24,14 @@ func (p *Policy) SetDDLHook(read func() <-chan struct{}) { p.onDDL.Store(&read) 
 // noteChange holds the session's next statement after a text that may
 // change what later texts mean, until pgfence knows what they mean: after
 // DDL, until the catalog is read again (see SetDDLHook); after a text
-// that may change how Postgres reads SQL (client_encoding,
-// standard_conforming_strings), until the server has answered it, which
-// says the new value (a write pipelined behind SET client_encoding would
-// otherwise be judged in the old encoding). A session that waits for each
-// reply before it sends on never waits. It reports whether sql is such a
-// text, which the session must not memoise as passed for good.
+// that names a setting that changes how Postgres reads SQL
+// (client_encoding, standard_conforming_strings), until the server has
+// answered it and the proxy knows the new value (a write pipelined behind
+// SET client_encoding would otherwise be judged in the old encoding; one
+// behind a statement that changes it without naming it waits too, see
+// DependsOnReading). A session that waits for each reply before it sends
+// on never waits. It reports whether sql is such a text, which the
+// session must not memoise as passed for good.
 func (p *Policy) noteChange(c *proxy.Client, sess *session, cl sqlrewrite.Class) bool {
 	if cl.Has(sqlrewrite.ChangesReading) {
 		c.HoldNextStatement(nil)

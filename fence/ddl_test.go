@@ -1,9 +1,12 @@
 package fence_test
 
 import (
+	"context"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/pgfence/pgfence/internal/pgtest"
 )
@@ -72,5 +75,61 @@ func TestDDLHoldsNextStatement(t *testing.T) {
 	pgtest.Exec(t, c, "SELECT 5")
 	if n := calls.Load(); n != 3 {
 		t.Fatalf("catalog reads asked for after plain statements: %d, want 3", n)
+	}
+}
+
+// DDL in the middle of a pipelined batch (pgx.Batch, in pgx's default
+// mode and in an unnamed-statement one) holds the batch's next statement
+// without a deadlock (Postgres answers nothing of a batch before its Sync
+// or a Flush, which the proxy sends), and has the catalog read again for
+// the first statement after the batch: the read in the batch cannot see
+// the batch's uncommitted DDL, the one after it does.
+func TestDDLInBatchReadAgainAfterSync(t *testing.T) {
+	p := pgtest.StartProxy(t, []string{"accounts"})
+	pgtest.Exec(t, pgtest.Direct(t), "DROP TABLE IF EXISTS ddl_batch")
+	t.Cleanup(func() { pgtest.Exec(t, pgtest.Direct(t), "DROP TABLE IF EXISTS ddl_batch") })
+	// Each read notes whether it sees the table: what a catalog read
+	// started then would find.
+	db, err := pgx.Connect(ctx, pgtest.DirectURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close(ctx) })
+	reads := make(chan bool, 8)
+	p.Policy.SetDDLHook(func() <-chan struct{} {
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			var sees bool
+			if err := db.QueryRow(ctx, "SELECT to_regclass('ddl_batch') IS NOT NULL").Scan(&sees); err != nil {
+				t.Errorf("catalog read: %v", err)
+			}
+			reads <- sees
+		}()
+		return done
+	})
+	for _, mode := range []string{"cache_statement", "exec"} {
+		t.Run(mode, func(t *testing.T) {
+			c := p.Connect(t, "default_query_exec_mode="+mode)
+			t.Cleanup(func() { pgtest.Exec(t, pgtest.Direct(t), "DROP TABLE IF EXISTS ddl_batch") })
+			tctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+			defer cancel()
+			b := &pgx.Batch{}
+			b.Queue("CREATE TABLE ddl_batch (id int)")
+			b.Queue("SELECT 1")
+			if err := c.SendBatch(tctx, b).Close(); err != nil {
+				t.Fatalf("batch: %v", err)
+			}
+			if _, err := c.Exec(tctx, "SELECT 2"); err != nil {
+				t.Fatal(err)
+			}
+			var got []bool
+			for len(reads) > 0 {
+				got = append(got, <-reads)
+			}
+			if len(got) != 2 || got[0] || !got[1] {
+				t.Fatalf("catalog reads saw the table: %v, want [false true]: one in the batch, before its commit, and one after", got)
+			}
+		})
 	}
 }

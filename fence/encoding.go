@@ -95,3 +95,43 @@ func isASCII(s string) bool {
 	}
 	return true
 }
+
+// readingProbe reads a session's standard_conforming_strings and
+// client_encoding in the middle of an extended-protocol batch (see
+// proxy.Interceptor.ReadingProbe).
+var readingProbe = proxy.NewReadingProbe(sqlrewrite.ReadingProbeSQL)
+
+// ReadingProbe implements proxy.Interceptor.
+func (p *Policy) ReadingProbe() *proxy.Probe { return readingProbe }
+
+// DependsOnReading implements proxy.Interceptor: it reports whether sql,
+// which the client sent before the server said how it reads SQL after
+// what came before, must wait for that. A text that reads the same
+// whatever the settings (sqlrewrite.ReadsAlike), as nearly all do, need
+// not; nor does one that cannot write a guarded table however it is read:
+// the write keywords and guarded names Classify looks for are ASCII
+// letters, which a client encoding may swallow into a character (SJIS's
+// second bytes include them) but never makes of other bytes, and Classify
+// looks for them across literals and comments, wherever they end. (A
+// guarded name that is not ASCII is spelled in other bytes in another
+// encoding: a write with non-ASCII text waits then.) Behind a transaction
+// pooler every other text waits, as a misread one could also change the
+// token for the session.
+//
+// Any statement may change the settings, not only one that spells them:
+// a function call, DO, CALL, a trigger of a write, an operator or a
+// cast, so what came before is not looked at.
+func (p *Policy) DependsOnReading(c *proxy.Client, sql string) bool {
+	if sqlrewrite.ReadsAlike(sql) {
+		return false
+	}
+	st := p.state.Load()
+	if st.cfg.TransactionPooling {
+		return true
+	}
+	cl := st.rw.Classify(sql)
+	if !cl.Has(sqlrewrite.Writes) && !sqlrewrite.MayBeDDL(sql, cl) {
+		return false // neither a write nor DDL that may weaken a backstop (see sqlrewrite/weaken.go)
+	}
+	return cl.Has(sqlrewrite.Touches) || sessionOf(c).mayExecute(cl) || st.nonASCIINames && !isASCII(sql)
+}

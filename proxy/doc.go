@@ -104,6 +104,88 @@
 //     statements of bound Queries) and its probes' statements are closed
 //     as soon as they are bound.
 //
+// # Statement holds
+//
+// After a text whose effect pgfence must know before it can judge the
+// next one (DDL, which the catalog read after it must see; a change of
+// client_encoding), the Interceptor holds the session's next Query or
+// Parse (Client.HoldNextStatement) until the server has answered all
+// before it. Postgres sends nothing of an extended-protocol batch before
+// its Sync or a Flush, and drivers that pipeline (pgx's batches, libpq's
+// pipeline mode, pgJDBC's executeBatch) send the held statement in the
+// batch, with the Sync behind it: waiting for the answers then would wait
+// for ever, and the client with it. So when the client has sent
+// extended-protocol messages since its last Sync, the proxy sends a Flush
+// of its own before it waits. A Flush has no reply and changes nothing
+// but when Postgres writes; after an error in the batch Postgres skips it
+// with everything else up to the Sync, but then it has sent the error,
+// and the replies the pipeline still waits for are the ones it skips
+// (pipeline.skipToSync): the hold ends at once. A simple Query ends with
+// ReadyForQuery, which Postgres always sends at once.
+//
+// A catalog read the hold starts in the middle of a batch cannot see
+// what the batch's implicit transaction has yet to commit (it reads on
+// another connection), so the first Query or Parse after the batch's Sync
+// waits for the Sync's ReadyForQuery and for the read again (once); in a
+// transaction block, the text that ends it holds again (see fence's
+// noteDDL).
+//
+// While a hold waits, the event loop reads nothing more of the client
+// (side.parked) but still learns when it hangs up: a client that leaves
+// then ends its session at once, and the statement it had running is
+// cancelled, as when it leaves mid-query. A hold that waits only for the
+// server's answers waits for the pipeline's own channel, which the server
+// side closes on the loop: the loop resumes the client side right after
+// the server's messages that closed it (loop.resumeLocal), with no
+// goroutine and no wake-up of another thread; a hold that waits for a
+// catalog read too is resumed by a goroutine. On the goroutine relay a
+// held client side reads nothing until the hold ends, which it does once
+// the server has answered.
+//
+// # Reading holds
+//
+// The Interceptor reads a text with the session's
+// standard_conforming_strings and client_encoding as the proxy last
+// learnt them (Client.StandardConformingStrings, ClientEncoding), from
+// the server's ParameterStatus messages. Any statement may change them,
+// not only one that names them (a set_config with a computed name, a
+// function, DO, CALL, a trigger, an operator or a cast), and Postgres
+// (14 and later) reports a change only right before ReadyForQuery. So a
+// Query or Parse the client sends before every reply is in, or in the
+// middle of an extended-protocol batch, may be read by Postgres with
+// other settings than the proxy knows. The proxy asks the Interceptor
+// whether what it makes of such a text depends on them
+// (DependsOnReading; fence says so only for a text that may write a
+// guarded table and reads otherwise under another setting, which almost
+// no text does), and if so holds it as after HoldNextStatement: until the
+// ReadyForQuery of what came before, or, in a batch, until the
+// Interceptor's reading probe (ReadingProbe, a SELECT of both settings,
+// injected before the held text with a Flush) has answered. So too a Bind
+// or Describe that plans its prepared statement's text again after a
+// configuration change (see replan), which sends Postgres a Parse of the
+// new plan. What the probe found stands until the next ReadyForQuery,
+// from which on the proxy goes by what the server reported again
+// (Postgres reports there every setting that changed; one the probe saw
+// may have been rolled back since). A client that waits for each reply
+// before it sends its next statement never waits.
+//
+// The probe is a statement like any: in a transaction block that failed
+// it fails (25P02), where the held text may be the ROLLBACK that ends the
+// block. So while the block may have failed (the last ReadyForQuery said
+// so, or one is still owed), the proxy first sends only the Flush and
+// waits for the answers; if the block has failed and no statement ran
+// since the ReadyForQuery that said so, which reported the settings, it
+// knows them and runs no probe; else it runs the probe then. After an
+// error in the batch Postgres skips the probe and the held text with it;
+// the proxy's waits for replies Postgres skips are dropped
+// (pipeline.skipToSync, also after the error of a Bind or Describe, which
+// it does not wait for), so the hold ends with the error.
+//
+// A single simple Query is read whole, with the settings from before it,
+// before any of its statements runs: a setting it changes does not
+// change how its later statements are read, and the Interceptor reads
+// them all alike too.
+//
 // # Statement names
 //
 // The proxy's own statements on a server backend carry names no other

@@ -92,6 +92,12 @@ func (s *session) serverError(w *wait, n int) error {
 		case waitExecute, waitProbe, waitSwallow, waitParse, waitPass:
 			s.pipe.skipToSync()
 		}
+	} else {
+		// Nothing awaited: the error is a Bind's, Describe's or Close's
+		// (or FATAL), and Postgres skips what follows up to a Sync. What
+		// the proxy sends before it (a reading probe, see holdFor) gets
+		// no reply: waits for it must not be kept.
+		s.pipe.skipToSync()
 	}
 	if e.Severity == "FATAL" || e.Severity == "PANIC" {
 		s.fatal = true

@@ -23,6 +23,8 @@ func (passthrough) Error(*Client, *pgproto3.ErrorResponse) *pgproto3.ErrorRespon
 func (passthrough) SettingAnswered(*Client, *Setting)                              {}
 func (passthrough) Notice(*Client, *pgproto3.NoticeResponse) bool                  { return true }
 func (passthrough) Generation() uint64                                             { return 0 }
+func (passthrough) DependsOnReading(*Client, string) bool                          { return false }
+func (passthrough) ReadingProbe() *Probe                                           { return nil }
 
 func FuzzHeader(f *testing.F) {
 	for _, s := range [][]byte{{'Q', 0, 0, 0, 4}, {'Q', 0, 0, 0, 3}, {'Q', 0x7f, 0xff, 0xff, 0xff}, {'X'}, {}} {

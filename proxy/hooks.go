@@ -40,6 +40,19 @@ type Interceptor interface {
 	// a prepared statement planned under an older one is planned again
 	// (and re-prepared if its plan changed) before its next Bind.
 	Generation() uint64
+	// DependsOnReading sees the text of a Query or Parse that the client
+	// sent before the server reported how it reads SQL after what the
+	// client sent earlier (see Reading holds in the package
+	// documentation), and reports whether what Query or Parse would make
+	// of it may depend on that: on standard_conforming_strings or
+	// client_encoding. The proxy then holds the text until it knows them,
+	// and only then hands it to Query or Parse. Like Query's, sql must be
+	// copied to be kept.
+	DependsOnReading(c *Client, sql string) bool
+	// ReadingProbe returns the probe (see NewReadingProbe) the proxy runs
+	// to learn those settings in the middle of an extended-protocol batch,
+	// where Postgres reports none; nil if the Interceptor needs none.
+	ReadingProbe() *Probe
 }
 
 // Plan says what to send in place of a Query or Parse text.
@@ -184,6 +197,22 @@ func NewProbe(sql string, done ProbeFunc) *Probe {
 	return &Probe{sql: sql, prepare: prep, run: run, bindLen: bindLen, closeStmt: closeStmt, done: done}
 }
 
+// NewReadingProbe returns a probe running sql, which must select the
+// session's standard_conforming_strings and client_encoding, in that
+// order, as one row (see Interceptor.ReadingProbe). The session reads SQL
+// text with what it returns until the next ReadyForQuery, from which on
+// it goes by what the server reported again: Postgres reports every
+// setting that changed right before ReadyForQuery, and a change the probe
+// saw may have been rolled back since.
+func NewReadingProbe(sql string) *Probe {
+	return NewProbe(sql, func(c *Client, row [][]byte) *pgproto3.NoticeResponse {
+		if len(row) == 2 && row[0] != nil && row[1] != nil {
+			c.probedReading(string(row[0]) == "on", string(row[1]))
+		}
+		return nil
+	})
+}
+
 // Replies to an injected probe: BindComplete, DataRow, CommandComplete and
 // CloseComplete, plus CloseComplete and ParseComplete when it prepares.
 const (
@@ -213,31 +242,57 @@ type Client struct {
 	// extended protocol (a Plan with ParamTypes runs as its text).
 	Replication bool
 	appName     atomic.Pointer[string]
-	// What the server reported last; both change how SQL text must be read.
+	// How the session's server reads SQL text: what it reported last, or
+	// what a reading probe found since the last ReadyForQuery.
 	nonStandardStrings atomic.Bool            // standard_conforming_strings = off
 	encoding           atomic.Pointer[string] // client_encoding, if not UTF8
 	serverEncoding     atomic.Pointer[string] // server_encoding, if not UTF8
+	// reported are the two settings as the server reported them, and
+	// probed says a reading probe has set the fields above since the last
+	// ReadyForQuery, which sets them back to reported (see
+	// NewReadingProbe); owned by the server side.
+	reported struct {
+		nonStandardStrings bool
+		encoding           *string
+	}
+	probed bool
 	// midBatch is set from an extended-protocol message to the next Sync
 	// (owned by the session's client side, which calls the Interceptor).
 	midBatch bool
 	// held says the session's next Query or Parse waits, and holdStarts
 	// what for besides the server's answers (see HoldNextStatement); owned
-	// by the client side too.
+	// by the client side too, as are the fields below up to answered.
 	held       bool
 	holdStarts []func() <-chan struct{}
+	// afterSync are the holdStarts of a hold taken in the middle of an
+	// extended-protocol batch, which the batch's Sync moves to holdAgain:
+	// the first Query or Parse after it waits for them again (see
+	// Statement holds in the package documentation), once.
+	afterSync, holdAgain []func() <-chan struct{}
+	// settled is set once the client's next Query or Parse has waited
+	// for its hold, until it reaches the Interceptor: it waits no more.
+	// probeLater is set while it waits to learn whether the transaction
+	// block has failed before a reading probe (see session.holdFor).
+	settled, probeLater bool
 	// answered returns a channel closed once the server has answered what
 	// the client sent so far (the session's pipeline drained), or the
 	// session ended.
 	answered func() <-chan struct{}
+	// ended reports whether the session has ended.
+	ended func() bool
 }
 
 // HoldNextStatement has the session's next Query or Parse wait, before it
 // reaches the Interceptor, until the server has answered everything the
-// client sent before it, and then, if start is not nil, until the channel
-// start returns (called then) is closed. Only the client's side of the
-// session waits: the server's replies go on. A client that waits for each
-// reply before it sends on never waits for the first part. Holds asked for
-// by one text add up. Call it from Query or Parse.
+// client sent before it (and the proxy knows the settings it reads SQL
+// with, see StandardConformingStrings), and then, if start is not nil,
+// until the channel start returns (called then) is closed. Only the
+// client's side of the session waits: the server's replies go on. A
+// client that waits for each reply before it sends on never waits for the
+// first part. Holds asked for by one text add up. Call it from Query or
+// Parse. In the middle of an extended-protocol batch the proxy asks the
+// server for its answers, and start is called again once the batch has
+// ended (see Statement holds in the package documentation).
 //
 // It is for a text after which pgfence does not know what the next one
 // means until something has happened: the server's reply to it says the
@@ -251,13 +306,11 @@ func (c *Client) HoldNextStatement(start func() <-chan struct{}) {
 }
 
 // takeHold returns the channel the next Query or Parse must wait for, or
-// nil when there is nothing to wait for.
+// nil when there is nothing to wait for, and takes the hold (if any) that
+// HoldNextStatement asked for.
 func (c *Client) takeHold() <-chan struct{} {
-	if !c.held {
-		return nil
-	}
-	starts := c.holdStarts
-	c.held, c.holdStarts = false, nil
+	starts := append(c.holdAgain, c.holdStarts...)
+	c.held, c.holdStarts, c.holdAgain = false, nil, nil
 	var answered <-chan struct{} = closedChan
 	if c.answered != nil {
 		answered = c.answered()
@@ -273,6 +326,10 @@ func (c *Client) takeHold() <-chan struct{} {
 	done := make(chan struct{})
 	go func() {
 		<-answered
+		if c.ended != nil && c.ended() {
+			close(done) // nobody to hold: start nothing for it
+			return
+		}
 		for _, start := range starts {
 			<-start()
 		}
@@ -310,20 +367,42 @@ func (c *Client) serverParam(name, value string) {
 	case "application_name":
 		c.setApplicationName(value)
 	case "standard_conforming_strings":
+		c.reported.nonStandardStrings = value != "on"
 		c.nonStandardStrings.Store(value != "on")
 	case "client_encoding":
-		storeEncoding(&c.encoding, value)
+		c.reported.encoding = storeEncoding(&c.encoding, value)
 	case "server_encoding":
 		storeEncoding(&c.serverEncoding, value)
 	}
 }
 
-func storeEncoding(p *atomic.Pointer[string], value string) {
-	if value == "UTF8" {
-		p.Store(nil)
-	} else {
-		p.Store(&value)
+// probedReading records what a reading probe found (see
+// NewReadingProbe), until the next ReadyForQuery (see readyForQuery).
+func (c *Client) probedReading(standard bool, encoding string) {
+	c.probed = true
+	c.nonStandardStrings.Store(!standard)
+	storeEncoding(&c.encoding, encoding)
+}
+
+// readyForQuery notes a ReadyForQuery: the server has reported every
+// setting that changed, so what it reported is what it reads SQL with.
+func (c *Client) readyForQuery() {
+	if c.probed {
+		c.probed = false
+		c.nonStandardStrings.Store(c.reported.nonStandardStrings)
+		c.encoding.Store(c.reported.encoding)
 	}
+}
+
+// storeEncoding stores value in p, nil for UTF8, and returns what it
+// stored.
+func storeEncoding(p *atomic.Pointer[string], value string) *string {
+	var v *string
+	if value != "UTF8" {
+		v = &value
+	}
+	p.Store(v)
+	return v
 }
 
 // ServerEncoding is the database's server_encoding ("UTF8" until the server

@@ -3,6 +3,7 @@ package proxy
 import (
 	"bufio"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"runtime"
@@ -302,6 +303,13 @@ func (l *loop) drainPosts() {
 // peer is backed up (so a slow reader slows its writer instead of growing
 // a buffer); writable resumes it then.
 func (l *loop) readable(x *side) {
+	if x.parked && x.hup && x.client && !x.ls.ended {
+		// The client left while its next statement waits (see
+		// Client.HoldNextStatement): end the session now, as when it
+		// leaves mid-query, rather than once the server has answered.
+		l.end(x.ls, true, io.EOF)
+		return
+	}
 	for x.more && !x.ls.ended && !x.parked && x.peer.flushed() {
 		n, err := x.fill(x.in.space(&l.pool, x.need()))
 		if err != nil {
@@ -350,6 +358,25 @@ func (l *loop) park(x *side, ch <-chan struct{}) {
 	}()
 }
 
+// resumeLocal resumes x, a client side parked on its pipeline's channel
+// (see side.hold), if the server side's messages just handled closed it:
+// the pipeline drained, or the session ended.
+func (l *loop) resumeLocal(x *side) {
+	if !x.parked || x.parkedOn == nil || x.ls.ended {
+		return
+	}
+	select {
+	case <-x.parkedOn:
+	default:
+		return
+	}
+	x.parked, x.parkedOn = false, nil
+	l.relayed(x)
+	if !x.ls.ended {
+		l.readable(x)
+	}
+}
+
 // relayed hands every message x's buffer holds to the session, then writes
 // what that produced.
 func (l *loop) relayed(x *side) {
@@ -372,6 +399,10 @@ func (l *loop) relayed(x *side) {
 	}
 	if err := l.write(x); err != nil {
 		l.end(x.ls, x.client, err)
+		return
+	}
+	if !x.client {
+		l.resumeLocal(x.peer)
 	}
 }
 

@@ -104,9 +104,10 @@ type pipeline struct {
 	// them goes first (see session.pushSwallow).
 	loose int
 	// drained, if not nil, is closed when the queue next empties (see
-	// whenDrained); abandoned, once the session ended.
+	// whenDrained); abandoned, once the session ended (atomic: a held
+	// client side reads it off the event loop, see Client.takeHold).
 	drained   chan struct{}
-	abandoned bool
+	abandoned atomic.Bool
 }
 
 // abandon releases whoever waits for the queue to empty: the session has
@@ -114,12 +115,15 @@ type pipeline struct {
 func (p *pipeline) abandon() {
 	p.lock()
 	defer p.unlock()
-	p.abandoned = true
+	p.abandoned.Store(true)
 	if p.drained != nil {
 		close(p.drained)
 		p.drained = nil
 	}
 }
+
+// ended reports whether the session has ended (see abandon).
+func (p *pipeline) ended() bool { return p.abandoned.Load() }
 
 // closedChan is a channel that is closed.
 var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
@@ -130,7 +134,7 @@ var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); retu
 func (p *pipeline) whenDrained() <-chan struct{} {
 	p.lock()
 	defer p.unlock()
-	if p.h == len(p.q) || p.abandoned {
+	if p.h == len(p.q) || p.abandoned.Load() {
 		return closedChan
 	}
 	if p.drained == nil {

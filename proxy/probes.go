@@ -73,6 +73,14 @@ func (s *session) injectProbe(p *Probe) error {
 			return err
 		}
 	}
+	if n := s.pipe.loose; n > 0 {
+		// After the client's Binds and Closes that have not been
+		// answered yet (none right after an Execute): their replies come
+		// first, and are the client's.
+		pw := s.pipe.get(waitPass)
+		pw.want = n
+		s.pipe.push(pw)
+	}
 	s.pipe.push(w)
 	if s.txPool() {
 		// Closed once bound, so that it does not outlive the transaction.

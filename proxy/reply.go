@@ -24,6 +24,9 @@ func (s *session) reply(w *wait, typ byte, n int) error {
 			s.pipe.pop()
 		}
 	case 'C', 'I', 's': // CommandComplete, EmptyQueryResponse, PortalSuspended
+		if !s.ranSinceReady.Load() { // a load is cheaper than a store
+			s.ranSinceReady.Store(true)
+		}
 		if w != nil {
 			switch w.kind {
 			case waitExecute:
@@ -40,6 +43,10 @@ func (s *session) reply(w *wait, typ byte, n int) error {
 			status = b[5]
 		}
 		s.started, s.rt.ended = true, true
+		s.c.readyForQuery()
+		if s.ranSinceReady.Load() {
+			s.ranSinceReady.Store(false)
+		}
 		if w != nil && w.held {
 			return s.heldReady(n, status)
 		}

@@ -36,6 +36,15 @@ type scriptIC struct {
 	// batch for a Query's sent InExtendedBatch; a text not in them gets
 	// Plan{}.
 	query, parse, batch map[string]proxy.Plan
+	// holds are the texts after which the next Query or Parse is held
+	// (Client.HoldNextStatement), with the start each asks for (nil for
+	// none); reading are the texts that depend on how the server reads
+	// SQL (DependsOnReading), and readingProbe the probe that learns it.
+	holds        map[string]func() <-chan struct{}
+	reading      map[string]bool
+	readingProbe *proxy.Probe
+	// noteReading has Query and Parse note how the server reads SQL.
+	noteReading bool
 	// replace are replacements for the server's errors, by SQLSTATE.
 	replace map[string]*pgproto3.ErrorResponse
 	// hide are the messages of notices kept from the client.
@@ -49,7 +58,7 @@ type scriptIC struct {
 
 func newScriptIC() *scriptIC {
 	return &scriptIC{query: map[string]proxy.Plan{}, parse: map[string]proxy.Plan{}, batch: map[string]proxy.Plan{}, replace: map[string]*pgproto3.ErrorResponse{},
-		hide: map[string]bool{}, ended: make(chan error, 4)}
+		hide: map[string]bool{}, ended: make(chan error, 4), holds: map[string]func() <-chan struct{}{}, reading: map[string]bool{}}
 }
 
 func (ic *scriptIC) note(format string, args ...any) {
@@ -70,24 +79,66 @@ func (ic *scriptIC) takeCalls() []string {
 func (ic *scriptIC) SessionStart(*proxy.Client)            {}
 func (ic *scriptIC) SessionEnd(_ *proxy.Client, err error) { ic.ended <- err }
 
+// hold asks for the hold ic.holds gives sql, if any; ic.mu is held.
+func (ic *scriptIC) hold(c *proxy.Client, sql string) {
+	if start, ok := ic.holds[sql]; ok {
+		c.HoldNextStatement(start)
+	}
+}
+
 func (ic *scriptIC) Query(c *proxy.Client, sql string) proxy.Plan {
+	ic.mu.Lock()
+	ic.hold(c, sql)
+	ic.mu.Unlock()
 	if c.InExtendedBatch() {
-		ic.note("Query (in a batch): %s", sql)
+		ic.note("Query (in a batch): %s%s", sql, ic.readingOf(c))
 		ic.mu.Lock()
 		defer ic.mu.Unlock()
 		return ic.batch[sql]
 	}
-	ic.note("Query: %s", sql)
+	ic.note("Query: %s%s", sql, ic.readingOf(c))
 	ic.mu.Lock()
 	defer ic.mu.Unlock()
 	return ic.query[sql]
 }
 
-func (ic *scriptIC) Parse(_ *proxy.Client, sql string) proxy.Plan {
-	ic.note("Parse: %s", sql)
+// readingOf says how c's server reads SQL, for a sequence that notes it
+// (noteReading).
+func (ic *scriptIC) readingOf(c *proxy.Client) string {
 	ic.mu.Lock()
 	defer ic.mu.Unlock()
+	if !ic.noteReading {
+		return ""
+	}
+	scs := "on"
+	if !c.StandardConformingStrings() {
+		scs = "off"
+	}
+	return fmt.Sprintf(" (standard_conforming_strings %s, %s)", scs, c.ClientEncoding())
+}
+
+func (ic *scriptIC) Parse(c *proxy.Client, sql string) proxy.Plan {
+	ic.note("Parse: %s%s", sql, ic.readingOf(c))
+	ic.mu.Lock()
+	defer ic.mu.Unlock()
+	ic.hold(c, sql)
 	return ic.parse[sql]
+}
+
+func (ic *scriptIC) DependsOnReading(c *proxy.Client, sql string) bool {
+	ic.mu.Lock()
+	depends := ic.reading[sql]
+	ic.mu.Unlock()
+	if depends {
+		ic.note("DependsOnReading: %s", sql)
+	}
+	return depends
+}
+
+func (ic *scriptIC) ReadingProbe() *proxy.Probe {
+	ic.mu.Lock()
+	defer ic.mu.Unlock()
+	return ic.readingProbe
 }
 
 func (ic *scriptIC) Error(_ *proxy.Client, e *pgproto3.ErrorResponse) *pgproto3.ErrorResponse {

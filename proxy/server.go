@@ -368,7 +368,7 @@ func (s *Server) handle(conn net.Conn) {
 	c.setApplicationName(startup.Parameters["application_name"])
 	c.TLS = cc.tls
 	sess := &session{srv: s, c: c, log: log, client: cc.Conn, cr: cc.r, cw: cc.w, tag: sessionTag(id)}
-	c.answered = sess.pipe.whenDrained
+	c.answered, c.ended = sess.pipe.whenDrained, sess.pipe.ended
 	sess.startPooled(settings.tokens)
 	if !s.admit(conn, sess) {
 		log.Warn("client refused: too many client connections", "max_client_conns", s.cfg.MaxClientConns)

@@ -8,6 +8,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 )
 
 // Waits that carry no state are shared, so the common path allocates nothing.
@@ -79,8 +80,10 @@ type session struct {
 	// reads it.
 	idle atomic.Bool
 	// failed is true while the last ReadyForQuery said the transaction
-	// block failed; written by the server side.
-	failed atomic.Bool
+	// block failed; written by the server side. ranSinceReady is set by a
+	// statement's end (CommandComplete, EmptyQueryResponse,
+	// PortalSuspended) until the next ReadyForQuery.
+	failed, ranSinceReady atomic.Bool
 	// terminated is set by the client side when the client sent Terminate:
 	// the server closing its end afterwards is the expected end, not a
 	// failure.
@@ -228,22 +231,180 @@ func (s *session) clientToServer() error {
 		if err != nil {
 			return s.framingError(err)
 		}
-		if s.c.held && (typ == 'Q' || typ == 'P') {
+		for typ == 'Q' || typ == 'P' || typ == 'B' || typ == 'D' {
+			ch, _, err := s.holdFor(typ, n)
+			if err != nil {
+				return err
+			}
+			if ch == nil {
+				break
+			}
 			if err := s.sw.Flush(); err != nil {
 				return err
 			}
-			if ch := s.c.takeHold(); ch != nil {
-				select {
-				case <-ch:
-				case <-s.stopped:
-					return net.ErrClosed
-				}
+			select {
+			case <-ch:
+			case <-s.stopped:
+				return net.ErrClosed
 			}
 		}
 		if err := s.clientMessage(typ, n); err != nil {
 			return err
 		}
 	}
+}
+
+// holdFor returns what the client's message, whose header is typ and n,
+// must wait for before the Interceptor sees it, nil for nothing: for a
+// Query or Parse, the hold a text before it asked for
+// (Client.HoldNextStatement); for a Query or Parse sent before the server
+// said how it reads SQL after what came before, and for a Bind or
+// Describe that plans a prepared statement's text again (see replan), the
+// server's answer, when what the Interceptor makes of the text depends on
+// it (see Statement holds and Reading holds in the package
+// documentation). In the middle of an extended-protocol batch, where
+// Postgres answers only at a Sync or Flush and reports no setting, it asks
+// the server for its answers and the settings. The message stays unread:
+// the caller waits and asks again, until holdFor returns nil. local says
+// the channel is the pipeline's own (see pipeline.whenDrained), which the
+// server side closes.
+func (s *session) holdFor(typ byte, n int) (ch <-chan struct{}, local bool, err error) {
+	c := s.c
+	statement := typ == 'Q' || typ == 'P'
+	switch {
+	case c.settled:
+		return nil, false, nil
+	case c.probeLater:
+		// The block had failed, or may have: a probe fails in a failed
+		// block, where the held text may be the ROLLBACK that ends it. If
+		// it still has failed, nothing ran since the ReadyForQuery that
+		// said so, which reported the settings.
+		c.probeLater = false
+		if !s.failed.Load() || s.ranSinceReady.Load() {
+			if err := s.probeReading(); err != nil {
+				return nil, false, err
+			}
+		}
+		c.settled = true
+		return s.waitFor(statement)
+	case !statement || !c.held:
+		if !c.midBatch && s.pipe.head() == nil {
+			return nil, false, nil // every reply is in, ReadyForQuery last
+		}
+		text, ok := "", true
+		if statement {
+			text, ok = s.peekText(typ, n)
+		} else if text, ok = s.replanText(typ, n); !ok {
+			return nil, false, nil
+		}
+		if ok && !s.srv.cfg.Interceptor.DependsOnReading(c, text) {
+			return nil, false, nil
+		}
+	}
+	if !c.midBatch {
+		c.settled = true
+		return s.waitFor(statement)
+	}
+	if statement {
+		// A hold's catalog read here may not see what the batch's
+		// implicit transaction has yet to commit: it runs again after the
+		// batch's Sync.
+		c.afterSync = append(c.afterSync, c.holdStarts...)
+	}
+	if s.blockMayHaveFailed() {
+		// Learn first whether it has, then probe (above).
+		c.probeLater = true
+		if _, err := s.sw.Write(flushMessage); err != nil {
+			return nil, false, err
+		}
+		return s.pipe.whenDrained(), true, nil
+	}
+	if err := s.probeReading(); err != nil {
+		return nil, false, err
+	}
+	c.settled = true
+	return s.waitFor(statement)
+}
+
+// waitFor is what a settled message waits for: a Query or Parse takes the
+// client's hold (see Client.takeHold); anything else waits for the
+// server's answers only, and leaves the hold to the next Query or Parse.
+func (s *session) waitFor(statement bool) (ch <-chan struct{}, local bool, err error) {
+	if !statement {
+		return s.pipe.whenDrained(), true, nil
+	}
+	local = len(s.c.holdStarts) == 0 && len(s.c.holdAgain) == 0
+	return s.c.takeHold(), local, nil
+}
+
+// replanText returns the text of the prepared statement that the Bind or
+// Describe (typ, n bytes) next in the client's reader plans again before
+// it is sent (see replan), without reading it; ok is false when it plans
+// none.
+func (s *session) replanText(typ byte, n int) (text string, ok bool) {
+	if len(s.book.stmts) == 0 {
+		return "", false
+	}
+	b, err := s.peek(n)
+	if err != nil {
+		return "", false
+	}
+	var name []byte
+	switch typ {
+	case 'B':
+		if _, b, err = cstring(b); err != nil {
+			return "", false
+		}
+		if name, _, err = cstring(b); err != nil {
+			return "", false
+		}
+	case 'D':
+		if n != 2 || b[0] != 'S' || b[1] != 0 {
+			return "", false // only a Describe of the unnamed statement plans it again
+		}
+	}
+	st := s.book.stmts[string(name)]
+	if st == nil || st.gen == s.srv.cfg.Interceptor.Generation() && (st.again == nil || st.again.state.Load() == stmtReady) {
+		return "", false
+	}
+	return st.text, true
+}
+
+// probeReading runs the Interceptor's reading probe, if it has one, and
+// has Postgres send what it has: in the batch, after all the batch sent
+// before it, so it sees what that did to the settings.
+func (s *session) probeReading() error {
+	if p := s.srv.cfg.Interceptor.ReadingProbe(); p != nil && !s.c.Replication {
+		if err := s.injectProbe(p); err != nil {
+			return err
+		}
+	}
+	_, err := s.sw.Write(flushMessage)
+	return err
+}
+
+// flushMessage is a Flush.
+var flushMessage = []byte{'H', 0, 0, 0, 4}
+
+// peekText returns the SQL text of the Query or Parse (typ, n bytes) next
+// in the client's reader, without reading it; ok is false when the
+// reader cannot hold all of it or it is malformed (the handler says so).
+func (s *session) peekText(typ byte, n int) (text string, ok bool) {
+	b, err := s.cr.Peek(5 + n)
+	if err != nil {
+		return "", false
+	}
+	b = b[5:]
+	if typ == 'P' {
+		if _, b, err = cstring(b); err != nil {
+			return "", false
+		}
+	}
+	t, _, err := cstring(b)
+	if err != nil {
+		return "", false
+	}
+	return unsafe.String(unsafe.SliceData(t), len(t)), true
 }
 
 // clientMessage forwards the client's next message, whose header is typ
@@ -270,6 +431,13 @@ func (s *session) clientMessage(typ byte, n int) error {
 		s.c.midBatch = true
 	case 'S':
 		s.c.midBatch = false
+		if len(s.c.afterSync) > 0 {
+			// A hold taken in the batch this Sync ends (see Statement holds).
+			s.c.held, s.c.holdAgain, s.c.afterSync = true, append(s.c.holdAgain, s.c.afterSync...), nil
+		}
+	}
+	if typ == 'Q' || typ == 'P' || typ == 'B' || typ == 'D' {
+		s.c.settled = false
 	}
 	switch typ {
 	case 'Q':

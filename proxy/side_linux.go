@@ -30,7 +30,10 @@ type side struct {
 	readErr error
 	// parked is set while the client's next statement waits (see
 	// Client.HoldNextStatement): nothing more of x is read or handled.
-	parked bool
+	// parkedOn, if set, is the pipeline's channel it waits for, which the
+	// loop checks itself (see loop.resumeLocal).
+	parked   bool
+	parkedOn <-chan struct{}
 }
 
 // arrived notes an edge: x's socket has bytes to read, and, with hup, its
@@ -154,10 +157,9 @@ func (x *side) dispatch() error {
 		if in.Buffered() < x.needFor(typ, n) {
 			return nil
 		}
-		if x.client && s.c.held && (typ == 'Q' || typ == 'P') {
-			if ch := s.c.takeHold(); ch != nil {
-				eventLoop().park(x, ch) // dispatch runs on the one loop
-				return nil
+		if x.client && (typ == 'Q' || typ == 'P' || typ == 'B' || typ == 'D') {
+			if parked, err := x.hold(typ, n); parked || err != nil {
+				return err
 			}
 		}
 		if x.client {
@@ -168,5 +170,29 @@ func (x *side) dispatch() error {
 		if err != nil {
 			return err
 		}
+	}
+}
+
+// hold parks x, the client side, while its message (typ, n) must wait
+// (see session.holdFor), and reports whether it did.
+func (x *side) hold(typ byte, n int) (parked bool, err error) {
+	for {
+		ch, local, err := x.ls.s.holdFor(typ, n)
+		if ch == nil || err != nil {
+			return false, err
+		}
+		select {
+		case <-ch:
+			continue // nothing to wait for after all: ask again
+		default:
+		}
+		if local {
+			// Closed by the server side, on the loop: the loop resumes x
+			// when it is (see loop.resumeLocal), with no goroutine.
+			x.parked, x.parkedOn = true, ch
+		} else {
+			eventLoop().park(x, ch) // dispatch runs on the one loop
+		}
+		return true, nil
 	}
 }

@@ -97,4 +97,40 @@
 // (interval hour) with those fields, so that '5' is 5 hours where a
 // parameter is 5 seconds; a string that an interval could be read from
 // stays in the text unless a cast follows it (see plainStringValue).
+//
+// # Reading differentials
+//
+// Postgres reads a text with two of the session's settings: its
+// client_encoding, in which the bytes are characters, and
+// standard_conforming_strings, which says whether a backslash in a '...'
+// literal is a character or an escape. pgfence reads each text with the
+// values the server last reported, and a statement the client pipelined
+// behind one that changed them (a set_config with a computed name, a
+// function, a trigger) reaches pgfence before the server has said so. The
+// proxy then waits for the server's answer before the Interceptor judges a
+// text that may write a guarded table, unless the text reads the same
+// under every value of both (ReadsAlike), which is what almost every text
+// does:
+//
+//   - Every encoding Postgres takes from a client reads the ASCII bytes
+//     alone as ASCII: a multibyte character starts with a byte of 0x80 or
+//     more in all of them. In the client-only ones its later bytes may be
+//     ASCII: 0x40 to 0x7E in SJIS, BIG5, GBK and GB18030, the backslash
+//     (0x5C) among them, digits in GB18030's four-byte characters, ASCII
+//     letters in UHC, 0x31 to 0x7E in JOHAB (never a quote). So a text
+//     with a byte of 0x80 or more may read otherwise (E'Á\' ends at the
+//     last quote in UTF-8 and at the one after the backslash in SJIS,
+//     where the last byte of Á and the backslash are one character), but
+//     one without is the same characters in every encoding.
+//   - standard_conforming_strings changes only what a backslash inside a
+//     '...' literal (plain, N'...', U&'...') means. In E'...' a backslash
+//     is an escape either way; in a dollar-quoted string, a quoted
+//     identifier or a comment it is a character either way. Up to the
+//     first backslash inside a '...' literal, both readings are the same,
+//     token by token; a text with none is read the same throughout.
+//
+// The scanner in ReadsAlike follows Postgres's lexer where it tells these
+// apart and says no wherever it would have to be right about anything
+// more: an unterminated literal, comment or quoted name, or a prefix it
+// is not sure of. A "no" costs a wait for the server, never a misreading.
 package sqlrewrite

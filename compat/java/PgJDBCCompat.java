@@ -159,6 +159,28 @@ public class PgJDBCCompat {
             }
         });
 
+        check("hold_batch", () -> {
+            // DDL, SET client_encoding and guarded writes in one Statement
+            // batch, which pgJDBC pipelines with one Sync: pgfence holds
+            // the statement after the DDL until Postgres has answered it
+            // (see compat/hold_test.go). socketTimeout turns a deadlock
+            // into an error after 15 s.
+            try (Connection c = DriverManager.getConnection(URL + "&socketTimeout=15")) {
+                try (PreparedStatement ps = c.prepareStatement("SELECT set_config('fence.token', '10', false)")) {
+                    ps.execute();
+                }
+                try (Statement st = c.createStatement()) {
+                    st.addBatch("CREATE TABLE " + T + "_ddl (id bigint)");
+                    st.addBatch("INSERT INTO " + T + " (id, val) VALUES (105, 'hold')");
+                    st.addBatch("DROP TABLE " + T + "_ddl");
+                    st.addBatch("SET client_encoding = 'UTF8'");
+                    st.addBatch("UPDATE " + T + " SET val = 'hold', n = n + 1 WHERE id = 5");
+                    int[] counts = st.executeBatch();
+                    expect(Arrays.equals(counts, new int[] {0, 1, 0, 0, 1}), "batch: " + Arrays.toString(counts) + ", want [0, 1, 0, 0, 1]");
+                }
+            }
+        });
+
         check("error_recovery", () -> {
             try (Connection c = connect(null)) {
                 try {

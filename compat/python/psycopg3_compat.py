@@ -1,5 +1,6 @@
 """pgfence compatibility checks for psycopg 3 (server-side parameters,
 extended query protocol, automatic prepared statements, pipeline mode)."""
+import os
 import select
 import threading
 import time
@@ -145,6 +146,40 @@ def _():
     expect([c6.rowcount, c7.rowcount, c102.rowcount] == [1, 0, 1],
            f"rows affected {[c6.rowcount, c7.rowcount, c102.rowcount]}, want [1, 0, 1]")
     expect(sel.fetchone() == ("pipeline",), "SELECT in the pipeline")
+
+
+@check("hold_batch")
+def _():
+    # DDL, SET client_encoding and guarded writes in one pipeline, which
+    # psycopg sends before its Sync: pgfence holds the statement after
+    # the DDL until Postgres has answered it (see compat/hold_test.go).
+    # A hold that deadlocks would block here for ever: run the pipeline in
+    # a thread and give up after 15 s.
+    result = {}
+
+    def run():
+        try:
+            conn = connect(token=10)
+            with conn.pipeline():
+                conn.execute(f"CREATE TABLE {TABLE}_ddl (id bigint)")
+                ins = conn.execute(f"INSERT INTO {TABLE} (id, val) VALUES (%s, %s)", (105, "hold"))
+                conn.execute(f"DROP TABLE {TABLE}_ddl")
+                conn.execute("SET client_encoding = 'UTF8'")
+                upd = conn.execute(f"UPDATE {TABLE} SET val = %s, n = n + 1 WHERE id = %s", ("hold", 5))
+            result["counts"] = [ins.rowcount, upd.rowcount]
+            conn.close()
+        except Exception as e:  # noqa: BLE001 - reported by the check
+            result["error"] = e
+
+    th = threading.Thread(target=run, daemon=True)
+    th.start()
+    th.join(15)
+    if th.is_alive():
+        print("FAIL hold_batch: the pipeline did not complete within 15 s", flush=True)
+        os._exit(1)
+    if "error" in result:
+        raise result["error"]
+    expect(result["counts"] == [1, 1], f"rows affected {result['counts']}, want [1, 1]")
 
 
 @check("token_set")

@@ -1,0 +1,181 @@
+package sqlrewrite
+
+import "strings"
+
+// ReadingProbeSQL selects the session's standard_conforming_strings and
+// client_encoding, in that order, as one row: the settings a text is read
+// with, which Postgres reports to the client only right before
+// ReadyForQuery, so not in the middle of an extended-protocol batch.
+const ReadingProbeSQL = "SELECT pg_catalog.current_setting('standard_conforming_strings'), pg_catalog.current_setting('client_encoding')"
+
+// ReadsAlike reports whether Postgres reads sql the same under every
+// client_encoding and either standard_conforming_strings: it is all ASCII
+// and has no backslash inside a '...' literal (see Reading differentials).
+func ReadsAlike(sql string) bool {
+	if strings.IndexByte(sql, '\\') < 0 {
+		return isASCIIText(sql)
+	}
+	return isASCIIText(sql) && backslashesAlike(sql)
+}
+
+func isASCIIText(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= 0x80 {
+			return false
+		}
+	}
+	return true
+}
+
+// backslashesAlike reports whether every backslash in sql, an ASCII text,
+// is where both readings of standard_conforming_strings take it alike:
+// outside any '...' literal but an E'...' one.
+func backslashesAlike(sql string) bool {
+	for i := 0; i < len(sql); {
+		c := sql[i]
+		switch {
+		case c == '-' && i+1 < len(sql) && sql[i+1] == '-':
+			// A comment to the end of the line (Postgres's newline is \n or
+			// \r); inside an operator too, which it cuts there.
+			j := strings.IndexAny(sql[i:], "\n\r")
+			if j < 0 {
+				return true
+			}
+			i += j
+		case c == '/' && i+1 < len(sql) && sql[i+1] == '*':
+			end, ok := blockComment(sql, i)
+			if !ok {
+				return false
+			}
+			i = end
+		case c == '\'':
+			end, ok := plainLiteralEnd(sql, i)
+			if !ok {
+				return false // a backslash inside, or no end
+			}
+			i = end
+		case c == '"':
+			end, ok := quotedEnd(sql, i, '"')
+			if !ok {
+				return false
+			}
+			i = end
+		case c == '$':
+			// At the start of a token (identifiers are read whole below):
+			// a parameter, a dollar-quoted string, or a lone "$".
+			end, ok := dollarEnd(sql, i)
+			if !ok {
+				return false
+			}
+			i = end
+		case isIdentStart(c):
+			j := i + 1
+			for j < len(sql) && isIdentCont(sql[j]) {
+				j++
+			}
+			if j == i+1 && c|0x20 == 'e' && j < len(sql) && sql[j] == '\'' {
+				// E'...': a backslash is an escape in either reading.
+				end, ok := escapeLiteralEnd(sql, j)
+				if !ok {
+					return false
+				}
+				j = end
+			}
+			// Any other prefix (B, X, N, U&) leaves a '...' literal next,
+			// read as a plain one above: a backslash in it says no, which
+			// is right for N'...' and U&'...' and only careful for B'...'
+			// and X'...'.
+			i = j
+		case isDigit(c):
+			// A number's digits; whatever follows it (a point, an
+			// exponent, junk) is read on as its own token, which takes
+			// an "e" right before a quote for E'...' as Postgres 14 does
+			// (1e'x' is 1 and E'x' there; later versions reject it).
+			i++
+		default:
+			i++
+		}
+	}
+	return true
+}
+
+// plainLiteralEnd returns the end of the '...' literal whose quote is at
+// sql[i], read with standard_conforming_strings on; ok is false if it
+// holds a backslash (which the other reading takes for an escape) or has
+// no end.
+func plainLiteralEnd(sql string, i int) (end int, ok bool) {
+	for j := i + 1; j < len(sql); j++ {
+		switch sql[j] {
+		case '\\':
+			return 0, false
+		case '\'':
+			if j+1 < len(sql) && sql[j+1] == '\'' {
+				j++
+				continue
+			}
+			return j + 1, true
+		}
+	}
+	return 0, false
+}
+
+// escapeLiteralEnd returns the end of the E'...' literal whose quote is at
+// sql[i]: a backslash escapes the byte after it, and a doubled quote is
+// one.
+func escapeLiteralEnd(sql string, i int) (end int, ok bool) {
+	for j := i + 1; j < len(sql); j++ {
+		switch sql[j] {
+		case '\\':
+			j++
+		case '\'':
+			if j+1 < len(sql) && sql[j+1] == '\'' {
+				j++
+				continue
+			}
+			return j + 1, true
+		}
+	}
+	return 0, false
+}
+
+// quotedEnd returns the end of the quoted identifier whose quote q is at
+// sql[i]; a doubled quote is one.
+func quotedEnd(sql string, i int, q byte) (end int, ok bool) {
+	for j := i + 1; j < len(sql); j++ {
+		if sql[j] == q {
+			if j+1 < len(sql) && sql[j+1] == q {
+				j++
+				continue
+			}
+			return j + 1, true
+		}
+	}
+	return 0, false
+}
+
+// dollarEnd returns the end of what starts with "$" at sql[i], the start
+// of a token: a parameter ($1), a dollar-quoted string ($$...$$,
+// $tag$...$tag$, which ends at the first $tag$ after it, as Postgres's
+// lexer finds it), or a lone "$". ok is false for a dollar-quoted string
+// with no end.
+func dollarEnd(sql string, i int) (end int, ok bool) {
+	j := i + 1
+	if j < len(sql) && isDigit(sql[j]) {
+		return j, true // the digits are read on as a number
+	}
+	// A tag is a letter, "_" or non-ASCII byte, then those or digits.
+	if j < len(sql) && isIdentStart(sql[j]) {
+		for j < len(sql) && isIdentCont(sql[j]) && sql[j] != '$' {
+			j++
+		}
+	}
+	if j == len(sql) || sql[j] != '$' {
+		return i + 1, true // not a delimiter: "$", then a word
+	}
+	tag := sql[i : j+1]
+	k := strings.Index(sql[j+1:], tag)
+	if k < 0 {
+		return 0, false
+	}
+	return j + 1 + k + len(tag), true
+}
