@@ -133,6 +133,7 @@ func TestPsql(t *testing.T) {
 // one server connection (see python/psycopg3_pooled.py).
 func TestPsycopg3TransactionPooling(t *testing.T) {
 	t.Parallel()
+	pgtest.Need(t) // the PgBouncer needs the package's Postgres before the fixture does
 	py := python(t, "psycopg", "python3-psycopg")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
