@@ -15,10 +15,14 @@ import (
 // Policy of the database it connects to: a table is guarded, and how, by
 // what its own database's catalog says, and a table of the same name in
 // another database is another table. Route picks the policy once, at
-// SessionStart; the session keeps it to its end.
+// SessionStart, or, for a database pgfence has no policy for yet, at the
+// session's first statement, which waits for Await first: the first read
+// of a database's catalog (which may install the backstop there) is
+// started only once Postgres has authenticated a client of it. The
+// session keeps its policy to its end.
 type Databases struct {
-	m     *Metrics
-	route func(*proxy.Client) *Policy
+	m *Metrics
+	Routes
 	// gen is the generation of every policy made by New: a prepared
 	// statement is planned again after any of them reloads, which costs a
 	// plan (usually a cache hit) and keeps Generation one atomic load.
@@ -29,13 +33,26 @@ type Databases struct {
 // no policy for.
 const codeNoPolicy = "08004"
 
-// NewDatabases returns a Databases reporting to m. route returns the
-// policy (made by New) of a session's database, or nil when there is
-// none: every statement of such a session is then refused (fail closed),
-// as pgfence cannot tell which of its tables to fence. A program should
-// not admit such a session in the first place (proxy.Config.Admit).
-func NewDatabases(m *Metrics, route func(*proxy.Client) *Policy) *Databases {
-	return &Databases{m: m, route: route}
+// Routes are how a Databases finds a session's policy.
+type Routes struct {
+	// Policy returns the policy (made by New) of a session's database, or
+	// nil when there is none.
+	Policy func(*proxy.Client) *Policy
+	// Await, if not nil, returns, for a session Policy found none for, a
+	// channel closed once pgfence has tried to make one (read the
+	// database's catalog); the session's first statement (or FunctionCall)
+	// waits for it, after the server has answered what came before: its
+	// authentication. If Policy still finds none then, every statement of
+	// the session is refused (fail closed), as pgfence cannot tell which
+	// of its tables to fence, saying why: Why, if not nil, says.
+	Await func(*proxy.Client) <-chan struct{}
+	Why   func(*proxy.Client) string
+}
+
+// NewDatabases returns a Databases reporting to m, finding each session's
+// policy by r.
+func NewDatabases(m *Metrics, r Routes) *Databases {
+	return &Databases{m: m, Routes: r}
 }
 
 // New returns a policy for cfg, for the sessions of database name, with
@@ -57,13 +74,33 @@ func policyOf(c *proxy.Client) *Policy {
 
 // SessionStart implements proxy.Interceptor.
 func (d *Databases) SessionStart(c *proxy.Client) {
-	if p := d.route(c); p != nil {
+	if p := d.Policy(c); p != nil {
 		p.SessionStart(c)
 		return
 	}
 	c.Local = unrouted{database: c.Database}
 	d.m.connsTotal.Inc()
 	d.m.connsActive.Inc()
+	if d.Await != nil {
+		c.HoldNextStatement(func() <-chan struct{} { return d.Await(c) })
+	}
+}
+
+// policyFor returns the session's policy, taking the one of its database
+// if it has none yet and there is one now (see Databases), nil if it has
+// none.
+func (d *Databases) policyFor(c *proxy.Client) *Policy {
+	if p := policyOf(c); p != nil {
+		return p
+	}
+	if _, ok := c.Local.(unrouted); !ok {
+		return nil
+	}
+	p := d.Policy(c)
+	if p != nil {
+		c.Local = &session{policy: p} // counted at SessionStart already
+	}
+	return p
 }
 
 // SessionEnd implements proxy.Interceptor.
@@ -80,7 +117,7 @@ func (d *Databases) SessionEnd(c *proxy.Client, err error) {
 
 // Query implements proxy.Interceptor.
 func (d *Databases) Query(c *proxy.Client, sql string) proxy.Plan {
-	if p := policyOf(c); p != nil {
+	if p := d.policyFor(c); p != nil {
 		return p.Query(c, sql)
 	}
 	return d.refuse(c)
@@ -88,7 +125,7 @@ func (d *Databases) Query(c *proxy.Client, sql string) proxy.Plan {
 
 // Parse implements proxy.Interceptor.
 func (d *Databases) Parse(c *proxy.Client, sql string) proxy.Plan {
-	if p := policyOf(c); p != nil {
+	if p := d.policyFor(c); p != nil {
 		return p.Parse(c, sql)
 	}
 	return d.refuse(c)
@@ -97,8 +134,12 @@ func (d *Databases) Parse(c *proxy.Client, sql string) proxy.Plan {
 func (d *Databases) refuse(c *proxy.Client) proxy.Plan {
 	d.m.refused.Inc()
 	db, _ := c.Local.(unrouted)
+	why := "reconnect"
+	if d.Why != nil {
+		why = d.Why(c)
+	}
 	ref := &sqlrewrite.Refusal{Code: codeNoPolicy, Message: fmt.Sprintf(
-		"pgfence has no fencing policy for database %q, so it cannot tell which of its tables to fence; reconnect", db.database)}
+		"pgfence has no fencing policy for database %q, so it cannot tell which of its tables to fence: %s", db.database, why)}
 	return proxy.Plan{SQL: sqlrewrite.Refuse(ref).SQL}
 }
 
@@ -134,7 +175,7 @@ func (d *Databases) SettingAnswered(c *proxy.Client, set *proxy.Setting) {
 // DependsOnReading implements proxy.Interceptor: the session's policy's
 // answer (a session without one has every statement refused).
 func (d *Databases) DependsOnReading(c *proxy.Client, sql string) bool {
-	if p := policyOf(c); p != nil {
+	if p := d.policyFor(c); p != nil {
 		return p.DependsOnReading(c, sql)
 	}
 	return false

@@ -32,12 +32,12 @@ func TestDatabasesRouteEachSession(t *testing.T) {
 	var routeOther atomic.Bool
 	srv, err := server.New(server.Config{
 		Proxy: proxy.Config{Upstream: pgtest.Server().Addr()},
-		Route: func(c *proxy.Client) *fence.Policy {
+		Route: &fence.Routes{Policy: func(c *proxy.Client) *fence.Policy {
 			if c.Database == "fence_other" && !routeOther.Load() {
 				return nil
 			}
 			return policies[c.Database]
-		},
+		}},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -94,7 +94,7 @@ func TestDatabasesRouteEachSession(t *testing.T) {
 func TestDatabaseSeries(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m := fence.NewMetrics(reg)
-	d := fence.NewDatabases(m, func(*proxy.Client) *fence.Policy { return nil })
+	d := fence.NewDatabases(m, fence.Routes{Policy: func(*proxy.Client) *fence.Policy { return nil }})
 	cfg := fence.Config{Guards: []sqlrewrite.Guard{{Schema: "public", Table: "t", Column: "fence_epoch", Domain: "dom"}}}
 	a, err := d.New("a", cfg, nil)
 	if err != nil {

@@ -231,7 +231,7 @@ func (s *session) clientToServer() error {
 		if err != nil {
 			return s.framingError(err)
 		}
-		for typ == 'Q' || typ == 'P' || typ == 'B' || typ == 'D' {
+		for mayHold(typ) {
 			ch, _, err := s.holdFor(typ, n)
 			if err != nil {
 				return err
@@ -254,6 +254,12 @@ func (s *session) clientToServer() error {
 	}
 }
 
+// mayHold reports whether a client message of type typ may have to wait
+// (see holdFor).
+func mayHold(typ byte) bool {
+	return typ == 'Q' || typ == 'P' || typ == 'B' || typ == 'D' || typ == 'F'
+}
+
 // holdFor returns what the client's message, whose header is typ and n,
 // must wait for before the Interceptor sees it, nil for nothing: for a
 // Query or Parse, the hold a text before it asked for
@@ -270,6 +276,17 @@ func (s *session) clientToServer() error {
 // server side closes.
 func (s *session) holdFor(typ byte, n int) (ch <-chan struct{}, local bool, err error) {
 	c := s.c
+	if typ == 'F' {
+		// A FunctionCall runs a function the Interceptor never sees: it
+		// waits for a hold as a statement does (the first read of its
+		// database's catalog, say), and for nothing else. (In the middle
+		// of a batch, where Postgres would not answer, it does not.)
+		if !c.held || c.settled || c.midBatch {
+			return nil, false, nil
+		}
+		c.settled = true
+		return s.waitFor(true)
+	}
 	statement := typ == 'Q' || typ == 'P'
 	switch {
 	case c.settled:
@@ -436,7 +453,7 @@ func (s *session) clientMessage(typ byte, n int) error {
 			s.c.held, s.c.holdAgain, s.c.afterSync = true, append(s.c.holdAgain, s.c.afterSync...), nil
 		}
 	}
-	if typ == 'Q' || typ == 'P' || typ == 'B' || typ == 'D' {
+	if mayHold(typ) {
 		s.c.settled = false
 	}
 	switch typ {

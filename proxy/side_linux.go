@@ -157,7 +157,7 @@ func (x *side) dispatch() error {
 		if in.Buffered() < x.needFor(typ, n) {
 			return nil
 		}
-		if x.client && (typ == 'Q' || typ == 'P' || typ == 'B' || typ == 'D') {
+		if x.client && mayHold(typ) {
 			if parked, err := x.hold(typ, n); parked || err != nil {
 				return err
 			}

@@ -129,12 +129,14 @@ func (d *database) load(ctx context.Context, i *instance) {
 		d.log.Error("cannot read the catalog: the database's sessions are refused until a read works; its next session tries again",
 			"upstream", i.upstream, "err", err)
 		d.firstErr = err
+		i.failedReads.Store(d.name, err)
 		return
 	default:
 		if d.metrics == nil {
 			d.metrics = i.metrics.Database(d.name)
 		}
 		d.metrics.DiscoveryOK(true)
+		i.failedReads.Delete(d.name)
 		d.lastGood = read
 		d.known.Store(true)
 		for _, p := range read.problems {
@@ -406,14 +408,15 @@ func (d *database) run(ctx context.Context, i *instance, every time.Duration) {
 	}
 }
 
-// firstReadWait bounds how long a session waits for the first read of its
-// database's catalog (with --startup-timeout: see admissionWait).
+// firstReadWait bounds how long a session's first statement waits for
+// the first read of its database's catalog (with --startup-timeout: see
+// admissionWait).
 const firstReadWait = 10 * time.Second
 
-// admissionWait is how long a session may wait in admit: firstReadWait,
-// and at most half of --startup-timeout, which runs from the client's
-// connection to pgfence until its session is connected to Postgres, so
-// that the client still hears why it is refused.
+// admissionWait is how long a session's first statement may wait for its
+// database's first read (see awaitFirstRead): firstReadWait, and at most
+// half of --startup-timeout, as a client that waits that long to connect
+// should not wait longer for its first answer.
 func admissionWait(startupTimeout time.Duration) time.Duration {
 	if startupTimeout <= 0 {
 		startupTimeout = 30 * time.Second // proxy.Config's default
@@ -423,8 +426,10 @@ func admissionWait(startupTimeout time.Duration) time.Duration {
 
 // admit is proxy.Config.Admit: a session is refused while a pooler nobody
 // told pgfence of answers at the upstream, when its database is excluded,
-// and until a read of its database's catalog has worked. The first
-// session of a database waits for the first read (see admissionWait).
+// and, for the --upstream database, until a read of its catalog has
+// worked. Another database's catalog is first read only once Postgres has
+// authenticated a client of it (see awaitFirstRead): a client that cannot
+// log in makes pgfence read, and set up, no database.
 func (i *instance) admit(c *proxy.Client) error {
 	if why := i.pooler.Load(); why != nil {
 		return errors.New(*why) // the proxy says "pgfence: " itself
@@ -441,42 +446,52 @@ func (i *instance) admit(c *proxy.Client) error {
 	case i.excluded(name):
 		return fmt.Errorf("database %q is excluded from fencing (--exclude-database), so pgfence does not serve its sessions: connect to Postgres directly for it, or drop it from --exclude-database and reload pgfence (SIGHUP) to have it fenced", name)
 	}
-	if name == i.main.name {
-		if !i.main.known.Load() {
-			return errors.New("it has not read Postgres's catalog yet, so it cannot tell which tables to fence (" + i.main.statusLine() +
-				"); it tries every second: connect again shortly")
-		}
-		return nil
-	}
-	d := i.database(name)
-	if d == nil {
-		return errors.New("it is shutting down")
-	}
-	if d.known.Load() {
-		return nil
-	}
-	select {
-	case <-d.first:
-	case <-time.After(i.admissionWait):
-		return fmt.Errorf("it has not finished reading the catalog of database %q within %v, so it cannot tell which of its tables to fence yet: connect again shortly", name, i.admissionWait)
-	}
-	if !d.known.Load() && isNoDatabase(d.firstErr) {
-		// No such database: Postgres refuses the session with its own
-		// error (3D000), which tools act on (they create the database).
-		// Should it be created in between, the session has no policy,
-		// and fence.Databases refuses its every statement.
-		return nil
-	}
-	if !d.known.Load() {
-		return fmt.Errorf("it cannot read the catalog of database %q, so it cannot tell which of its tables to fence: %v; "+
-			"pgfence's role (the --upstream URL's user) must be able to connect to every database clients use through pgfence (or exclude this one with --exclude-database); connect again to retry",
-			name, d.firstErr)
+	if name == i.main.name && !i.main.known.Load() {
+		return errors.New("it has not read Postgres's catalog yet, so it cannot tell which tables to fence (" + i.main.statusLine() +
+			"); it tries every second: connect again shortly")
 	}
 	return nil
 }
 
+// awaitFirstRead is fence.Databases's Await, for a session of a database
+// pgfence has no policy for: the first statement of the session waits for
+// it, once Postgres has authenticated the client. It starts the reads of
+// the database's catalog unless they have started, and returns a channel
+// closed once the first is done, or admissionWait has passed; the session
+// gets the database's policy then, or has every statement refused, saying
+// so, until a read works (and a statement after that gets it).
+func (i *instance) awaitFirstRead(c *proxy.Client) <-chan struct{} {
+	done := make(chan struct{})
+	d := i.database(c.Database)
+	if d == nil { // closing
+		close(done)
+		return done
+	}
+	go func() {
+		t := time.NewTimer(i.admissionWait)
+		defer t.Stop()
+		select {
+		case <-d.first:
+		case <-t.C:
+			d.log.Warn("a session's first statement waited for the first read of the database's catalog as long as it may: it is refused, as pgfence cannot tell which tables to fence yet", "waited", i.admissionWait)
+		}
+		close(done)
+	}()
+	return done
+}
+
+// whyNoPolicy is fence.Databases's Why: why the session's database has
+// no policy, for the refusal of its statements.
+func (i *instance) whyNoPolicy(c *proxy.Client) string {
+	if err, ok := i.failedReads.Load(c.Database); ok {
+		return fmt.Sprintf("pgfence cannot read the catalog of database %q: %v; pgfence's role (the --upstream URL's user) must be able to connect to every database clients use through pgfence (or exclude this one with --exclude-database); reconnect to retry",
+			c.Database, err)
+	}
+	return fmt.Sprintf("the first read of its catalog did not finish within %v; try again shortly", i.admissionWait)
+}
+
 // route is fence.Databases's: the policy of the session's database, nil
-// if pgfence has none (which admit does not let happen).
+// if pgfence has none (yet: see awaitFirstRead).
 func (i *instance) route(c *proxy.Client) *fence.Policy {
 	name := c.Database
 	if name == "" && c.Replication {

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -235,11 +236,16 @@ func TestServeRefusesDatabasesItCannotFence(t *testing.T) {
 	}
 
 	inst := s.serve(serveOptions{upstream: up, discover: true, backstop: "off", excludeDatabases: []string{"md_excluded"}})
+	// A session's database is read only once Postgres has authenticated
+	// it: its first statement waits for the read, and is refused if it
+	// fails.
 	connect := func(db string) error {
 		c, err := pgx.Connect(context.Background(), "postgres://postgres@"+inst.Addr()+"/"+db+"?sslmode=disable")
-		if err == nil {
-			c.Close(context.Background())
+		if err != nil {
+			return err
 		}
+		defer c.Close(context.Background())
+		_, err = c.Exec(context.Background(), "SELECT 1")
 		return err
 	}
 	var pe *pgconn.PgError
@@ -247,10 +253,11 @@ func TestServeRefusesDatabasesItCannotFence(t *testing.T) {
 		!strings.Contains(pe.Message, `database "md_excluded" is excluded from fencing (--exclude-database)`) || !strings.Contains(pe.Message, "connect to Postgres directly") {
 		t.Fatalf("a session to an excluded database: %v; want FATAL 08004 saying it is excluded and what to do", err)
 	}
-	if err := connect("md_locked"); !errors.As(err, &pe) || pe.Code != "08004" ||
+	if err := connect("md_locked"); !errors.As(err, &pe) || pe.Code != "08004" || pe.Severity == "FATAL" ||
+		!strings.Contains(pe.Message, `no fencing policy for database "md_locked"`) ||
 		!strings.Contains(pe.Message, `cannot read the catalog of database "md_locked"`) || !strings.Contains(pe.Message, "permission denied for database") ||
-		!strings.Contains(pe.Message, "connect again") {
-		t.Fatalf("a session to a database pgfence's role may not connect to: %v; want FATAL 08004 saying why", err)
+		!strings.Contains(pe.Message, "reconnect to retry") {
+		t.Fatalf("a statement of a session to a database pgfence's role may not connect to: %v; want 08004 saying why", err)
 	}
 	if _, ok := guardedIn(inst, "md_locked", "public", "x"); ok || scrape(t, inst, `pgfence_discovery_ok{database="md_locked"}`) != "" {
 		t.Fatal("a database never read has a policy or series")
@@ -300,7 +307,9 @@ func TestServeForgetsDroppedDatabase(t *testing.T) {
 	}
 	old.Close(context.Background())
 	inst := s.serve(serveOptions{discover: true, backstop: "off"})
-	s.clientOf(inst, "md_drop", "").Close(context.Background())
+	first := s.clientOf(inst, "md_drop", "")
+	tag(t, first, "SELECT 1") // its first statement waits for the database's first read
+	first.Close(context.Background())
 	if got := scrape(t, inst, `pgfence_guarded_tables{database="md_drop"}`); got != "1" {
 		t.Fatalf(`pgfence_guarded_tables{database="md_drop"} = %q, want 1`, got)
 	}
@@ -326,15 +335,18 @@ func TestServeForgetsDroppedDatabase(t *testing.T) {
 	}
 }
 
-// A database's first session waits for the first read of its catalog,
-// for a bounded time: past it, it is refused, saying so, and a session
-// after the read is served.
+// TestServeBoundsTheWaitForAFirstRead: a database's first read starts
+// only once Postgres has authenticated a client of it, and that client's
+// first statement waits for it no longer than admissionWait: it is refused
+// then, saying so, and a statement after the read is served.
 func TestServeBoundsTheWaitForAFirstRead(t *testing.T) {
 	s := newServeTest(t)
 	s.database("md_slow")
-	// Postgres behind a relay that holds connections to md_slow (pgfence's
-	// catalog reads) until gate is closed.
+	// Postgres behind a relay that holds every connection to md_slow but
+	// the first (the client's: the others are pgfence's catalog reads)
+	// until gate is closed.
 	gate := make(chan struct{})
+	var reads atomic.Int32
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -357,7 +369,7 @@ func TestServeBoundsTheWaitForAFirstRead(t *testing.T) {
 				if _, err := io.ReadFull(c, packet[4:]); err != nil {
 					return
 				}
-				if bytes.Contains(packet, []byte("database\x00md_slow\x00")) {
+				if bytes.Contains(packet, []byte("database\x00md_slow\x00")) && reads.Add(1) > 1 {
 					<-gate
 				}
 				up, err := net.Dial("tcp", s.pg.Addr())
@@ -376,16 +388,22 @@ func TestServeBoundsTheWaitForAFirstRead(t *testing.T) {
 	if inst.admissionWait != time.Second {
 		t.Fatalf("admission wait %v with --startup-timeout 2s, want 1s", inst.admissionWait)
 	}
-	url := "postgres://postgres@" + inst.Addr() + "/md_slow?sslmode=disable"
-	_, err = pgx.Connect(context.Background(), url)
+	c, err := pgx.Connect(context.Background(), "postgres://postgres@"+inst.Addr()+"/md_slow?sslmode=disable")
+	if err != nil {
+		t.Fatalf("connecting to md_slow: %v", err)
+	}
+	defer c.Close(context.Background())
+	if n := reads.Load(); n != 1 {
+		t.Fatalf("%d connections to md_slow before the session's first statement, want 1 (the client's own)", n)
+	}
+	_, err = c.Exec(context.Background(), "SELECT 1")
 	var pe *pgconn.PgError
-	if !errors.As(err, &pe) || pe.Code != "08004" || !strings.Contains(pe.Message, `has not finished reading the catalog of database "md_slow" within 1s`) {
-		t.Fatalf("a session whose database's first read takes too long: %v; want FATAL 08004 saying so", err)
+	if !errors.As(err, &pe) || pe.Code != "08004" || !strings.Contains(pe.Message, `the first read of its catalog did not finish within 1s`) {
+		t.Fatalf("a statement whose database's first read takes too long: %v; want 08004 saying so", err)
 	}
 	close(gate)
-	c, err := pgx.Connect(context.Background(), url)
-	if err != nil {
-		t.Fatalf("a session once the read can go on: %v", err)
-	}
-	c.Close(context.Background())
+	poll.Eventually(t, 30*time.Second, "the session served once the read is done", func() bool {
+		_, err := c.Exec(context.Background(), "SELECT 1")
+		return err == nil
+	})
 }

@@ -246,6 +246,9 @@ type instance struct {
 	main *database
 	dbMu sync.Mutex
 	dbs  map[string]*database
+	// failedReads is why the last first read of a database failed, by
+	// name, until one works: what its sessions' statements are told.
+	failedReads sync.Map
 	// router fences each session with its database's policy.
 	router *fence.Databases
 	// exclude is --exclude-database, as last loaded.
@@ -321,7 +324,11 @@ func start(o serveOptions, log *slog.Logger) (*instance, error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	reg.MustRegister(buildInfo())
-	built, err := server.New(server.Config{Route: func(c *proxy.Client) *fence.Policy { return inst.route(c) }, Logger: log, Registry: reg, Proxy: proxy.Config{
+	built, err := server.New(server.Config{Route: &fence.Routes{
+		Policy: func(c *proxy.Client) *fence.Policy { return inst.route(c) },
+		Await:  func(c *proxy.Client) <-chan struct{} { return inst.awaitFirstRead(c) },
+		Why:    func(c *proxy.Client) string { return inst.whyNoPolicy(c) },
+	}, Logger: log, Registry: reg, Proxy: proxy.Config{
 		Upstream:            addr,
 		UpstreamNetwork:     up.Network,
 		UpstreamTLS:         up.TLS,

@@ -25,9 +25,9 @@ type Config struct {
 	// database, unless Route is set.
 	Fence fence.Config
 	// Route, if set, fences each session with the policy of its database
-	// that it returns (see fence.Databases), made with
+	// that it finds (see fence.Databases), made with
 	// Server.Databases.New; Fence is then unused and Server.Policy nil.
-	Route func(*proxy.Client) *fence.Policy
+	Route *fence.Routes
 	// Logger receives the relay's and the policy's events; nil discards
 	// them.
 	Logger *slog.Logger
@@ -59,7 +59,7 @@ func New(cfg Config) (*Server, error) {
 	built := &Server{Metrics: metrics, Registry: reg}
 	pc := cfg.Proxy
 	if cfg.Route != nil {
-		built.Databases = fence.NewDatabases(metrics, cfg.Route)
+		built.Databases = fence.NewDatabases(metrics, *cfg.Route)
 		pc.Interceptor = built.Databases
 	} else {
 		policy, err := fence.New(cfg.Fence, metrics, log)
