@@ -613,11 +613,22 @@ func TestDrift(t *testing.T) {
 		{"row_trigger_dropped", `DROP TRIGGER "~pgfence_backstop" ON {table}`, "has no backstop trigger", "created"},
 		{"row_trigger_replaced", `CREATE OR REPLACE TRIGGER "~pgfence_backstop" BEFORE INSERT OR UPDATE OR DELETE ON {table}
 			FOR EACH ROW EXECUTE FUNCTION {s}.mine()`, "runs " + s + ".mine, not pgfence." + fn.Name, "updated"},
+		{"row_trigger_when_false", `CREATE OR REPLACE TRIGGER "~pgfence_backstop" BEFORE INSERT OR UPDATE OR DELETE ON {table}
+			FOR EACH ROW WHEN (false) EXECUTE FUNCTION pgfence.{fn}()`, "is not as pgfence creates it", "updated"},
+		{"row_trigger_insert_only", `CREATE OR REPLACE TRIGGER "~pgfence_backstop" BEFORE INSERT ON {table}
+			FOR EACH ROW EXECUTE FUNCTION pgfence.{fn}()`, "is not as pgfence creates it", "updated"},
+		{"row_trigger_after", `CREATE OR REPLACE TRIGGER "~pgfence_backstop" AFTER INSERT OR UPDATE OR DELETE ON {table}
+			FOR EACH ROW EXECUTE FUNCTION pgfence.{fn}()`, "is not as pgfence creates it", "updated"},
+		{"truncate_trigger_when_false", `CREATE OR REPLACE TRIGGER "~pgfence_backstop_truncate" BEFORE TRUNCATE ON {table}
+			FOR EACH STATEMENT WHEN (false) EXECUTE FUNCTION pgfence.{tfn}()`, "TRUNCATE backstop trigger of table " + table + " is not pgfence's", "TRUNCATE trigger set"},
 		{"truncate_trigger_disabled", `ALTER TABLE {table} DISABLE TRIGGER "~pgfence_backstop_truncate"`, "TRUNCATE backstop trigger of table " + table + " is disabled", "TRUNCATE trigger enabled"},
 		{"truncate_trigger_dropped", `DROP TRIGGER "~pgfence_backstop_truncate" ON {table}`, "has no TRUNCATE backstop trigger", "TRUNCATE trigger set"},
 		{"counter_dropped", `DROP SEQUENCE pgfence.rejects_{oid}`, "has no reject counter pgfence.rejects_" + oid, ""},
 	}
 
+	if err := backstop.Setup(ctx, pgtest.Direct(t)); err != nil { // else Verify says to run pgfence init
+		t.Fatal(err)
+	}
 	r := oneTable(t, reconcile(t, backstop.Verify, o, g))
 	if r.OK || !strings.Contains(r.Problem, "has no backstop trigger") {
 		t.Fatalf("Verify before Install: %+v", r)
@@ -632,7 +643,7 @@ func TestDrift(t *testing.T) {
 	want := triggerState(t, tb)
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			exec(t, pgtest.Direct(t), strings.NewReplacer("{table}", table, "{fn}", fn.Name, "{s}", s, "{oid}", oid).Replace(c.drift))
+			exec(t, pgtest.Direct(t), strings.NewReplacer("{table}", table, "{fn}", fn.Name, "{tfn}", tfn.Name, "{s}", s, "{oid}", oid).Replace(c.drift))
 			drifted := triggerState(t, tb)
 			r := oneTable(t, reconcile(t, backstop.Verify, o, g))
 			if r.OK || !strings.Contains(r.Problem, c.problem) || r.Changed != "" {
