@@ -198,14 +198,13 @@ $pgfence$`,
   LIMIT 1
 $pgfence$`,
 	// guard_ddl runs at the end of every DDL command that could weaken a
-	// backstop (ALTER TABLE, CREATE, ALTER and DROP of triggers and
-	// functions), as the role that ran it. First it mends what Postgres
-	// itself undoes on a legitimate command: a partition detached loses
-	// the row trigger cloned from its parent, and gets one of its own; a
-	// table attached under a guarded parent keeps the clone and drops its
-	// own. Then it fails the command, rolling it back, if a table it
-	// touched has a backstop problem, unless the role is pgfence's own (the
-	// owner of schema pgfence) or one of the recorded exempt roles.
+	// backstop (ALTER TABLE, CREATE and ALTER of triggers and functions;
+	// guard_drop serves the drops), as the role that ran it. First it
+	// mends what Postgres itself undoes on a legitimate command (see
+	// mend_backstops). Then it fails the command, rolling it back, if a
+	// table it touched has a backstop problem, unless the role is
+	// pgfence's own or one of the recorded exempt roles (see
+	// refuse_weakened).
 	`CREATE OR REPLACE FUNCTION pgfence.guard_ddl() RETURNS event_trigger
 	LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $pgfence$
 DECLARE
