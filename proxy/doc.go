@@ -198,13 +198,38 @@
 //
 // # The event loop
 //
-// The event loop relays every session of the process (TCP or Unix socket,
-// plain or TLS) on one goroutine, the way PgBouncer does on its one thread:
-// one epoll set, non-blocking reads and writes straight on the file
-// descriptors. Two goroutines per session on Go's netpoller cost about
+// A Server's event loops relay its sessions (TCP or Unix socket, plain or
+// TLS), each on one goroutine, the way PgBouncer does on its one thread:
+// one epoll set per loop, non-blocking reads and writes straight on the
+// file descriptors. Two goroutines per session on Go's netpoller cost about
 // twice PgBouncer's CPU per message: every read first fails with EAGAIN,
 // and each message wakes a parked goroutine and often another thread. Here
 // a message costs a read and a write, and one epoll_wait serves many.
+//
+// There are Config.EventLoops of them, by default one per usable core
+// (GOMAXPROCS), started by New and stopped by Close (or a drain that
+// finished). A session is given to one when it is admitted, past startup,
+// and stays there to its end: the loop owns its sides, their buffers (a
+// pool per loop) and its place in the loop's epoll set, and everything
+// of the session that runs while it is relayed, the Interceptor's calls
+// included, runs on that loop's goroutine (Client.Loop says which). What
+// comes from elsewhere is posted to the session's own loop: its end
+// (closeServer: a drain, Close, an upstream that moved) and the end of a
+// hold that a goroutine waits for. A cancel request needs no loop: the
+// backend key the client holds is its Postgres backend's own, and the
+// request is forwarded as it is.
+//
+// Each session goes to the loop that holds the fewest sessions now, ties
+// in turn, rather than to the loop the kernel picks (a listener per loop
+// with SO_REUSEPORT): the kernel spreads connections by a hash of their
+// addresses, blind to how many each loop holds and to which ended, so a
+// pool of 16 would put 4 or fewer on one of 2 loops about one time in 50,
+// and a pool that reconnects stays where the hash put it. Picking at
+// admission also works for every listener (TCP, Unix socket, an
+// embedder's) and keeps accepting and startup (TLS handshake,
+// authentication, which block) off the loops, on the session's goroutine,
+// as before. The count is taken under the Server's lock once per session,
+// never per message.
 //
 // Sockets are watched edge-triggered: epoll reports a socket once per
 // arrival rather than again at every wait until it is drained, which spares
@@ -215,10 +240,14 @@
 // is needed to pause a side whose peer is backed up: the loop just stops
 // reading it until the peer drains.
 //
-// While busy, the loop waits in epoll_wait as a raw system call, so the Go
+// While busy, a loop waits in epoll_wait as a raw system call, so the Go
 // scheduler never sees it block and never hands its P to another thread;
 // the loop goes back to an ordinary (scheduler-aware) wait after
-// hotTimeout without events. Each session's own goroutine waits for the
+// hotTimeout without events. As the scheduler sees a busy loop run
+// without end, the loop yields its P (runtime.Gosched) every yieldEvery
+// of its own accord: with a loop per P, other goroutines (a session's
+// startup, a hold's end) would otherwise wait for sysmon to preempt one,
+// 10 ms and a signal later. Each session's own goroutine waits for the
 // loop to hand it back at the end, and ends it as goroutines would.
 //
 // TLS sessions are relayed by the event loop too. crypto/tls wants a

@@ -241,7 +241,10 @@ type Client struct {
 	// Queries there, so the proxy answers no SET and sends nothing in the
 	// extended protocol (a Plan with ParamTypes runs as its text).
 	Replication bool
-	appName     atomic.Pointer[string]
+	// loop is the index of the event loop that relays the session, -1
+	// when goroutines do (see Loop).
+	loop    int
+	appName atomic.Pointer[string]
 	// How the session's server reads SQL text: what it reported last, or
 	// what a reading probe found since the last ReadyForQuery.
 	nonStandardStrings atomic.Bool            // standard_conforming_strings = off
@@ -281,6 +284,15 @@ type Client struct {
 	// ended reports whether the session has ended.
 	ended func() bool
 }
+
+// Loop is the index of the event loop that relays the session, from 0 to
+// the Server's EventLoops()-1, fixed before the Interceptor's
+// SessionStart; -1 when goroutines relay it. While the session is
+// relayed, the Interceptor is called for it (Query, Parse, Error, a
+// probe's ProbeFunc...) from its loop's goroutine only, so what an
+// Interceptor keeps per loop is written by one thread at a time and
+// shares no cache line with the other loops'.
+func (c *Client) Loop() int { return c.loop }
 
 // HoldNextStatement has the session's next Query or Parse wait, before it
 // reaches the Interceptor, until the server has answered everything the

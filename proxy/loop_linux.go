@@ -20,37 +20,58 @@ import (
 // hotTimeout is how long a busy loop waits for events while holding its P.
 const hotTimeout = 5 // milliseconds
 
-var (
-	theLoop     *loop
-	theLoopOnce sync.Once
-)
+// yieldEvery is how long a busy loop runs before it lets the scheduler run
+// other goroutines on its P (see loop.run).
+const yieldEvery = 2 * time.Millisecond
 
-// eventLoop returns the process's event loop, starting it on first use, or
-// nil if it cannot run (the session is then relayed by goroutines).
-func eventLoop() *loop {
-	theLoopOnce.Do(func() {
-		l, err := newLoop()
+// haveEventLoop says the event loop can run here.
+const haveEventLoop = true
+
+// startLoops starts n event loops; they run until stopLoops.
+func startLoops(n int) ([]*loop, error) {
+	loops := make([]*loop, n)
+	for i := range loops {
+		l, err := newLoop(i)
 		if err != nil {
-			return
+			stopLoops(loops[:i])
+			return nil, err
 		}
-		theLoop = l
+		loops[i] = l
 		go l.run()
-	})
-	return theLoop
+	}
+	return loops, nil
 }
 
+// stopLoops ends loops whose sessions have all ended, and waits for them.
+func stopLoops(loops []*loop) {
+	for _, l := range loops {
+		l.post(func() { l.quit = true })
+	}
+	for _, l := range loops {
+		<-l.stopped
+	}
+}
+
+// loop is one event loop: its epoll set, and the sessions in it. A
+// session stays on the loop that took it until it ends.
 type loop struct {
+	id       int // its index among the Server's loops
 	ep, wake int // the epoll set, and an eventfd in it that post signals
 
-	mu    sync.Mutex
-	queue []func() // work posted from other goroutines
+	mu     sync.Mutex
+	queue  []func() // work posted from other goroutines
+	closed bool     // ep and wake are closed: post drops what it is given
+
+	stopped chan struct{} // closed once run has returned
 
 	// Owned by the loop goroutine.
 	sides []*side // by file descriptor
 	pool  bufPool
+	quit  bool // set by stopLoops: run returns
 }
 
 type loopSession struct {
+	l     *loop
 	s     *session
 	c, sv side
 	done  chan loopEnd
@@ -65,7 +86,7 @@ type loopEnd struct {
 	err        error
 }
 
-func newLoop() (*loop, error) {
+func newLoop(id int) (*loop, error) {
 	ep, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
 	if err != nil {
 		return nil, err
@@ -81,16 +102,31 @@ func newLoop() (*loop, error) {
 		unix.Close(wake)
 		return nil, err
 	}
-	return &loop{ep: ep, wake: wake}, nil
+	return &loop{id: id, ep: ep, wake: wake, stopped: make(chan struct{})}, nil
 }
 
-// post runs f on the loop goroutine.
+// post runs f on the loop goroutine; once the loop has stopped, never.
 func (l *loop) post(f func()) {
 	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return
+	}
 	l.queue = append(l.queue, f)
-	l.mu.Unlock()
 	one := [8]byte{1}
 	unix.Write(l.wake, one[:])
+}
+
+// close ends the loop's descriptors, under mu so that no post writes to
+// a descriptor number that may already be another file's.
+func (l *loop) close() {
+	l.mu.Lock()
+	l.closed = true
+	l.queue = nil
+	unix.Close(l.ep)
+	unix.Close(l.wake)
+	l.mu.Unlock()
+	close(l.stopped)
 }
 
 // relay runs s on the loop until it ends, then gives s connections of its
@@ -105,7 +141,7 @@ func (l *loop) relay(s *session) (end loopEnd, ok bool) {
 		closeFDs(cfd, sfd)
 		return loopEnd{}, false
 	}
-	ls := &loopSession{s: s, done: make(chan loopEnd, 1)}
+	ls := &loopSession{l: l, s: s, done: make(chan loopEnd, 1)}
 	ls.c = side{fd: cfd, ls: ls, client: true, peer: &ls.sv}
 	ls.sv = side{fd: sfd, ls: ls, peer: &ls.c}
 	ls.c.out.pool, ls.sv.out.pool = &l.pool, &l.pool
@@ -243,17 +279,29 @@ func (l *loop) end(ls *loopSession, fromClient bool, err error) {
 }
 
 func (l *loop) run() {
+	defer l.close()
 	evs := make([]unix.EpollEvent, 256)
 	hot, multi := false, runtime.GOMAXPROCS(0) > 1
-	for {
+	var turns int
+	lastYield := time.Now()
+	for !l.quit {
 		var n int
 		var err error
 		if hot && multi {
+			// A busy loop never blocks as far as the scheduler can tell,
+			// so it yields its P now and then of its own accord: other
+			// goroutines (a session's start, a hold's end) run there, and
+			// sysmon need not preempt it with a signal.
+			if turns++; turns&63 == 0 && time.Since(lastYield) > yieldEvery {
+				runtime.Gosched()
+				lastYield = time.Now()
+			}
 			n, err = rawEpollWait(l.ep, evs, hotTimeout)
 		} else {
 			if n, err = rawEpollWait(l.ep, evs, 0); n == 0 && err == nil {
 				n, err = unix.EpollWait(l.ep, evs, -1)
 				multi = runtime.GOMAXPROCS(0) > 1
+				lastYield = time.Now()
 			}
 		}
 		if err != nil {

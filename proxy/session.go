@@ -137,8 +137,8 @@ func (s *session) closeServer() {
 // else (or with Config.GoroutineRelay) two goroutines do.
 func (s *session) relay() error {
 	s.pipe.push(readyWait) // the ReadyForQuery that ends authentication
-	if l := eventLoop(); l != nil && !s.srv.cfg.GoroutineRelay {
-		if e, ok := l.relay(s); ok {
+	if s.c.loop >= 0 {
+		if e, ok := s.srv.loops[s.c.loop].relay(s); ok {
 			if e.fromClient {
 				s.cancelIfBusy()
 			}

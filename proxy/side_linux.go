@@ -191,7 +191,7 @@ func (x *side) hold(typ byte, n int) (parked bool, err error) {
 			// when it is (see loop.resumeLocal), with no goroutine.
 			x.parked, x.parkedOn = true, ch
 		} else {
-			eventLoop().park(x, ch) // dispatch runs on the one loop
+			x.ls.l.park(x, ch) // dispatch runs on the session's loop
 		}
 		return true, nil
 	}

@@ -12,7 +12,9 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -141,6 +143,9 @@ type Proxy struct {
 	Registry *prometheus.Registry
 	Server   *proxy.Server
 	Logs     *LogBuffer
+
+	mu    sync.Mutex
+	loops map[string]int // by application_name, see LoopOf
 }
 
 // StartProxy starts a proxy guarding the tables named by guards
@@ -162,7 +167,10 @@ func StartProxy(t testing.TB, guards []string, edit ...func(*proxy.Config, *fenc
 	fcfg := fence.Config{Guards: gs, TokenSetting: "fence.token"}
 	// PGFENCE_TEST_RELAY=goroutines runs the tests on the goroutine relay
 	// instead of the event loop (make test runs both).
-	pcfg := proxy.Config{Upstream: pg.Addr(), Logger: log, GoroutineRelay: os.Getenv("PGFENCE_TEST_RELAY") == "goroutines"}
+	// Two event loops at least, whatever the machine, so that every test
+	// runs sessions on more than one (see TestLoops in proxy).
+	pcfg := proxy.Config{Upstream: pg.Addr(), Logger: log, GoroutineRelay: os.Getenv("PGFENCE_TEST_RELAY") == "goroutines",
+		EventLoops: max(2, runtime.GOMAXPROCS(0))}
 	if testTLS.on {
 		pcfg.TLS = testTLS.server
 	}
@@ -171,6 +179,17 @@ func StartProxy(t testing.TB, guards []string, edit ...func(*proxy.Config, *fenc
 	}
 	if testTLS.on && pcfg.Upstream == pg.Addr() && pcfg.UpstreamTLS == nil {
 		pcfg.UpstreamTLS, pcfg.UpstreamTLSRequired = testTLS.upstream, true
+	}
+	px := &Proxy{Logs: logs, loops: map[string]int{}}
+	admit := pcfg.Admit
+	pcfg.Admit = func(c *proxy.Client) error {
+		px.mu.Lock()
+		px.loops[c.ApplicationName()] = c.Loop()
+		px.mu.Unlock()
+		if admit != nil {
+			return admit(c)
+		}
+		return nil
 	}
 	srv, err := server.New(server.Config{Proxy: pcfg, Fence: fcfg, Logger: log})
 	if err != nil {
@@ -189,7 +208,41 @@ func StartProxy(t testing.TB, guards []string, edit ...func(*proxy.Config, *fenc
 			t.Errorf("Serve: %v", err)
 		}
 	})
-	return &Proxy{Addr: ln.Addr().String(), Policy: srv.Policy, Registry: srv.Registry, Server: srv.Server, Logs: logs}
+	px.Addr, px.Policy, px.Registry, px.Server = ln.Addr().String(), srv.Policy, srv.Registry, srv.Server
+	return px
+}
+
+// LoopOf is the event loop the proxy gave the last session that started
+// with application_name app (-1 when goroutines relay it); it fails t if
+// there was none.
+func (p *Proxy) LoopOf(t testing.TB, app string) int {
+	t.Helper()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	l, ok := p.loops[app]
+	if !ok {
+		t.Fatalf("no session with application_name %q started", app)
+	}
+	return l
+}
+
+// ConnectOnLoops opens one connection through the proxy per name, each
+// with that application_name, and checks that they are spread over
+// every event loop the proxy runs (one apart when there are fewer
+// connections than loops): the loops take sessions in turn when they
+// hold as many. Start it with no session open.
+func (p *Proxy) ConnectOnLoops(t testing.TB, names ...string) []*pgx.Conn {
+	t.Helper()
+	var cs []*pgx.Conn
+	seen := map[int]int{}
+	for _, name := range names {
+		cs = append(cs, p.Connect(t, "application_name="+name))
+		seen[p.LoopOf(t, name)]++
+	}
+	if n := p.Server.EventLoops(); n > 0 && len(seen) != min(n, len(names)) {
+		t.Fatalf("sessions %v went to the loops %v (of %d): not spread over them", names, seen, n)
+	}
+	return cs
 }
 
 // URL connects through the proxy; extra are added as query parameters
