@@ -217,6 +217,17 @@ func TestPooledTokensStayWithTheirClient(t *testing.T) {
 			}
 		}
 	}()
+	// The clients run on two event loops at least, which share the
+	// pooler's server connections.
+	if p.Server.EventLoops() >= 2 {
+		busy := 0
+		for _, n := range p.Server.LoopSessions() {
+			busy += min(n, 1)
+		}
+		if busy < 2 {
+			t.Errorf("the %d clients are on %d event loop: %v", writers+2, busy, p.Server.LoopSessions())
+		}
+	}
 	wg.Wait()
 	close(errs)
 	for err := range errs {

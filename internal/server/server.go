@@ -8,6 +8,7 @@ package server
 
 import (
 	"log/slog"
+	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -80,7 +81,31 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	built.Server = srv
+	reg.MustRegister(loopCollector{srv})
 	return built, nil
+}
+
+// loopCollector exports the event loops and how many sessions each holds,
+// read at each scrape (under the proxy's lock, once per scrape).
+type loopCollector struct{ srv *proxy.Server }
+
+var (
+	eventLoopsDesc = prometheus.NewDesc("pgfence_event_loops",
+		"Event loops relaying client sessions (--event-loops; 0 with --goroutine-relay).", nil, nil)
+	loopSessionsDesc = prometheus.NewDesc("pgfence_loop_sessions",
+		"Client sessions each event loop holds now, past startup: each new one goes to the loop that holds the fewest.", []string{"loop"}, nil)
+)
+
+func (loopCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- eventLoopsDesc
+	ch <- loopSessionsDesc
+}
+
+func (c loopCollector) Collect(ch chan<- prometheus.Metric) {
+	ch <- prometheus.MustNewConstMetric(eventLoopsDesc, prometheus.GaugeValue, float64(c.srv.EventLoops()))
+	for i, n := range c.srv.LoopSessions() {
+		ch <- prometheus.MustNewConstMetric(loopSessionsDesc, prometheus.GaugeValue, float64(n), strconv.Itoa(i))
+	}
 }
 
 // relayMetrics are the relay's own series: why sessions could not be

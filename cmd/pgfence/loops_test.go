@@ -1,0 +1,236 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgfence/pgfence/internal/pgserver"
+	"github.com/pgfence/pgfence/internal/poll"
+)
+
+// serveInstance runs 'pgfence serve' with args in this process, as
+// runServe does, and returns its instance once it listens.
+func serveInstance(t *testing.T, args ...string) (*instance, chan error) {
+	t.Helper()
+	started := make(chan *instance, 1)
+	serving = func(inst *instance) { started <- inst }
+	t.Cleanup(func() { serving = nil })
+	ctx, cancel := context.WithCancel(context.Background())
+	cmd := rootCmd()
+	cmd.SetArgs(append([]string{"serve", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--log-level", "error"}, args...))
+	done := make(chan error, 1)
+	finished := make(chan struct{})
+	go func() { done <- cmd.ExecuteContext(ctx); close(finished) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-finished:
+		case <-time.After(10 * time.Second):
+			t.Error("serve did not stop when its context ended")
+		}
+	})
+	select {
+	case inst := <-started:
+		return inst, done
+	case err := <-done:
+		t.Fatalf("serve: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("serve did not start")
+	}
+	return nil, nil
+}
+
+// metricsText is what /metrics says now.
+func metricsText(t *testing.T, inst *instance) string {
+	t.Helper()
+	resp, err := http.Get("http://" + inst.MetricsAddr() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// loopSessions reads pgfence_event_loops and pgfence_loop_sessions from
+// /metrics, as "loops: n0 n1 ...".
+func loopSessions(t *testing.T, inst *instance) string {
+	t.Helper()
+	text := metricsText(t, inst)
+	loops, per := "", map[string]string{}
+	for _, line := range strings.Split(text, "\n") {
+		if v, ok := strings.CutPrefix(line, "pgfence_event_loops "); ok {
+			loops = v
+		}
+		if rest, ok := strings.CutPrefix(line, `pgfence_loop_sessions{loop="`); ok {
+			l, v, _ := strings.Cut(rest, `"} `)
+			per[l] = v
+		}
+	}
+	out := loops + ":"
+	for i := range len(per) {
+		out += " " + per[fmt.Sprint(i)]
+	}
+	return out
+}
+
+// --event-loops 2: sessions are spread over both loops (as /metrics
+// shows), a SIGHUP reload reaches the sessions of both, and SIGTERM
+// drains both.
+func TestServeEventLoops(t *testing.T) {
+	pg, err := pgserver.Start(context.Background(), pgserver.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pg.Stop()
+	bg := context.Background()
+	admin, err := pgx.Connect(bg, pg.URL("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(bg)
+	if _, err := admin.Exec(bg, "CREATE TABLE loops_t (id int PRIMARY KEY, v text, fence_epoch bigint NOT NULL DEFAULT 100); INSERT INTO loops_t VALUES (1, 'a')"); err != nil {
+		t.Fatal(err)
+	}
+	cfgPath := filepath.Join(t.TempDir(), "pgfence.yaml")
+	os.WriteFile(cfgPath, []byte("discover: false\n"), 0o600)
+
+	if _, err := start(serveOptions{upstream: pg.URL("postgres"), eventLoops: -1}, nil); err == nil || !strings.Contains(err.Error(), "--event-loops -1") {
+		t.Fatalf("--event-loops -1: %v", err)
+	}
+
+	inst, done := serveInstance(t, "--upstream", pg.URL("postgres"), "--config", cfgPath, "--discover-interval", "0",
+		"--backstop", "off", "--event-loops", "2", "--drain-timeout", "20s")
+	if got := loopSessions(t, inst); got != "2: 0 0" {
+		t.Fatalf("/metrics before any session: %q, want 2 loops holding none", got)
+	}
+	var cs []*pgx.Conn
+	for range 4 {
+		cs = append(cs, connect(t, inst.Addr()))
+	}
+	if got := loopSessions(t, inst); got != "2: 2 2" {
+		t.Fatalf("/metrics with four sessions: %q, want two on each loop", got)
+	}
+	// cs[0] and cs[2] are on one loop, cs[1] and cs[3] on the other: the
+	// loops take sessions in turn when they hold as many.
+	for _, c := range cs[:2] {
+		if _, err := c.Exec(bg, "SET fence.token = '1'"); err != nil {
+			t.Fatal(err)
+		}
+		if tag, err := c.Exec(bg, "UPDATE loops_t SET v = 'unguarded' WHERE id = 1"); err != nil || tag.String() != "UPDATE 1" {
+			t.Fatalf("before the reload (not guarded): %v %v", tag, err)
+		}
+	}
+	os.WriteFile(cfgPath, []byte("discover: true\n"), 0o600)
+	syscall.Kill(os.Getpid(), syscall.SIGHUP)
+	for i, c := range cs[:2] {
+		poll.Eventually(t, 10*time.Second, fmt.Sprintf("the reload on SIGHUP in session %d", i), func() bool {
+			tag, err := c.Exec(bg, "UPDATE loops_t SET v = 'unguarded' WHERE id = 1")
+			if err != nil {
+				t.Fatalf("session %d broke across the reload: %v", i, err)
+			}
+			return tag.String() == "UPDATE 0" // discovered and fenced: token 1 < epoch 100
+		})
+	}
+
+	// A drain: cs[0] and cs[1] busy, one on each loop, the others idle.
+	for _, c := range cs[:2] {
+		if _, err := c.Exec(bg, "BEGIN"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	syscall.Kill(os.Getpid(), syscall.SIGTERM)
+	poll.Eventually(t, 10*time.Second, "the idle sessions to end", func() bool { return inst.proxy.Sessions() == 2 })
+	if got := fmt.Sprint(inst.proxy.LoopSessions()); got != "[1 1]" {
+		t.Fatalf("during the drain the loops hold %s, want one busy session each", got)
+	}
+	for i, c := range cs[2:] {
+		if _, err := c.Exec(bg, "SELECT 1"); err == nil {
+			t.Fatalf("idle session %d survived SIGTERM", i)
+		}
+	}
+	for i, c := range cs[:2] {
+		if _, err := c.Exec(bg, "SELECT 1"); err != nil {
+			t.Fatalf("busy session %d was cut during the drain: %v", i, err)
+		}
+		if _, err := c.Exec(bg, "COMMIT"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("serve did not exit after the last transaction ended")
+	}
+}
+
+// With two loops, when pgfence follows the primary to another host it
+// ends the sessions of both loops on the old one, and new sessions on
+// both go to the new one (see TestServeFollowsPrimary).
+func TestServeFollowsPrimaryOnEveryLoop(t *testing.T) {
+	bg := context.Background()
+	var servers [2]*pgserver.Server
+	for k := range servers {
+		pg, err := pgserver.Start(bg, pgserver.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { pg.Stop() })
+		servers[k] = pg
+	}
+	readOnly := func(pg *pgserver.Server, on bool) {
+		t.Helper()
+		c, err := pgx.Connect(bg, pg.URL("postgres"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close(bg)
+		for _, sql := range []string{fmt.Sprintf("ALTER SYSTEM SET default_transaction_read_only = %v", on), "SELECT pg_reload_conf()"} {
+			if _, err := c.Exec(bg, sql); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	a, b := servers[0], servers[1]
+	readOnly(a, true)
+	s := &serveTest{t: t, pg: a}
+	up := fmt.Sprintf("postgres://postgres@%s,%s/postgres?sslmode=disable&target_session_attrs=read-write", a.Addr(), b.Addr())
+	inst := s.serve(serveOptions{upstream: up, backstop: "off", eventLoops: 2})
+	old := []*pgx.Conn{s.client(inst, ""), s.client(inst, "")}
+	if got := fmt.Sprint(inst.proxy.LoopSessions()); got != "[1 1]" {
+		t.Fatalf("two sessions on the loops: %s, want one each", got)
+	}
+	readOnly(b, true)
+	readOnly(a, false)
+	poll.Eventually(t, 10*time.Second, "pgfence to follow the primary to "+a.Addr(), func() bool { return inst.proxy.Upstream().Addr == a.Addr() })
+	for i, c := range old {
+		if _, err := c.Exec(bg, "SELECT 1"); err == nil {
+			t.Fatalf("session %d on the old primary goes on after pgfence moved to the new one", i)
+		}
+	}
+	poll.Eventually(t, 10*time.Second, "the old sessions to leave their loops", func() bool { return fmt.Sprint(inst.proxy.LoopSessions()) == "[0 0]" })
+	for i := range 2 {
+		if got := tag(t, s.client(inst, ""), fmt.Sprintf("CREATE TABLE follow_%d (id int)", i)); got != "CREATE TABLE" {
+			t.Fatalf("new session %d after the move: %s", i, got)
+		}
+	}
+	if got := fmt.Sprint(inst.proxy.LoopSessions()); got != "[1 1]" {
+		t.Fatalf("new sessions on the loops: %s, want one each", got)
+	}
+}
