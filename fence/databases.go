@@ -111,7 +111,7 @@ func (d *Databases) SessionEnd(c *proxy.Client, err error) {
 	}
 	d.m.connsActive.Dec()
 	if err != nil {
-		d.m.sessionErrors.Inc()
+		d.m.sessionErrors.Inc(shardOf(c))
 	}
 }
 
@@ -132,7 +132,7 @@ func (d *Databases) Parse(c *proxy.Client, sql string) proxy.Plan {
 }
 
 func (d *Databases) refuse(c *proxy.Client) proxy.Plan {
-	d.m.refused.Inc()
+	d.m.refused.Inc(shardOf(c))
 	db, _ := c.Local.(unrouted)
 	why := "reconnect"
 	if d.Why != nil {
@@ -150,10 +150,10 @@ func (d *Databases) Error(c *proxy.Client, e *pgproto3.ErrorResponse) *pgproto3.
 	}
 	r, ok := sqlrewrite.ParseErrorMarker(e.Code, e.Message)
 	if !ok {
-		d.m.serverErrors.Inc()
+		d.m.serverErrors.Inc(shardOf(c))
 		return nil
 	}
-	d.m.fenceErrors.Inc()
+	d.m.fenceErrors.Inc(shardOf(c))
 	return &pgproto3.ErrorResponse{Severity: e.Severity, SeverityUnlocalized: e.SeverityUnlocalized, Code: r.Code, Message: r.Message}
 }
 

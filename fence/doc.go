@@ -21,7 +21,25 @@
 //
 // Series of tables, lock domains and each database's configuration carry
 // a database label (see Metrics.Database). They are retired through the
-// uncurried vectors, with the database label given: a curried vector's
-// DeletePartialMatch ignores its curried labels, and would retire the
-// series of a table of that name in every database.
+// vectors themselves, with the database label given, as a curried vector
+// has no DeletePartialMatch of its own.
+//
+// # Per-loop state
+//
+// The proxy relays sessions on several event loops, one per core, and a
+// statement's way through the policy must not make one loop wait for
+// another: nothing on it takes a lock another loop takes or writes a
+// cache line another loop writes. The configuration (state) is read
+// through an atomic pointer and swapped whole on reload; so is each
+// session's policy. What a statement writes is kept per loop, by the
+// shard of the session's loop (see shard.go and proxy.Client.Loop): the
+// counters and histograms (internal/loopstat: a cell per shard, summed at
+// a scrape), and the rewrite caches (state.caches: an LRU moves an entry
+// at every hit, under its lock, so each loop has its own set, at the cost
+// of a rewrite per loop of each text and up to CacheSize entries per loop).
+// Series that only an event names (a backstop notice's table) are looked
+// up once per session and kept in the session's state; the stale log
+// takes its lock only to write a line (see staleLog). A session relayed by
+// goroutines is counted in a shard by its id, with the same atomic adds and
+// locks, which are then shared by the sessions of a shard.
 package fence

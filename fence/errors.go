@@ -14,10 +14,10 @@ import (
 func (p *Policy) Error(c *proxy.Client, e *pgproto3.ErrorResponse) *pgproto3.ErrorResponse {
 	r, ok := sqlrewrite.ParseErrorMarker(e.Code, e.Message)
 	if !ok {
-		p.m.serverErrors.Inc()
+		p.m.serverErrors.Inc(shardOf(c))
 		return nil
 	}
-	p.m.fenceErrors.Inc()
+	p.m.fenceErrors.Inc(shardOf(c))
 	setting := p.state.Load().cfg.TokenSetting
 	switch r.Code {
 	case "0A000":
@@ -27,7 +27,7 @@ func (p *Policy) Error(c *proxy.Client, e *pgproto3.ErrorResponse) *pgproto3.Err
 	case "55000":
 		r.Hint = fmt.Sprintf("set the lease's fencing token first: SET %s = '<token>' (or SET LOCAL inside a transaction)", setting)
 		table := sqlrewrite.RefusedTable(r.Message)
-		p.m.withoutToken.WithLabelValues(table, "enforce", "refused").Inc()
+		p.counter(c, withoutTokenSeries, table, "enforce", "refused", "").Inc(shardOf(c))
 		p.log.Warn("write without fencing token refused", "table", table,
 			"client", c.RemoteAddr, "application_name", c.ApplicationName(), "user", c.User)
 	case "22023":
@@ -39,8 +39,7 @@ func (p *Policy) Error(c *proxy.Client, e *pgproto3.ErrorResponse) *pgproto3.Err
 	case codeStaleDomain:
 		table := sqlrewrite.RefusedTable(r.Message)
 		token, newer, _ := sqlrewrite.StaleDomainTokens(r.Message)
-		p.m.rejects.WithLabelValues(table, "enforce", "domain", "rewrite").Inc()
-		p.staleWrite(c, table, "enforce", "domain", "rewrite", token, newer)
+		p.staleWrite(c, p.counter(c, rejectsSeries, table, "enforce", "domain", "rewrite"), p.gap(c, table, "domain"), table, "enforce", "domain", "rewrite", token, newer)
 	}
 	return &pgproto3.ErrorResponse{
 		Severity:            e.Severity,

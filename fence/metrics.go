@@ -7,12 +7,15 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/pgfence/pgfence/internal/loopstat"
 	"github.com/pgfence/pgfence/sqlrewrite"
 )
 
-// Metrics are pgfence's Prometheus series. Counters that every statement
-// touches are resolved once, so a statement costs an atomic add, not a label
-// lookup.
+// Metrics are pgfence's Prometheus series. The counters a statement may
+// touch on its way (queries, the caches, guarded writes, rejects, errors)
+// are split per event loop (see internal/loopstat), so that loops on other
+// cores never contend for one cache line, and resolved once, so a
+// statement costs an uncontended atomic add, not a label lookup.
 //
 // The series of guarded tables and lock domains, and those of a
 // configuration (guarded tables, discovery, backstop), carry a database
@@ -20,27 +23,27 @@ import (
 // Database), so that a table of one name in two databases has two sets of
 // series. The others count every database at once.
 type Metrics struct {
-	queries       *prometheus.CounterVec
-	errors        *prometheus.CounterVec
+	queries       *loopstat.CounterVec
+	errors        *loopstat.CounterVec
 	connsTotal    prometheus.Counter
 	connsActive   prometheus.Gauge
-	cacheHits     prometheus.Counter
-	cacheMisses   prometheus.Counter
-	bound         prometheus.Counter
-	setsAnswered  prometheus.Counter
-	passthrough   prometheus.Counter
-	fenced        prometheus.Counter
-	refused       prometheus.Counter
-	serverErrors  prometheus.Counter
-	fenceErrors   prometheus.Counter
-	sessionErrors prometheus.Counter
+	cacheHits     *loopstat.Counter
+	cacheMisses   *loopstat.Counter
+	bound         *loopstat.Counter
+	setsAnswered  *loopstat.Counter
+	passthrough   *loopstat.Counter
+	fenced        *loopstat.Counter
+	refused       *loopstat.Counter
+	serverErrors  *loopstat.Counter
+	fenceErrors   *loopstat.Counter
+	sessionErrors *loopstat.Counter
 	// all are the series with a database label, for every database: a
 	// DatabaseMetrics holds them curried with its own.
 	all struct {
-		rejects       *prometheus.CounterVec
-		withoutToken  *prometheus.CounterVec
-		guardedWrites *prometheus.CounterVec
-		unfenced      *prometheus.CounterVec
+		rejects       *loopstat.CounterVec
+		withoutToken  *loopstat.CounterVec
+		guardedWrites *loopstat.CounterVec
+		unfenced      *loopstat.CounterVec
 		guarded       *prometheus.GaugeVec
 		discoveryOK   *prometheus.GaugeVec
 		backstop      *prometheus.GaugeVec
@@ -50,7 +53,7 @@ type Metrics struct {
 		// tokenGap is how far the epoch that beat a stale write was ahead
 		// of its token; acceptedTable and acceptedDomain the highest token
 		// a write went through with, per table and per lock domain.
-		tokenGap       *prometheus.HistogramVec
+		tokenGap       *loopstat.HistogramVec
 		acceptedTable  *tokenMaxes
 		acceptedDomain *tokenMaxes
 		counts         *dbCounts
@@ -65,11 +68,11 @@ type DatabaseMetrics struct {
 	*Metrics
 	database string // the label's value
 	// The series of Metrics.all with this database's label curried in.
-	rejects       *prometheus.CounterVec
-	withoutToken  *prometheus.CounterVec
-	guardedWrites *prometheus.CounterVec
-	unfenced      *prometheus.CounterVec
-	tokenGap      prometheus.ObserverVec
+	rejects       loopstat.CurriedCounterVec
+	withoutToken  loopstat.CurriedCounterVec
+	guardedWrites loopstat.CurriedCounterVec
+	unfenced      loopstat.CurriedCounterVec
+	tokenGap      loopstat.CurriedHistogramVec
 	guarded       prometheus.Gauge
 	discoveryOK   prometheus.Gauge
 	backstopOK    prometheus.Gauge
@@ -91,12 +94,18 @@ var tokenGapBuckets = []float64{1, 2, 3, 5, 10, 100, 1000, 10000, 100000, 1e6}
 
 // NewMetrics registers pgfence's metrics with reg.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
-	counter := func(name, help string, labels ...string) *prometheus.CounterVec {
-		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, labels)
+	counter := func(name, help string, labels ...string) *loopstat.CounterVec {
+		return loopstat.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, labels...)
 	}
 	gauge := func(name, help string, labels ...string) *prometheus.GaugeVec {
 		return prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: name, Help: help}, labels)
 	}
+	cacheHits := counter("pgfence_rewrite_cache_hits_total", "Statements served from the rewrite cache.")
+	cacheMisses := counter("pgfence_rewrite_cache_misses_total", "Statements parsed because the rewrite cache did not have them.")
+	bound := counter("pgfence_bound_queries_total",
+		"Fenced simple-protocol writes run as a statement prepared once per session and bound to their literals, rather than rewritten as sent.")
+	setsAnswered := counter("pgfence_token_sets_answered_total",
+		"SETs of the fencing token that pgfence answered itself, setting the token on the server ahead of the client's next statement (set_config), rather than forwarded to it as sent.")
 	m := &Metrics{
 		queries: counter("pgfence_queries_total",
 			"Query and Parse messages by what pgfence did with them: passthrough, fenced or refused.",
@@ -104,15 +113,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		errors: counter("pgfence_errors_total",
 			"Errors by source: server (ErrorResponse from Postgres), fence (raised for pgfence), session (a client session ended abnormally).",
 			"source"),
-		connsTotal:  prometheus.NewCounter(prometheus.CounterOpts{Name: "pgfence_client_connections_total", Help: "Client sessions started."}),
-		connsActive: prometheus.NewGauge(prometheus.GaugeOpts{Name: "pgfence_client_connections", Help: "Client sessions open now."}),
-		cacheHits:   prometheus.NewCounter(prometheus.CounterOpts{Name: "pgfence_rewrite_cache_hits_total", Help: "Statements served from the rewrite cache."}),
-		cacheMisses: prometheus.NewCounter(prometheus.CounterOpts{Name: "pgfence_rewrite_cache_misses_total", Help: "Statements parsed because the rewrite cache did not have them."}),
-		bound: prometheus.NewCounter(prometheus.CounterOpts{Name: "pgfence_bound_queries_total",
-			Help: "Fenced simple-protocol writes run as a statement prepared once per session and bound to their literals, rather than rewritten as sent."}),
-		setsAnswered: prometheus.NewCounter(prometheus.CounterOpts{Name: "pgfence_token_sets_answered_total",
-			Help: "SETs of the fencing token that pgfence answered itself, setting the token on the server ahead of the client's next statement (set_config), rather than forwarded to it as sent."}),
-		views: map[string]*DatabaseMetrics{},
+		connsTotal:   prometheus.NewCounter(prometheus.CounterOpts{Name: "pgfence_client_connections_total", Help: "Client sessions started."}),
+		connsActive:  prometheus.NewGauge(prometheus.GaugeOpts{Name: "pgfence_client_connections", Help: "Client sessions open now."}),
+		cacheHits:    cacheHits.With(),
+		cacheMisses:  cacheMisses.With(),
+		bound:        bound.With(),
+		setsAnswered: setsAnswered.With(),
+		views:        map[string]*DatabaseMetrics{},
 	}
 	a := &m.all
 	a.rejects = counter("fencing_reject_total",
@@ -141,22 +148,22 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		"The settings in which this instance's configuration differs from the one the database records for its backstop (which every instance installs): 0 when they agree. Roll a change out with pgfence init.",
 		"database")
 	a.counts = &dbCounts{dbs: map[string]*dbCount{}}
-	a.tokenGap = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "fencing_token_gap",
+	a.tokenGap = loopstat.NewHistogramVec(prometheus.HistogramOpts{Name: "fencing_token_gap",
 		Help:    "For each stale write fenced (on either path), the epoch or lock domain token that beat it minus the token it carried; kind as in fencing_reject_total.",
-		Buckets: tokenGapBuckets}, []string{"database", "table", "kind"})
+		Buckets: tokenGapBuckets}, "database", "table", "kind")
 	a.acceptedTable = newTokenMaxes("pgfence_token_accepted_max",
 		"The highest fencing token a write to the guarded table went through with, through this pgfence (0 until one does); take max() across instances.", "table")
 	a.acceptedDomain = newTokenMaxes("pgfence_domain_token_accepted_max",
 		"The highest fencing token a write to a table of the lock domain went through with, through this pgfence (0 until one does).", "domain")
 	reg.MustRegister(a.rejects, a.withoutToken, a.guardedWrites, a.unfenced, a.guarded, a.discoveryOK,
 		a.backstop, a.backstopOK, a.exposed, a.differs, a.counts, a.tokenGap, a.acceptedTable, a.acceptedDomain)
-	reg.MustRegister(m.queries, m.errors, m.connsTotal, m.connsActive, m.cacheHits, m.cacheMisses, m.bound, m.setsAnswered)
-	m.passthrough = m.queries.WithLabelValues("passthrough")
-	m.fenced = m.queries.WithLabelValues("fenced")
-	m.refused = m.queries.WithLabelValues("refused")
-	m.serverErrors = m.errors.WithLabelValues("server")
-	m.fenceErrors = m.errors.WithLabelValues("fence")
-	m.sessionErrors = m.errors.WithLabelValues("session")
+	reg.MustRegister(m.queries, m.errors, m.connsTotal, m.connsActive, cacheHits, cacheMisses, bound, setsAnswered)
+	m.passthrough = m.queries.With("passthrough")
+	m.fenced = m.queries.With("fenced")
+	m.refused = m.queries.With("refused")
+	m.serverErrors = m.errors.With("server")
+	m.fenceErrors = m.errors.With("fence")
+	m.sessionErrors = m.errors.With("session")
 	return m
 }
 
@@ -173,13 +180,12 @@ func (m *Metrics) Database(name string) *DatabaseMetrics {
 		return d
 	}
 	a := &m.all
-	db := prometheus.Labels{"database": label}
 	d := &DatabaseMetrics{Metrics: m, database: label,
-		rejects:        a.rejects.MustCurryWith(db),
-		withoutToken:   a.withoutToken.MustCurryWith(db),
-		guardedWrites:  a.guardedWrites.MustCurryWith(db),
-		unfenced:       a.unfenced.MustCurryWith(db),
-		tokenGap:       a.tokenGap.MustCurryWith(db),
+		rejects:        a.rejects.Curry(label),
+		withoutToken:   a.withoutToken.Curry(label),
+		guardedWrites:  a.guardedWrites.Curry(label),
+		unfenced:       a.unfenced.Curry(label),
+		tokenGap:       a.tokenGap.Curry(label),
 		guarded:        a.guarded.WithLabelValues(label),
 		discoveryOK:    a.discoveryOK.WithLabelValues(label),
 		backstopOK:     a.backstopOK.WithLabelValues(label),
@@ -234,9 +240,6 @@ func (d *DatabaseMetrics) guards(gs []sqlrewrite.Guard) {
 	a := &d.all
 	for t := range d.watched {
 		if !tables[t] {
-			// On the vectors themselves: a curried one's DeletePartialMatch
-			// ignores the curried label, and would retire the table's
-			// series of every database.
 			l := prometheus.Labels{"database": d.database, "table": t}
 			a.rejects.DeletePartialMatch(l)
 			a.withoutToken.DeletePartialMatch(l)
@@ -260,21 +263,21 @@ func (d *DatabaseMetrics) watch(table, mode, domain string) {
 	// So that increase() sees a table's first write without a token, and
 	// its first guarded write, these start at 0 too.
 	for _, action := range []string{"refused", "allowed"} {
-		d.withoutToken.WithLabelValues(table, mode, action)
+		d.withoutToken.With(table, mode, action)
 	}
 	for _, token := range []string{"set", "missing"} {
-		d.guardedWrites.WithLabelValues(table, mode, token)
+		d.guardedWrites.With(table, mode, token)
 	}
 	for _, via := range []string{"rewrite", "backstop"} {
-		d.rejects.WithLabelValues(table, mode, "row", via)
+		d.rejects.With(table, mode, "row", via)
 		if domain != "" {
-			d.rejects.WithLabelValues(table, mode, "domain", via)
+			d.rejects.With(table, mode, "domain", via)
 		}
 	}
-	d.tokenGap.WithLabelValues(table, "row")
+	d.tokenGap.With(table, "row")
 	d.acceptedTable.of(table)
 	if domain != "" {
-		d.tokenGap.WithLabelValues(table, "domain")
+		d.tokenGap.With(table, "domain")
 		d.acceptedDomain.of(domain)
 	}
 }

@@ -56,8 +56,7 @@ func (p *Policy) Notice(c *proxy.Client, n *pgproto3.NoticeResponse) bool {
 		return true
 	}
 	table := sqlrewrite.Guard{Schema: n.SchemaName, Table: n.TableName}.Name()
-	p.m.rejects.WithLabelValues(table, mode, kind, "backstop").Inc()
-	p.staleWrite(c, table, mode, kind, "backstop", token, epoch)
+	p.staleWrite(c, p.counter(c, rejectsSeries, table, mode, kind, "backstop"), p.gap(c, table, kind), table, mode, kind, "backstop", token, epoch)
 	return st.cfg.NotifyStale
 }
 

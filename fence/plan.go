@@ -16,7 +16,7 @@ func (p *Policy) plan(c *proxy.Client, sql string, mode sqlrewrite.Mode) proxy.P
 	// session's memo passes passed this too.)
 	if !sessionOf(c).passes(st, sql) {
 		if ref := sqlrewrite.InternalChange(sql); ref != nil {
-			p.m.refused.Inc()
+			p.m.refused.Inc(shardOf(c))
 			p.log.Info("statement refused", "code", ref.Code, "reason", ref.Message,
 				"client", c.RemoteAddr, "application_name", c.ApplicationName())
 			return p.newPlanned(st, sql, sqlrewrite.Refuse(ref)).plan
@@ -45,12 +45,12 @@ func (p *Policy) planIn(st *state, c *proxy.Client, sql string, mode sqlrewrite.
 		cl = st.rw.Classify(sql)
 		p.noteChange(c, sess, cl)
 		if !cl.Has(sqlrewrite.Writes) && !sqlrewrite.MayBeDDL(sql, cl) {
-			p.m.passthrough.Inc()
+			p.m.passthrough.Inc(shardOf(c))
 			return proxy.Plan{Forget: sess.invalidates(cl)}
 		}
 	} else {
 		if sess.passes(st, sql) {
-			p.m.passthrough.Inc()
+			p.m.passthrough.Inc(shardOf(c))
 			return proxy.Plan{}
 		}
 		cl = st.rw.Classify(sql)
@@ -58,14 +58,14 @@ func (p *Policy) planIn(st *state, c *proxy.Client, sql string, mode sqlrewrite.
 		if set, ok := st.tokens.Match(sql); ok {
 			// It changes no prepared statement and touches no table; the
 			// proxy may answer it itself (see proxy.Plan.Setting).
-			p.m.passthrough.Inc()
+			p.m.passthrough.Inc(shardOf(c))
 			return proxy.Plan{Setting: sess.setting(set)}
 		}
 		// Plan.Forget has the proxy prepare its own statements again: on a
 		// false alarm that costs a Parse, a miss fails the next write that
 		// uses one (once: the proxy also forgets them on a 26000).
 		if !cl.Has(sqlrewrite.Touches) && !sess.mayExecute(cl) {
-			p.m.passthrough.Inc()
+			p.m.passthrough.Inc(shardOf(c))
 			forget := sess.invalidates(cl)
 			if !forget && !ddl {
 				sess.passed(st, sql, cl)
@@ -73,7 +73,7 @@ func (p *Policy) planIn(st *state, c *proxy.Client, sql string, mode sqlrewrite.
 			return proxy.Plan{Forget: forget}
 		}
 		if readOnly(c, sql, cl) {
-			p.m.passthrough.Inc()
+			p.m.passthrough.Inc(shardOf(c))
 			return proxy.Plan{Forget: sess.invalidates(cl)}
 		}
 	}
@@ -95,16 +95,16 @@ func (p *Policy) planIn(st *state, c *proxy.Client, sql string, mode sqlrewrite.
 	plan.Params = params
 	switch {
 	case res.Refusal != nil:
-		p.m.refused.Inc()
+		p.m.refused.Inc(shardOf(c))
 		p.log.Info("statement refused", "code", res.Refusal.Code, "reason", res.Refusal.Message,
 			"client", c.RemoteAddr, "application_name", c.ApplicationName())
 		return plan
 	case pl.plan.SQL == "" && len(pl.plan.Probes) == 0:
-		p.m.passthrough.Inc()
+		p.m.passthrough.Inc(shardOf(c))
 	default:
-		p.m.fenced.Inc()
+		p.m.fenced.Inc(shardOf(c))
 		if plan.ParamTypes != nil {
-			p.m.bound.Inc()
+			p.m.bound.Inc(shardOf(c))
 		}
 	}
 	sess.remember(res.Prepared)
@@ -114,7 +114,7 @@ func (p *Policy) planIn(st *state, c *proxy.Client, sql string, mode sqlrewrite.
 		}
 		switch f.Kind {
 		case "TRUNCATE", "COPY FROM", "CURRENT OF":
-			p.m.unfenced.WithLabelValues(f.Table, f.Kind).Inc()
+			p.counter(c, unfencedSeries, f.Table, f.Kind, "", "").Inc(shardOf(c))
 			p.log.Warn("unfenced write let through by configuration", "table", f.Table, "form", f.Kind,
 				"client", c.RemoteAddr, "application_name", c.ApplicationName())
 		}
@@ -182,46 +182,47 @@ func (p *Policy) rewrite(st *state, c *proxy.Client, sess *session, sql string, 
 		return p.newPlanned(st, sql, sqlrewrite.Refuse(ref)), nil
 	}
 	key := cacheKey{mode, sql}
-	cacheable := st.cache != nil && len(sql) <= maxCachedText
+	cs := st.cachesOf(c)
+	cacheable := cs != nil && len(sql) <= maxCachedText
 	if cacheable {
-		if pl, ok := st.cache.Get(key); ok {
-			p.m.cacheHits.Inc()
+		if pl, ok := cs.cache.Get(key); ok {
+			p.m.cacheHits.Inc(shardOf(c))
 			return pl, nil
 		}
 	}
-	if mode == sqlrewrite.Simple && st.bound != nil && !forget && !sess.mayExecute(cl) && !c.SimpleOnly() {
-		if pl, ok := st.texts.Get(sql); ok {
-			p.m.cacheHits.Inc()
+	if mode == sqlrewrite.Simple && cs != nil && !forget && !sess.mayExecute(cl) && !c.SimpleOnly() {
+		if pl, ok := cs.texts.Get(sql); ok {
+			p.m.cacheHits.Inc(shardOf(c))
 			return pl, pl.params
 		}
 		b := &sess.bind
-		b.p, b.st, b.c, b.last = p, st, c, nil
+		b.p, b.st, b.cs, b.c, b.last = p, st, cs, c, nil
 		par, ok, writes := sqlrewrite.BindLiterals(sql, cl, b)
 		if !writes && !sqlrewrite.MayBeDDL(sql, cl) {
 			// What Rewrite would say, without scanning the text again.
-			p.m.cacheMisses.Inc()
+			p.m.cacheMisses.Inc(shardOf(c))
 			text := strings.Clone(sql) // kept: see proxy.Interceptor
 			pl := &planned{res: &sqlrewrite.Result{SQL: text}}
 			if cacheable {
-				st.cache.Add(cacheKey{mode, text}, pl)
+				cs.cache.Add(cacheKey{mode, text}, pl)
 			}
 			return pl, nil
 		}
 		if pl := b.last; ok && writes {
-			if cacheable && st.seen.again(sql) { // a text sent again is then a plain cache hit
+			if cacheable && cs.seen.again(sql) { // a text sent again is then a plain cache hit
 				whole := &planned{res: pl.res, plan: pl.plan, params: make([]string, len(par.Values))}
 				for i, v := range par.Values {
 					whole.params[i] = strings.Clone(v)
 				}
-				st.texts.Add(strings.Clone(sql), whole)
+				cs.texts.Add(strings.Clone(sql), whole)
 			}
 			return pl, par.Values
 		}
 	}
 	if cacheable {
-		p.m.cacheMisses.Inc()
+		p.m.cacheMisses.Inc(shardOf(c))
 	}
-	return p.rewriteText(st, c, sess, sql, key, cacheable, cl), nil
+	return p.rewriteText(st, cs, c, sess, sql, key, cacheable, cl), nil
 }
 
 // boundPlan returns the plan of a parameterized simple-protocol write, nil
@@ -236,12 +237,13 @@ func (p *Policy) rewrite(st *state, c *proxy.Client, sess *session, sql string, 
 type binder struct {
 	p    *Policy
 	st   *state
+	cs   *caches
 	c    *proxy.Client
 	last *planned
 }
 
 func (b *binder) PlanTemplate(par sqlrewrite.Parameterized) (bool, []int) {
-	pl := b.p.boundPlan(b.st, b.c, par)
+	pl := b.p.boundPlan(b.st, b.cs, b.c, par)
 	b.last = pl
 	if pl == nil {
 		return false, nil
@@ -249,14 +251,14 @@ func (b *binder) PlanTemplate(par sqlrewrite.Parameterized) (bool, []int) {
 	return pl.keep == nil, pl.keep
 }
 
-func (p *Policy) boundPlan(st *state, c *proxy.Client, par sqlrewrite.Parameterized) *planned {
+func (p *Policy) boundPlan(st *state, cs *caches, c *proxy.Client, par sqlrewrite.Parameterized) *planned {
 	if par.SQL == "" || len(par.SQL) > maxCachedText {
 		return nil
 	}
 	key := boundKey(par)
-	if pl, ok := st.bound.Get(key); ok {
+	if pl, ok := cs.bound.Get(key); ok {
 		if pl != nil && pl.keep == nil {
-			p.m.cacheHits.Inc()
+			p.m.cacheHits.Inc(shardOf(c))
 		}
 		return pl
 	}
@@ -266,7 +268,7 @@ func (p *Policy) boundPlan(st *state, c *proxy.Client, par sqlrewrite.Parameteri
 	}
 	var pl *planned
 	if ok {
-		p.m.cacheMisses.Inc()
+		p.m.cacheMisses.Inc(shardOf(c))
 		pl = p.newPlanned(st, par.SQL, res)
 		pl.plan.Reuse = false // Params says it: see proxy.Plan
 		pl.plan.ParamTypes = paramTypes(par.Types)
@@ -277,7 +279,7 @@ func (p *Policy) boundPlan(st *state, c *proxy.Client, par sqlrewrite.Parameteri
 	} else if keep := sqlrewrite.StringsToKeep(par); keep != nil && err == nil {
 		pl = &planned{keep: keep}
 	}
-	st.bound.Add(key, pl)
+	cs.bound.Add(key, pl)
 	return pl
 }
 
@@ -333,7 +335,7 @@ func paramTypes(oids []uint32) []byte {
 }
 
 // rewriteText rewrites sql as sent and caches the outcome under key.
-func (p *Policy) rewriteText(st *state, c *proxy.Client, sess *session, sql string, key cacheKey, cacheable bool, cl sqlrewrite.Class) *planned {
+func (p *Policy) rewriteText(st *state, cs *caches, c *proxy.Client, sess *session, sql string, key cacheKey, cacheable bool, cl sqlrewrite.Class) *planned {
 	mode := key.mode
 	// The proxy's text is only lent (see proxy.Interceptor): the rewrite
 	// and the cache keep this copy.
@@ -359,7 +361,7 @@ func (p *Policy) rewriteText(st *state, c *proxy.Client, sess *session, sql stri
 	}
 	pl := p.newPlanned(st, sql, res)
 	if cacheable && !res.SessionDependent {
-		st.cache.Add(key, pl)
+		cs.cache.Add(key, pl)
 	}
 	return pl
 }

@@ -10,6 +10,7 @@ import (
 
 	lru "github.com/hashicorp/golang-lru/v2"
 
+	"github.com/pgfence/pgfence/internal/loopstat"
 	"github.com/pgfence/pgfence/proxy"
 	"github.com/pgfence/pgfence/sqlrewrite"
 )
@@ -31,8 +32,9 @@ type Config struct {
 	StaleLogInterval time.Duration
 	// CacheSize is how many distinct statement texts keep their rewrite,
 	// and again how many templates of parameterized writes and how many
-	// whole texts of those; 0 means 4096, a negative number disables the
-	// caches.
+	// whole texts of those, in the caches of each event loop (see Per-loop
+	// state in the package documentation); 0 means 4096, a negative number
+	// disables the caches.
 	CacheSize int
 	// TransactionPooling says a transaction pooler stands between pgfence
 	// and Postgres (see proxy.Config.TransactionPooling): plans say which
@@ -78,8 +80,32 @@ type Policy struct {
 
 // state is one configuration, swapped as a whole on reload.
 type state struct {
-	cfg   Config
-	rw    *sqlrewrite.Rewriter
+	cfg Config
+	rw  *sqlrewrite.Rewriter
+	// shards hold the rewrite caches, a set per shard (see shard.go),
+	// made at the shard's first use; nil when CacheSize disables them.
+	shards []atomic.Pointer[caches]
+	// cacheSize is each set's capacity.
+	cacheSize int
+	probes    sync.Map // probe SQL -> *proxy.Probe
+	// tokens recognizes a plain SET of a token setting, which the proxy
+	// may answer itself.
+	tokens sqlrewrite.TokenSettings
+	// tokenLower is the token setting in lower case.
+	tokenLower string
+	// nonASCIINames is set when a guarded table or its schema has a name
+	// that is not ASCII, which the name prefilter may then miss, and
+	// nonASCIISpliced when one of those or an epoch column has, which a
+	// rewrite then spells in UTF-8 (see misreadsNonASCII).
+	nonASCIINames, nonASCIISpliced bool
+}
+
+// caches are one shard's rewrite caches. Each event loop has a set of its
+// own: an LRU moves an entry at every hit, under its lock, which the
+// loops would otherwise all take for the same few statements. The cost
+// is a rewrite per loop of each text (the first time each loop sees it),
+// and up to a set's capacity per loop in memory.
+type caches struct {
 	cache *lru.Cache[cacheKey, *planned]
 	// bound holds the plans of parameterized simple-protocol writes (see
 	// sqlrewrite.Parameterize), by template; nil for a template that must
@@ -93,23 +119,33 @@ type state struct {
 	// seen admits a whole text to texts on its second sighting: most such
 	// texts (a write by id) never come again, and caching each costs more
 	// than the miss it would save.
-	seen   doorkeeper
-	probes sync.Map // probe SQL -> *proxy.Probe
-	// tokens recognizes a plain SET of a token setting, which the proxy
-	// may answer itself.
-	tokens sqlrewrite.TokenSettings
-	// tokenLower is the token setting in lower case.
-	tokenLower string
-	// nonASCIINames is set when a guarded table or its schema has a name
-	// that is not ASCII, which the name prefilter may then miss, and
-	// nonASCIISpliced when one of those or an epoch column has, which a
-	// rewrite then spells in UTF-8 (see misreadsNonASCII).
-	nonASCIINames, nonASCIISpliced bool
+	seen doorkeeper
+}
+
+// cachesOf returns the caches of c's shard, nil when they are disabled.
+func (st *state) cachesOf(c *proxy.Client) *caches {
+	if st.shards == nil {
+		return nil
+	}
+	slot := &st.shards[shardOf(c)]
+	if cs := slot.Load(); cs != nil {
+		return cs
+	}
+	cs := &caches{}
+	cs.cache, _ = lru.New[cacheKey, *planned](st.cacheSize)
+	cs.bound, _ = lru.New[string, *planned](st.cacheSize)
+	cs.texts, _ = lru.New[string, *planned](st.cacheSize)
+	cs.seen.seed = maphash.MakeSeed()
+	if !slot.CompareAndSwap(nil, cs) { // a session relayed by goroutines made it first
+		return slot.Load()
+	}
+	return cs
 }
 
 // doorkeeper remembers hashes of recent texts, one per slot: a text whose
 // hash is in its slot was (almost certainly) seen before. Slots are
-// atomic, as sessions plan concurrently; a race costs at most a sighting.
+// atomic, as sessions relayed by goroutines share a shard; a race costs
+// at most a sighting.
 type doorkeeper struct {
 	seed  maphash.Seed
 	slots [4096]atomic.Uint64
@@ -181,10 +217,7 @@ func (p *Policy) Reload(cfg Config) error {
 		if size == 0 {
 			size = 4096
 		}
-		st.cache, _ = lru.New[cacheKey, *planned](size)
-		st.bound, _ = lru.New[string, *planned](size)
-		st.texts, _ = lru.New[string, *planned](size)
-		st.seen.seed = maphash.MakeSeed()
+		st.shards, st.cacheSize = make([]atomic.Pointer[caches], loopstat.Shards), size
 	}
 	p.m.guards(cfg.Guards)
 	p.m.guarded.Set(float64(len(cfg.Guards)))
@@ -211,12 +244,12 @@ func (p *Policy) SessionStart(c *proxy.Client) {
 func (p *Policy) SessionEnd(c *proxy.Client, err error) {
 	p.m.connsActive.Dec()
 	if err != nil {
-		p.m.sessionErrors.Inc()
+		p.m.sessionErrors.Inc(shardOf(c))
 	}
 }
 
 // SettingAnswered implements proxy.Interceptor.
-func (p *Policy) SettingAnswered(*proxy.Client, *proxy.Setting) { p.m.setsAnswered.Inc() }
+func (p *Policy) SettingAnswered(c *proxy.Client, _ *proxy.Setting) { p.m.setsAnswered.Inc(shardOf(c)) }
 
 // Query implements proxy.Interceptor.
 func (p *Policy) Query(c *proxy.Client, sql string) proxy.Plan {

@@ -21,7 +21,7 @@ func (p *Policy) pooledPlan(st *state, c *proxy.Client, sql string, mode sqlrewr
 		set, ok = st.tokens.MatchReset(sql)
 	}
 	if ok {
-		p.m.passthrough.Inc()
+		p.m.passthrough.Inc(shardOf(c))
 		plan := proxy.Plan{Setting: sess.setting(set)}
 		if set.Local {
 			// Runs on the server as sent, after the session's values.
@@ -46,7 +46,7 @@ func (p *Policy) pooledPlan(st *state, c *proxy.Client, sql string, mode sqlrewr
 		} else {
 			pl = p.pooledRefusal(st, sql, form)
 		}
-		p.m.refused.Inc()
+		p.m.refused.Inc(shardOf(c))
 		p.log.Info("statement refused", "code", pl.res.Refusal.Code, "reason", pl.res.Refusal.Message,
 			"client", c.RemoteAddr, "application_name", c.ApplicationName())
 		return pl.plan
@@ -61,7 +61,7 @@ func (p *Policy) pooledPlan(st *state, c *proxy.Client, sql string, mode sqlrewr
 		starts, unread := sqlrewrite.TxStarts(text)
 		if unread != nil {
 			pl := p.newPlanned(st, sql, sqlrewrite.Refuse(unread))
-			p.m.refused.Inc()
+			p.m.refused.Inc(shardOf(c))
 			p.log.Info("statement refused", "code", unread.Code, "reason", unread.Message,
 				"client", c.RemoteAddr, "application_name", c.ApplicationName())
 			return pl.plan

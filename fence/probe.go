@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgproto3"
-	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/pgfence/pgfence/internal/loopstat"
 	"github.com/pgfence/pgfence/proxy"
 	"github.com/pgfence/pgfence/sqlrewrite"
 )
@@ -26,9 +26,14 @@ func (p *Policy) probe(st *state, pr sqlrewrite.Probe) *proxy.Probe {
 	for i, t := range pr.Tables {
 		mode := t.Rollout.String()
 		series[i] = probeSeries{
-			set:      p.m.guardedWrites.WithLabelValues(t.Table, mode, "set"),
-			missing:  p.m.guardedWrites.WithLabelValues(t.Table, mode, "missing"),
+			set:      p.m.guardedWrites.With(t.Table, mode, "set"),
+			missing:  p.m.guardedWrites.With(t.Table, mode, "missing"),
+			allowed:  p.m.withoutToken.With(t.Table, mode, "allowed"),
 			accepted: p.m.acceptedTable.of(t.Table),
+		}
+		for _, k := range []sqlrewrite.Stale{sqlrewrite.StaleRow, sqlrewrite.StaleDomain} {
+			series[i].rejects[k] = p.m.rejects.With(t.Table, mode, k.String(), "rewrite")
+			series[i].gaps[k] = p.m.tokenGap.With(t.Table, k.String())
 		}
 		if t.Domain != "" && t.Rollout != sqlrewrite.Observe {
 			series[i].domainAccepted = p.m.acceptedDomain.of(t.Domain)
@@ -42,9 +47,12 @@ func (p *Policy) probe(st *state, pr sqlrewrite.Probe) *proxy.Probe {
 
 // probeSeries are a probed table's series, resolved once per probe.
 type probeSeries struct {
-	set, missing   prometheus.Counter // pgfence_guarded_writes_total, with and without a token
-	accepted       *tokenMax          // the table's highest accepted token
-	domainAccepted *tokenMax          // its lock domain's, nil outside an enforced one
+	set, missing   *loopstat.Counter // pgfence_guarded_writes_total, with and without a token
+	allowed        *loopstat.Counter // critical_write_without_token_total, let through
+	rejects        [sqlrewrite.StaleDomain + 1]*loopstat.Counter
+	gaps           [sqlrewrite.StaleDomain + 1]*loopstat.Histogram
+	accepted       *tokenMax // the table's highest accepted token
+	domainAccepted *tokenMax // its lock domain's, nil outside an enforced one
 }
 
 // probed classifies what a guarded write left behind: the token it ran
@@ -59,11 +67,12 @@ func (p *Policy) probed(c *proxy.Client, pr *sqlrewrite.Probe, series []probeSer
 			return nil
 		}
 		mode := t.Rollout.String()
+		shard := shardOf(c)
 		if len(o.Token) > 0 {
-			series[i].set.Inc()
+			series[i].set.Inc(shard)
 		} else {
-			series[i].missing.Inc()
-			p.m.withoutToken.WithLabelValues(t.Table, mode, "allowed").Inc()
+			series[i].missing.Inc(shard)
+			series[i].allowed.Inc(shard)
 			p.log.Warn("write without fencing token let through", "table", t.Table, "mode", mode,
 				"client", c.RemoteAddr, "application_name", c.ApplicationName(), "user", c.User)
 		}
@@ -77,8 +86,11 @@ func (p *Policy) probed(c *proxy.Client, pr *sqlrewrite.Probe, series []probeSer
 			continue
 		}
 		token = o.Token
-		p.m.rejects.WithLabelValues(t.Table, mode, o.Stale.String(), "rewrite").Inc()
-		p.staleWrite(c, t.Table, mode, o.Stale.String(), "rewrite", string(o.Token), string(o.Winner), "domain", t.Domain)
+		if o.Stale > sqlrewrite.StaleDomain {
+			p.log.Error("probe returned an unknown outcome; reject counts may be low", "table", t.Table)
+			continue
+		}
+		p.staleWrite(c, series[i].rejects[o.Stale], series[i].gaps[o.Stale], t.Table, mode, o.Stale.String(), "rewrite", string(o.Token), string(o.Winner), "domain", t.Domain)
 		if t.Rollout == sqlrewrite.Enforce {
 			stale = append(stale, t.Table)
 		}
@@ -96,17 +108,20 @@ func (p *Policy) probed(c *proxy.Client, pr *sqlrewrite.Probe, series []probeSer
 	}
 }
 
-// staleWrite records a stale write's token gap, how far the epoch (or lock
-// domain token) that beat it was ahead of its token, and logs it if
-// staleLog admits it. epoch is "" when pgfence cannot know it. extra are
-// more attributes for the line.
-func (p *Policy) staleWrite(c *proxy.Client, table, mode, kind, via, token, epoch string, extra ...any) {
+// staleWrite counts a stale write in rejects (its fencing_reject_total
+// series) and its token gap in gap, how far the epoch (or lock domain
+// token) that beat it was ahead of its token, and logs it if staleLog
+// admits it. epoch is "" when pgfence cannot know it. extra are more
+// attributes for the line.
+func (p *Policy) staleWrite(c *proxy.Client, rejects *loopstat.Counter, gap *loopstat.Histogram, table, mode, kind, via, token, epoch string, extra ...any) {
+	shard := shardOf(c)
+	rejects.Inc(shard)
 	tok, okTok := parseToken([]byte(token))
 	won, okWon := parseToken([]byte(epoch))
 	if okTok && okWon && won > tok {
-		p.m.tokenGap.WithLabelValues(table, kind).Observe(float64(won) - float64(tok))
+		gap.Observe(shard, float64(won)-float64(tok))
 	}
-	ok, unlogged := p.staleLog.admit(staleKey{table, kind, via, mode}, time.Now(), p.state.Load().cfg.StaleLogInterval)
+	ok, unlogged := p.staleLog.admit(rejects, shard, time.Now(), p.state.Load().cfg.StaleLogInterval)
 	if !ok {
 		return
 	}

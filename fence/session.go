@@ -38,6 +38,9 @@ type session struct {
 	// backstop's was met (see Notice); the server side's only.
 	noticed      map[string]int64
 	forgedNotice bool
+	// serverSeries are the series of events the server side resolved
+	// (see Policy.counter), clientSeries the client side's.
+	serverSeries, clientSeries seriesCache
 }
 
 // passes reports whether sql is the text last passed untouched, under the

@@ -2,7 +2,10 @@ package fence
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"github.com/pgfence/pgfence/internal/loopstat"
 )
 
 // staleLog decides which stale writes get a log line of their own. In a
@@ -14,40 +17,49 @@ import (
 // stale writes of its key fenced since the previous line and not logged).
 // fencing_reject_total and fencing_token_gap count every one. An interval
 // of 0 logs every stale write.
+//
+// A key is its fencing_reject_total series, which has those labels (and
+// the policy's database). A stale write that gets no line takes no lock
+// and writes no line another loop writes: it reads when the key's next
+// line is due, and counts itself in its loop's shard.
 type staleLog struct {
-	mu   sync.Mutex
-	keys map[staleKey]*staleLine
+	lines sync.Map // *loopstat.Counter -> *staleLine
 }
 
-type staleKey struct{ table, kind, via, mode string }
-
-// staleLine is what a key's last line left: when it was written, and the
-// stale writes of the key not logged since.
+// staleLine is a key's state: when its next line is due, and its stale
+// writes not logged.
 type staleLine struct {
-	at       time.Time
-	unlogged int64
+	next     atomic.Int64      // UnixNano; 0 before the key's first line
+	unlogged *loopstat.Counter // every stale write of the key not logged
+	mu       sync.Mutex        // taken to write a line
+	reported uint64            // of unlogged, those lines said, under mu
 }
 
-// admit reports whether a stale write of k at now gets a line, and if so
-// how many of k's stale writes went unlogged since k's previous line.
-func (l *staleLog) admit(k staleKey, now time.Time, interval time.Duration) (ok bool, unlogged int64) {
+// admit reports whether a stale write of key k at now, counted in shard,
+// gets a line, and if so how many of k's stale writes went unlogged since
+// k's previous line.
+func (l *staleLog) admit(k *loopstat.Counter, shard int, now time.Time, interval time.Duration) (ok bool, unlogged int64) {
 	if interval <= 0 {
 		return true, 0
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	line := l.keys[k]
-	if line == nil {
-		if l.keys == nil {
-			l.keys = make(map[staleKey]*staleLine)
-		}
-		l.keys[k] = &staleLine{at: now}
-		return true, 0
+	v, found := l.lines.Load(k)
+	if !found {
+		v, _ = l.lines.LoadOrStore(k, &staleLine{unlogged: loopstat.NewCounter()})
 	}
-	if now.Sub(line.at) < interval {
-		line.unlogged++
+	line := v.(*staleLine)
+	t := now.UnixNano()
+	if t < line.next.Load() {
+		line.unlogged.Inc(shard)
 		return false, 0
 	}
-	unlogged, line.at, line.unlogged = line.unlogged, now, 0
+	line.mu.Lock()
+	defer line.mu.Unlock()
+	if t < line.next.Load() { // another write took the line
+		line.unlogged.Inc(shard)
+		return false, 0
+	}
+	total := line.unlogged.Value()
+	unlogged, line.reported = int64(total-line.reported), total
+	line.next.Store(t + int64(interval))
 	return true, unlogged
 }

@@ -3,6 +3,8 @@ package fence
 import (
 	"testing"
 	"time"
+
+	"github.com/pgfence/pgfence/internal/loopstat"
 )
 
 // The first stale write of a key gets a line, then at most one per
@@ -10,10 +12,10 @@ import (
 // keys are counted apart, and an interval of 0 logs every one.
 func TestStaleLogAdmit(t *testing.T) {
 	t0 := time.Date(2026, 11, 26, 0, 0, 0, 0, time.UTC)
-	a, b := staleKey{"t", "row", "rewrite", "enforce"}, staleKey{"t", "domain", "rewrite", "enforce"}
+	a, b := loopstat.NewCounter(), loopstat.NewCounter() // two keys' reject series
 	var l staleLog
 	for i, step := range []struct {
-		k        staleKey
+		k        *loopstat.Counter
 		at       time.Duration
 		interval time.Duration
 		ok       bool
@@ -31,9 +33,9 @@ func TestStaleLogAdmit(t *testing.T) {
 		{a, 5 * time.Second, 0, true, 0},
 		{b, 5 * time.Second, time.Second, true, 0},
 	} {
-		ok, unlogged := l.admit(step.k, t0.Add(step.at), step.interval)
+		ok, unlogged := l.admit(step.k, i, t0.Add(step.at), step.interval)
 		if ok != step.ok || unlogged != step.unlogged {
-			t.Errorf("step %d (%v at %v): admit = %v, %d; want %v, %d", i, step.k, step.at, ok, unlogged, step.ok, step.unlogged)
+			t.Errorf("step %d (key %p at %v): admit = %v, %d; want %v, %d", i, step.k, step.at, ok, unlogged, step.ok, step.unlogged)
 		}
 	}
 }

@@ -429,7 +429,7 @@ func (l *loop) resumeLocal(x *side) {
 // what that produced.
 func (l *loop) relayed(x *side) {
 	if report := x.ls.s.srv.cfg.RoundTrip; report != nil {
-		defer x.ls.s.rt.add(time.Now(), report)
+		defer x.ls.s.rt.add(x.ls.s.c, time.Now(), report)
 	}
 	if err := x.dispatch(); err != nil {
 		if x.client {

@@ -81,10 +81,10 @@ type roundTrip struct {
 
 // add counts one handling of x's bytes, which began at start, and reports
 // the round trip's total once its ReadyForQuery has been written on.
-func (rt *roundTrip) add(start time.Time, report func(time.Duration)) {
+func (rt *roundTrip) add(c *Client, start time.Time, report func(*Client, time.Duration)) {
 	rt.held += time.Since(start)
 	if rt.ended {
-		report(rt.held)
+		report(c, rt.held)
 		*rt = roundTrip{}
 	}
 }

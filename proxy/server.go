@@ -99,9 +99,9 @@ type Config struct {
 	// RoundTrip, if set, is told at each ReadyForQuery relayed to a client
 	// how long the proxy spent on the round trip it ends: handling its
 	// bytes both ways, from reading them to writing them on (not the time
-	// Postgres took, nor the wait for a socket to be readable). Event-loop
-	// sessions only.
-	RoundTrip func(time.Duration)
+	// Postgres took, nor the wait for a socket to be readable), from the
+	// session's loop (see Client.Loop). Event-loop sessions only.
+	RoundTrip func(*Client, time.Duration)
 }
 
 // Hints word the hints of errors whose remedy is in how the proxy was

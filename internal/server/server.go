@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/pgfence/pgfence/fence"
+	"github.com/pgfence/pgfence/internal/loopstat"
 	"github.com/pgfence/pgfence/proxy"
 )
 
@@ -112,7 +113,9 @@ func (c loopCollector) Collect(ch chan<- prometheus.Metric) {
 // connected to Postgres, and the time pgfence adds to a round trip.
 type relayMetrics struct {
 	failures *prometheus.CounterVec
-	latency  prometheus.Histogram
+	// latency is observed at every round trip, from every loop: split
+	// per loop (see internal/loopstat).
+	latency *loopstat.Histogram
 }
 
 func newRelayMetrics(reg prometheus.Registerer) *relayMetrics {
@@ -122,18 +125,21 @@ func newRelayMetrics(reg prometheus.Registerer) *relayMetrics {
 			[]string{"cause"}),
 		// From a few microseconds (a plain relay) to milliseconds (a
 		// rewrite, or a machine short of CPU).
-		latency: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "pgfence_added_latency_seconds",
-			Help:    "Per round trip (a client's messages up to the ReadyForQuery that answers them), the time pgfence spent handling its bytes both ways, from reading them to writing them on: what it adds to the time Postgres takes, apart from waiting for sockets. Measured on the event loop (not with --goroutine-relay).",
-			Buckets: []float64{5e-6, 10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 10e-3, 50e-3}}),
 	}
+	latency := loopstat.NewHistogramVec(prometheus.HistogramOpts{Name: "pgfence_added_latency_seconds",
+		Help:    "Per round trip (a client's messages up to the ReadyForQuery that answers them), the time pgfence spent handling its bytes both ways, from reading them to writing them on: what it adds to the time Postgres takes, apart from waiting for sockets. Measured on the event loops (not with --goroutine-relay).",
+		Buckets: []float64{5e-6, 10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 10e-3, 50e-3}})
+	m.latency = latency.With()
 	for _, c := range proxy.UpstreamFailures {
 		m.failures.WithLabelValues(string(c))
 	}
-	reg.MustRegister(m.failures, m.latency)
+	reg.MustRegister(m.failures, latency)
 	return m
 }
 
 func (m *relayMetrics) upstreamFailed(c proxy.UpstreamFailure) {
 	m.failures.WithLabelValues(string(c)).Inc()
 }
-func (m *relayMetrics) roundTrip(d time.Duration) { m.latency.Observe(d.Seconds()) }
+func (m *relayMetrics) roundTrip(c *proxy.Client, d time.Duration) {
+	m.latency.Observe(loopstat.Shard(c.Loop(), c.ID), d.Seconds())
+}
