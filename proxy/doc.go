@@ -240,15 +240,21 @@
 // is needed to pause a side whose peer is backed up: the loop just stops
 // reading it until the peer drains.
 //
-// While busy, a loop waits in epoll_wait as a raw system call, so the Go
-// scheduler never sees it block and never hands its P to another thread;
-// the loop goes back to an ordinary (scheduler-aware) wait after
-// hotTimeout without events. As the scheduler sees a busy loop run
-// without end, the loop yields its P (runtime.Gosched) every yieldEvery
-// of its own accord: with a loop per P, other goroutines (a session's
-// startup, a hold's end) would otherwise wait for sysmon to preempt one,
-// 10 ms and a signal later. Each session's own goroutine waits for the
-// loop to hand it back at the end, and ends it as goroutines would.
+// A loop takes what its epoll set has ready with a raw, non-blocking
+// epoll_wait (a raw system call skips the scheduler's bookkeeping, which
+// costs more than the call), and when nothing is ready its goroutine
+// parks in Go's netpoller, where the epoll set is registered as a file,
+// readable while it has events. A busy loop never parks; an idle one
+// holds no thread and no P. Earlier the one loop waited in a raw blocking
+// epoll_wait (up to 5 ms) to keep its P; with a loop per P that kept every
+// P, and every other goroutine (a session's startup, a hold's end, the
+// garbage collector, /metrics) waited for sysmon to preempt a loop or poll
+// the network, 10 ms at a time: a new connection took 50–75 ms to start
+// under load, where parking makes it 25–35 (15–18 with one loop and a
+// spare P), and the CPU per transaction did not change within the
+// machine's noise (see BENCHMARKS.md). Each session's own goroutine waits
+// for the loop to hand it back at the end, and ends it as goroutines
+// would.
 //
 // TLS sessions are relayed by the event loop too. crypto/tls wants a
 // blocking net.Conn, so every tls.Conn pgfence makes is built on a

@@ -6,7 +6,6 @@ import (
 	"io"
 	"net"
 	"os"
-	"runtime"
 	"sync"
 	"syscall"
 	"time"
@@ -16,13 +15,6 @@ import (
 )
 
 // The event loop: see the package documentation.
-
-// hotTimeout is how long a busy loop waits for events while holding its P.
-const hotTimeout = 5 // milliseconds
-
-// yieldEvery is how long a busy loop runs before it lets the scheduler run
-// other goroutines on its P (see loop.run).
-const yieldEvery = 2 * time.Millisecond
 
 // haveEventLoop says the event loop can run here.
 const haveEventLoop = true
@@ -57,6 +49,10 @@ func stopLoops(loops []*loop) {
 type loop struct {
 	id       int // its index among the Server's loops
 	ep, wake int // the epoll set, and an eventfd in it that post signals
+	// epf is ep as a file in Go's netpoller, and rc its descriptor, which
+	// the loop waits on when it has nothing to do (see run).
+	epf *os.File
+	rc  syscall.RawConn
 
 	mu     sync.Mutex
 	queue  []func() // work posted from other goroutines
@@ -102,7 +98,21 @@ func newLoop(id int) (*loop, error) {
 		unix.Close(wake)
 		return nil, err
 	}
-	return &loop{id: id, ep: ep, wake: wake, stopped: make(chan struct{})}, nil
+	// Non-blocking, os.NewFile puts the epoll set in Go's netpoller: it
+	// is readable while it has events.
+	if err := unix.SetNonblock(ep, true); err != nil {
+		unix.Close(ep)
+		unix.Close(wake)
+		return nil, err
+	}
+	epf := os.NewFile(uintptr(ep), "epoll")
+	rc, err := epf.SyscallConn()
+	if err != nil {
+		epf.Close()
+		unix.Close(wake)
+		return nil, err
+	}
+	return &loop{id: id, ep: ep, wake: wake, epf: epf, rc: rc, stopped: make(chan struct{})}, nil
 }
 
 // post runs f on the loop goroutine; once the loop has stopped, never.
@@ -123,7 +133,7 @@ func (l *loop) close() {
 	l.mu.Lock()
 	l.closed = true
 	l.queue = nil
-	unix.Close(l.ep)
+	l.epf.Close()
 	unix.Close(l.wake)
 	l.mu.Unlock()
 	close(l.stopped)
@@ -281,28 +291,25 @@ func (l *loop) end(ls *loopSession, fromClient bool, err error) {
 func (l *loop) run() {
 	defer l.close()
 	evs := make([]unix.EpollEvent, 256)
-	hot, multi := false, runtime.GOMAXPROCS(0) > 1
-	var turns int
-	lastYield := time.Now()
+	var n int
+	var err error
+	// poll takes what is ready, without waiting; made once, as a closure
+	// made per wait would be an allocation per wait.
+	poll := func(uintptr) bool {
+		n, err = rawEpollWait(l.ep, evs, 0)
+		return n != 0 || err != nil
+	}
+	parks := true // the netpoller has the epoll set
 	for !l.quit {
-		var n int
-		var err error
-		if hot && multi {
-			// A busy loop never blocks as far as the scheduler can tell,
-			// so it yields its P now and then of its own accord: other
-			// goroutines (a session's start, a hold's end) run there, and
-			// sysmon need not preempt it with a signal.
-			if turns++; turns&63 == 0 && time.Since(lastYield) > yieldEvery {
-				runtime.Gosched()
-				lastYield = time.Now()
+		if parks {
+			// With nothing ready, park until the epoll set is readable
+			// (see The event loop in the package documentation).
+			if l.rc.Read(poll) != nil { // the netpoller refused it: block in the kernel
+				parks = false
+				continue
 			}
-			n, err = rawEpollWait(l.ep, evs, hotTimeout)
 		} else {
-			if n, err = rawEpollWait(l.ep, evs, 0); n == 0 && err == nil {
-				n, err = unix.EpollWait(l.ep, evs, -1)
-				multi = runtime.GOMAXPROCS(0) > 1
-				lastYield = time.Now()
-			}
+			n, err = unix.EpollWait(l.ep, evs, -1)
 		}
 		if err != nil {
 			if err == unix.EINTR {
@@ -310,7 +317,6 @@ func (l *loop) run() {
 			}
 			panic(fmt.Sprintf("pgfence: event loop: epoll_wait: %v", err))
 		}
-		hot = n > 0
 		for i := range n {
 			fd, ev := int(evs[i].Fd), evs[i].Events
 			if fd == l.wake {
@@ -497,9 +503,9 @@ func (l *loop) writable(x *side) {
 }
 
 // The raw system calls below do not tell the Go scheduler that the thread
-// may block: that is the point (see The event loop in the package
-// documentation). They are only
-// made on non-blocking descriptors, or with a bounded timeout.
+// may block (entering and leaving the scheduler's care costs each call
+// more than the call): they are only made on non-blocking descriptors,
+// and epoll_wait without a timeout.
 
 func rawEpollWait(ep int, evs []unix.EpollEvent, msec int) (int, error) {
 	r, _, e := unix.RawSyscall6(unix.SYS_EPOLL_PWAIT, uintptr(ep), uintptr(unsafe.Pointer(&evs[0])), uintptr(len(evs)), uintptr(msec), 0, 0)
