@@ -29,7 +29,9 @@
 // trigger and the other sections measure what they did before it existed.
 // BENCH_ONLY=holds measures pipelines of fenced writes, which pgfence may
 // hold until it knows how Postgres reads them (~5 min; see holds.go); it
-// runs only alone.
+// runs only alone. BENCH_ONLY=loops measures pgfence with one event loop
+// and with one per core beside one PgBouncer and a PgBouncer per core
+// sharing a port (~6 min; see loops.go); it runs only alone too.
 //
 // Environment: BENCH_SECONDS (per pgbench run, default 3), BENCH_ROUNDS
 // (default 3), BENCH_CONNS (default 1000), PGFENCE_BIN (default
@@ -157,8 +159,10 @@ func main() {
 		err = r.benchShapesOnly()
 	case only == "holds":
 		err = r.benchHoldsOnly()
+	case only == "loops":
+		err = r.benchLoopsOnly()
 	case only != "":
-		err = fmt.Errorf("BENCH_ONLY=%q: the sections that run alone are domain, backstop, pooling, shapes and holds", only)
+		err = fmt.Errorf("BENCH_ONLY=%q: the sections that run alone are domain, backstop, pooling, shapes, holds and loops", only)
 	default:
 		err = r.bench()
 	}

@@ -21,6 +21,10 @@ type run struct {
 	cpuUs   float64 // proxy CPU (user+sys) per transaction, µs; 0 for direct
 	pgCPUUs float64 // Postgres CPU (all its processes) per transaction, µs
 	rejects float64 // growth of pgfence's fencing_reject_total
+	cores   float64 // the proxy's CPU time over the run's wall time
+	// loops is pgfence_loop_sessions halfway through the run ("2 2": two
+	// loops with two sessions each), for targets that sample it.
+	loops string
 }
 
 var (
@@ -69,12 +73,23 @@ func (r *runner) pgbenchClients(t target, mode string, clients int, workload []s
 		}
 	}
 	if t.pid != 0 {
-		if cpu0, err = cpuSeconds(t.pid); err != nil {
+		if cpu0, err = t.cpuSeconds(); err != nil {
 			return run{}, err
 		}
 
 	}
+	sampled := make(chan string, 1)
+	if t.sampleLoops && t.metrics != "" {
+		go func() {
+			time.Sleep(time.Duration(r.seconds) * time.Second / 2)
+			sampled <- loopSessions(t.metrics)
+		}()
+	} else {
+		sampled <- ""
+	}
+	started := time.Now()
 	runErr := cmd.Run()
+	wall := time.Since(started).Seconds()
 	if t.fresh != nil && runErr == nil {
 		// Its backends end now too, as pgfence's and direct ones do when
 		// pgbench disconnects, so that Postgres's CPU counts their exit
@@ -90,12 +105,14 @@ func (r *runner) pgbenchClients(t target, mode string, clients int, workload []s
 		return run{}, err
 	}
 	res.pgCPUUs = pg1 - pg0
+	res.loops = <-sampled
 	if t.pid != 0 {
-		cpu1, err := cpuSeconds(t.pid)
+		cpu1, err := t.cpuSeconds()
 		if err != nil {
 			return run{}, fmt.Errorf("%s died? %w", t.name, err)
 		}
 		res.cpuUs = cpu1 - cpu0 // divided by txns below
+		res.cores = res.cpuUs / wall
 	}
 	if t.metrics != "" {
 		rej1, err := counterSum(t.metrics, "fencing_reject_total")

@@ -43,6 +43,24 @@ type target struct {
 	fresh func() error
 	env   []string // added to pgbench's environment
 	tls   bool     // clients connect with sslmode=require
+	// pids are more processes of the proxy (a PgBouncer fleet), whose
+	// CPU is counted with pid's.
+	pids []int
+	// sampleLoops has each run read pgfence_loop_sessions halfway.
+	sampleLoops bool
+}
+
+// cpuSeconds is the CPU time of the target's processes so far.
+func (t target) cpuSeconds() (float64, error) {
+	sum := 0.0
+	for _, pid := range append([]int{t.pid}, t.pids...) {
+		s, err := cpuSeconds(pid)
+		if err != nil {
+			return 0, err
+		}
+		sum += s
+	}
+	return sum, nil
 }
 
 // overTLS is t with pgbench's connections on TLS (sslmode=require, so a
@@ -250,9 +268,14 @@ client_tls_key_file = %[5]s
 // which is Postgres CPU, and so throughput, that has nothing to do with the
 // proxy.
 func closeServers(port int) error {
+	return closeServersAt(fmt.Sprintf("postgres://postgres@127.0.0.1:%d/pgbouncer?sslmode=disable", port))
+}
+
+// closeServersAt is closeServers for the admin console at url.
+func closeServersAt(url string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	c, err := pgconn.Connect(ctx, fmt.Sprintf("postgres://postgres@127.0.0.1:%d/pgbouncer?sslmode=disable", port))
+	c, err := pgconn.Connect(ctx, url)
 	if err != nil {
 		return fmt.Errorf("PgBouncer admin console: %w", err)
 	}
@@ -279,6 +302,11 @@ func closeServers(port int) error {
 // startPgfence runs `pgfence serve` (or the profiling build) with extra
 // flags, and waits for its proxy port and /healthz.
 func (r *runner) startPgfence(name, bin string, extra ...string) (target, *service, error) {
+	return r.startPgfenceEnv(name, bin, nil, extra...)
+}
+
+// startPgfenceEnv is startPgfence with env added to pgfence's environment.
+func (r *runner) startPgfenceEnv(name, bin string, env []string, extra ...string) (target, *service, error) {
 	port, err := freePort()
 	if err != nil {
 		return target{}, nil, err
@@ -304,8 +332,12 @@ func (r *runner) startPgfence(name, bin string, extra ...string) (target, *servi
 		// flag, and never reads the catalog again.)
 		args = append(args, "--discover-interval", "0")
 	}
-	logPath := filepath.Join(r.tmp, strings.ReplaceAll(name, " ", "-")+".log")
-	s, err := r.startService(name, exec.Command(bin, args...), logPath, nil)
+	logPath := filepath.Join(r.tmp, strings.NewReplacer(" ", "-", ",", "", "=", "-").Replace(name)+".log")
+	cmd := exec.Command(bin, args...)
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
+	s, err := r.startService(name, cmd, logPath, nil)
 	if err != nil {
 		return target{}, nil, err
 	}

@@ -14,6 +14,7 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"runtime"
 	"strings"
 	"syscall"
 
@@ -43,16 +44,24 @@ func main() {
 	metricsListen := fs.String("metrics-listen", "127.0.0.1:9187", "/metrics, /healthz and /debug/pprof")
 	maxConns := fs.Int("max-client-conns", 1000, "")
 	fs.Bool("discover", false, "ignored: never discovers")
+	fs.String("discover-interval", "", "ignored: never discovers")
+	fs.String("backstop", "", "ignored: installs no backstop")
+	loops := fs.Int("event-loops", 0, "event loops (0: one per core)")
+	lockProfiles := fs.Bool("lock-profiles", false, "record every contended lock and every blocking event (/debug/pprof/mutex and /debug/pprof/block)")
 	var gs guards
 	fs.Var(&gs, "guard", "guarded table (repeatable)")
 	fs.Parse(args)
-	if err := run(*listen, *upstream, *metricsListen, *maxConns, gs); err != nil {
+	if *lockProfiles {
+		runtime.SetMutexProfileFraction(1)
+		runtime.SetBlockProfileRate(1)
+	}
+	if err := run(*listen, *upstream, *metricsListen, *maxConns, *loops, gs); err != nil {
 		fmt.Fprintln(os.Stderr, "pgfence-prof:", err)
 		os.Exit(1)
 	}
 }
 
-func run(listen, upstream, metricsListen string, maxConns int, specs []string) error {
+func run(listen, upstream, metricsListen string, maxConns, loops int, specs []string) error {
 	u, err := url.Parse(upstream)
 	if err != nil || u.Host == "" {
 		return fmt.Errorf("--upstream %q: want a postgres:// URL", upstream)
@@ -71,7 +80,7 @@ func run(listen, upstream, metricsListen string, maxConns int, specs []string) e
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	srv, err := server.New(server.Config{Fence: cfg, Logger: log, Registry: reg,
-		Proxy: proxy.Config{Upstream: u.Host, MaxClientConns: maxConns}})
+		Proxy: proxy.Config{Upstream: u.Host, MaxClientConns: maxConns, EventLoops: loops}})
 	if err != nil {
 		return err
 	}
