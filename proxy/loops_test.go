@@ -373,7 +373,9 @@ func TestLoopsUpstreamMoves(t *testing.T) {
 	for range cs {
 		select {
 		case err := <-streams:
-			if err == nil || !strings.Contains(err.Error(), "lost the connection to Postgres") {
+			// The loop ends a session between messages and says why; the
+			// goroutine relay may cut one mid-row.
+			if err == nil || onLoops(p) && !strings.Contains(err.Error(), "lost the connection to Postgres") {
 				t.Fatalf("a streaming session on the old upstream ended with %v", err)
 			}
 		case <-time.After(20 * time.Second):

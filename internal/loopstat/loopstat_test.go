@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"unsafe"
 
@@ -145,4 +146,27 @@ func TestHistogramVec(t *testing.T) {
 	if count, sum, _ := h.snapshot(); count != 6+uint64(400*Shards) || sum != 124.5+float64(400*Shards) {
 		t.Fatalf("after concurrent observations: count %d, sum %g", count, sum)
 	}
+}
+
+// One counter added to from every core, as a prometheus.Counter (one
+// cache line for all) and split per shard: run with -cpu 1,2,... to see
+// the shared line's cost grow with the cores.
+func BenchmarkCounterShared(b *testing.B) {
+	c := prometheus.NewCounter(prometheus.CounterOpts{Name: "b", Help: "b"})
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			c.Inc()
+		}
+	})
+}
+
+func BenchmarkCounterSplit(b *testing.B) {
+	c := NewCounter()
+	var next atomic.Int64
+	b.RunParallel(func(pb *testing.PB) {
+		shard := int(next.Add(1)) // a goroutine per core, as a loop per core
+		for pb.Next() {
+			c.Inc(shard)
+		}
+	})
 }
