@@ -146,7 +146,7 @@ func (r *runner) lockProfiles(cores int) (string, error) {
 	fmt.Fprintf(&b, "### Lock and block profiles under load (%d loops, pgbench -c %d, every event recorded)\n\n", cores, loopsClients)
 	b.WriteString("Contended locks (`/debug/pprof/mutex`, fraction 1) and blocking events (`/debug/pprof/block`, rate 1) during each run whose stacks pass through pgfence's code: on a loop relaying messages, and at a session's start or end (its goroutine posting the session to its loop and waiting for it to end; pgbench connects its 16 clients at the start of each run and disconnects them at its end). The profiling build (bench/pgfence-prof) runs the same proxy and policy.\n\n")
 	var t table
-	t.add("run", "tps", "sessions per loop", "contended locks in pgfence's code: relaying / at sessions' start and end", "blocking events: relaying / at start and end")
+	t.add("run", "tps", "sessions per loop", "contended locks in pgfence's code: relaying / at sessions' start and end", "blocking events: relaying / at start and end", "contended runtime locks (the scheduler's)")
 	var stacks []string
 	for _, mode := range []string{"prepared", "simple"} {
 		for _, w := range loopsWorkloads {
@@ -175,11 +175,11 @@ func (r *runner) lockProfiles(cores int) (string, error) {
 				return "", err
 			}
 			name := "-M " + mode + " " + w.label
-			mh, ml, ms := ourEvents(m0, m1)
-			bh, bl, bs := ourEvents(b0, b1)
-			logf("lock profiles: %s: %.0f tps; relaying: %d contended locks, %d blocking events; at sessions' start and end: %d and %d",
-				name, res.tps, mh, bh, ml, bl)
-			t.add(name, f0(res.tps), "["+res.loops+"]", fmt.Sprintf("%d / %d", mh, ml), fmt.Sprintf("%d / %d", bh, bl))
+			mh, ml, mr, ms := ourEvents(m0, m1)
+			bh, bl, _, bs := ourEvents(b0, b1)
+			logf("lock profiles: %s: %.0f tps; relaying: %d contended locks, %d blocking events; at sessions' start and end: %d and %d; the runtime's own locks: %d",
+				name, res.tps, mh, bh, ml, bl, mr)
+			t.add(name, f0(res.tps), "["+res.loops+"]", fmt.Sprintf("%d / %d", mh, ml), fmt.Sprintf("%d / %d", bh, bl), strconv.FormatInt(mr, 10))
 			for _, st := range ms {
 				stacks = append(stacks, name+", contended lock:\n"+st)
 			}
@@ -245,9 +245,12 @@ func profileRecords(url string) (map[string]profileRecord, error) {
 // session's start or end (a session's goroutine posting to its loop, the
 // loop taking the post, the goroutine waiting for its session to end),
 // and returns those stacks.
-func ourEvents(before, after map[string]profileRecord) (hot, lifecycle int64, stacks []string) {
+func ourEvents(before, after map[string]profileRecord) (hot, lifecycle, runtimeLocks int64, stacks []string) {
 	for k, r := range after {
 		d := r.count - before[k].count
+		if d > 0 && strings.HasPrefix(k, "runtime.unlock") {
+			runtimeLocks += d // the scheduler's own (sched.lock and the like)
+		}
 		if d <= 0 || !strings.Contains(k, "github.com/pgfence/pgfence/") {
 			continue
 		}
@@ -260,7 +263,7 @@ func ourEvents(before, after map[string]profileRecord) (hot, lifecycle int64, st
 		}
 		stacks = append(stacks, fmt.Sprintf("  %d events, %s:\n    %s", d, what, strings.ReplaceAll(k, "\n", "\n    ")))
 	}
-	return hot, lifecycle, stacks
+	return hot, lifecycle, runtimeLocks, stacks
 }
 
 // startPgBouncerFleet runs n PgBouncers in session mode sharing one port
