@@ -6,6 +6,7 @@ package upstream
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"net"
 	"net/url"
@@ -54,9 +55,11 @@ func Parse(s string) (Hosts, error) {
 	default:
 		return Hosts{}, fmt.Errorf("target_session_attrs=%s: pgfence fences writes, so it can only follow a writable primary (read-write or primary)", attrs)
 	}
-	// pgconn lists each host once per TLS attempt (sslmode=prefer tries
-	// TLS, then plain): one upstream per address, TLS optional if any
-	// attempt is plain.
+	// pgconn lists each host once per TLS attempt, in libpq's order
+	// (sslmode=prefer: TLS, then plain; allow: plain, then TLS): one
+	// upstream per address, whose check makes the same attempts (see
+	// Check), and whose sessions use TLS when Postgres accepts it, and
+	// must when no attempt is plain (see sessionTLS).
 	all := append([]*pgconn.FallbackConfig{{Host: cfg.Host, Port: cfg.Port, TLSConfig: cfg.TLSConfig}}, cfg.Fallbacks...)
 	index := map[string]int{}
 	for _, fb := range all {
@@ -66,11 +69,12 @@ func Parse(s string) (Hosts, error) {
 			h.Upstream = proxy.Upstream{Network: "unix", Addr: filepath.Join(fb.Host, ".s.PGSQL."+port)}
 		}
 		if k, ok := index[h.Upstream.Addr]; ok {
-			if fb.TLSConfig == nil {
-				u.List[k].Upstream.TLSRequired = false // sslmode=prefer or allow
-			} else if u.List[k].Upstream.TLS == nil {
-				u.List[k].Upstream.TLS = fb.TLSConfig
-			}
+			sessionTLS(&u.List[k].Upstream, fb.TLSConfig)
+			// The check tries this attempt too, as libpq would: without
+			// it, sslmode=prefer (the default) against a Postgres without
+			// TLS would never be ready.
+			c := u.List[k].cfg
+			c.Fallbacks = append(c.Fallbacks, &pgconn.FallbackConfig{Host: fb.Host, Port: fb.Port, TLSConfig: fb.TLSConfig})
 			continue
 		}
 		one := cfg.Copy()
@@ -80,6 +84,23 @@ func Parse(s string) (Hosts, error) {
 		u.List = append(u.List, h)
 	}
 	return u, nil
+}
+
+// sessionTLS folds another TLS attempt of libpq's for a host into how the
+// proxy connects its sessions there. The proxy makes one attempt per
+// session, as it cannot start a session over once it has relayed the
+// client's startup packet: it asks for TLS when any attempt uses it, and
+// goes on in plain text when Postgres declines, unless no attempt is
+// plain (require, verify-ca, verify-full). So sslmode=prefer means what it
+// means to libpq, and allow gets TLS where Postgres offers it (libpq's
+// allow tries plain text first, then TLS when Postgres refuses that: the
+// proxy's one attempt that works with both kinds of server).
+func sessionTLS(up *proxy.Upstream, attempt *tls.Config) {
+	if attempt == nil {
+		up.TLSRequired = false
+	} else if up.TLS == nil {
+		up.TLS = attempt
+	}
 }
 
 // targetSessionAttrs is the target_session_attrs s (a URL or key=value
@@ -111,9 +132,10 @@ func (s State) String() string {
 	return [...]string{"unreachable", "read-only (a standby, or default_transaction_read_only is on)", "a writable primary"}[s]
 }
 
-// Check connects to h as pgfence's own role and asks whether it is in
-// recovery or read-only, as libpq's target_session_attrs=read-write does;
-// the error says why it could not tell.
+// Check connects to h as pgfence's own role, making the TLS attempts
+// libpq's sslmode makes (prefer: TLS, then plain text), and asks whether
+// it is in recovery or read-only, as libpq's target_session_attrs=read-write
+// does; the error says why it could not tell.
 func Check(ctx context.Context, h Host) (State, error) {
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
