@@ -36,8 +36,17 @@ type Hosts struct {
 // pgfence's own checks of it use.
 type Host struct {
 	Upstream proxy.Upstream
-	cfg      *pgconn.Config // this host only, no fallbacks, no validation
+	cfg      *pgconn.Config // this host only (its TLS attempts as fallbacks), no validation
+	// logins paces Check's logins while this host refuses pgfence's role:
+	// every check would otherwise try again (each scrape, each probe,
+	// Follow every second).
+	logins *Backoff
 }
+
+// Logins is the Backoff that paces pgfence's logins to h: Check's, and
+// any other login of pgfence's role there that should take turns with
+// them.
+func (h Host) Logins() *Backoff { return h.logins }
 
 // Parse reads a postgres:// URL (or key=value string), with sslmode,
 // sslrootcert, target_session_attrs and friends meaning what they mean to
@@ -79,7 +88,7 @@ func Parse(s string) (Hosts, error) {
 		}
 		one := cfg.Copy()
 		one.Host, one.Port, one.TLSConfig, one.Fallbacks, one.ValidateConnect = fb.Host, fb.Port, fb.TLSConfig, nil, nil
-		h.cfg = one
+		h.cfg, h.logins = one, &Backoff{}
 		index[h.Upstream.Addr] = len(u.List)
 		u.List = append(u.List, h)
 	}
@@ -135,14 +144,25 @@ func (s State) String() string {
 // Check connects to h as pgfence's own role, making the TLS attempts
 // libpq's sslmode makes (prefer: TLS, then plain text), and asks whether
 // it is in recovery or read-only, as libpq's target_session_attrs=read-write
-// does; the error says why it could not tell.
+// does; the error says why it could not tell. While h refuses the role's
+// login it does not try again at every call but as its Backoff says, and
+// reports the refusal meanwhile (a *HeldError).
 func Check(ctx context.Context, h Host) (State, error) {
+	if err := h.logins.Try(); err != nil {
+		return Down, err
+	}
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
 	c, err := pgconn.ConnectConfig(ctx, h.cfg)
 	if err != nil {
+		if Refused(err) {
+			h.logins.Failed(err)
+		} else {
+			h.logins.Ended()
+		}
 		return Down, err
 	}
+	h.logins.Succeeded()
 	defer c.Close(context.Background())
 	res, err := c.Exec(ctx, "SELECT pg_catalog.pg_is_in_recovery(), pg_catalog.current_setting('transaction_read_only')").ReadAll()
 	if err != nil {

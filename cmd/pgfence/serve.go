@@ -136,8 +136,7 @@ func serveCmd() *cobra.Command {
 			if serving != nil {
 				serving(inst)
 			}
-			log.Info("pgfence serving", "listen", inst.Addr(), "upstream", inst.upstream, "database", inst.main.name, "metrics", inst.MetricsAddr(),
-				"guards", len(inst.main.policy.Load().Config().Guards), "token_setting", o.tokenSetting, "version", buildVersion())
+			inst.announce()
 			var drained chan error // non-nil while draining
 			for {
 				select {
@@ -264,6 +263,9 @@ type instance struct {
 	// hosts are --upstream's hosts; with more than one, sessions go to
 	// the writable primary among them (see followPrimary).
 	hosts []upstream.Host
+	// announced is set once serve has logged its start-up line, and
+	// servingLogged once it has said "pgfence serving" (see serving).
+	announced, servingLogged atomic.Bool
 
 	proxy  *proxy.Server
 	ln     net.Listener
@@ -355,6 +357,9 @@ func start(o serveOptions, log *slog.Logger) (*instance, error) {
 	}
 	srv, metrics := built.Server, built.Metrics
 	main := newDatabase(mainDB, true, log)
+	if len(ups.List) == 1 {
+		main.retry = ups.List[0].Logins()
+	}
 	// The main database's series exist from start-up, and its policy
 	// fences its sessions with the explicit guards until a read works
 	// (which admit waits for).
@@ -447,6 +452,35 @@ func start(o serveOptions, log *slog.Logger) (*instance, error) {
 	go func() { srv.Serve(ln); close(inst.served) }()
 	go main.run(ctx, inst, inst.discoverEvery)
 	return inst, nil
+}
+
+// announce logs the start-up line: "pgfence serving" when the --upstream
+// database's catalog is read, else that clients are refused until it is
+// (and "pgfence serving" once a read works): never "serving" while every
+// client is refused.
+func (i *instance) announce() {
+	i.announced.Store(true)
+	if !i.main.known.Load() {
+		i.log.Warn("pgfence started, but refuses clients until it has read the catalog of the --upstream database, as it cannot tell which tables to fence before: see the error above; it tries again, waiting longer each time",
+			"listen", i.Addr(), "upstream", i.upstream, "database", i.main.name, "metrics", i.MetricsAddr(), "version", buildVersion())
+	}
+	i.serving()
+}
+
+// serving logs "pgfence serving", once, when serve has announced itself
+// and the --upstream database's catalog has been read. Both announce and
+// the read that works call it, each after setting what it sets, so that
+// whichever comes last logs it.
+func (i *instance) serving() {
+	if !i.announced.Load() || !i.main.known.Load() || !i.servingLogged.CompareAndSwap(false, true) {
+		return
+	}
+	guards := 0
+	if p := i.main.policy.Load(); p != nil {
+		guards = len(p.Config().Guards)
+	}
+	i.log.Info("pgfence serving", "listen", i.Addr(), "upstream", i.upstream, "database", i.main.name, "metrics", i.MetricsAddr(),
+		"guards", guards, "token_setting", i.options().tokenSetting, "version", buildVersion())
 }
 
 // options are the options in force.
