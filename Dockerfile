@@ -56,8 +56,11 @@ ENV PGFENCE_LISTEN=0.0.0.0:6432 PGFENCE_METRICS_LISTEN=0.0.0.0:9187
 # 6432: clients (the Postgres protocol); 9187: /metrics, /healthz (liveness)
 # and /readyz (readiness).
 EXPOSE 6432 9187
-# SIGTERM drains (pgfence stops accepting and lets open transactions finish
-# for up to --drain-timeout, 30s): give `podman stop` / Kubernetes that long.
+# SIGTERM drains: pgfence stops accepting and lets open transactions finish
+# for up to --drain-timeout (5s), then exits within about 5s more. That
+# fits podman's and docker's default stop timeout (10s); with a longer
+# --drain-timeout, stop with -t (or stop_grace_period,
+# terminationGracePeriodSeconds) of the drain plus 5s.
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["pgfence"]
 CMD ["serve"]

@@ -85,11 +85,19 @@ func (o *serveOptions) addFlags(cmd *cobra.Command) {
 	f.StringArrayVar(&o.exemptRoles, "backstop-exempt-role", nil, "a role whose writes the backstop lets through unfenced (migrations), counted and logged in the server log (repeatable)")
 	f.StringVar(&o.tlsCert, "tls-cert", "", "PEM certificate (chain) for client TLS; with --tls-key, pgfence accepts sslmode=require/verify-full clients and terminates their TLS")
 	f.StringVar(&o.tlsKey, "tls-key", "", "PEM private key for --tls-cert")
-	f.DurationVar(&o.drainTimeout, "drain-timeout", 30*time.Second, "on SIGTERM, how long open transactions may go on before their sessions are closed")
+	f.DurationVar(&o.drainTimeout, "drain-timeout", defaultDrainTimeout, "on SIGTERM, how long open transactions may go on before their sessions are closed; the runtime must give pgfence this plus 5s before it kills it (podman's and docker's stop timeout, 10s by default; Kubernetes' terminationGracePeriodSeconds)")
 	f.DurationVar(&o.staleLogInterval, "stale-log-interval", time.Second, "least time between two log lines of stale writes to one table (of one kind, path and mode): the first gets a line at once, then at most one per interval, which says how many it stands for (unlogged=N); the metrics count every one; 0 logs every stale write")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&o.logFormat, "log-format", "text", "text or json")
 }
+
+// defaultDrainTimeout is --drain-timeout's default: what is left of
+// podman's and docker's default stop timeout (10 s, which podman-compose
+// and a plain `podman stop` give) once pgfence has taken up to 5 s to
+// close: writing out its log lines (2 s at most), stopping its HTTP
+// server (1 s), and a margin. A longer drain is cut short by SIGKILL
+// there, and the open transactions with it, unannounced.
+const defaultDrainTimeout = 5 * time.Second
 
 // serving, if set, is told of each instance serve starts: tests learn from
 // it where --listen 127.0.0.1:0 listens.
