@@ -52,10 +52,10 @@ USER 10001:10001
 # PGFENCE_GUARD, ...), the upstream password from PGPASSWORD or a PGPASSFILE:
 # none belongs on the command line. These two listen on every address of the
 # container; the command line, or the environment, can say otherwise.
-ENV PGFENCE_LISTEN=0.0.0.0:6432 PGFENCE_METRICS_LISTEN=0.0.0.0:9187
-# 6432: clients (the Postgres protocol); 9187: /metrics, /healthz (liveness)
-# and /readyz (readiness).
-EXPOSE 6432 9187
+ENV PGFENCE_LISTEN=0.0.0.0:6432 PGFENCE_METRICS_LISTEN=0.0.0.0:16432
+# 6432: clients (the Postgres protocol); 16432: /metrics, /healthz
+# (liveness) and /readyz (readiness).
+EXPOSE 6432 16432
 # SIGTERM drains: pgfence stops accepting and lets open transactions finish
 # for up to --drain-timeout (5s), then exits within about 5s more. That
 # fits podman's and docker's default stop timeout (10s); with a longer

@@ -67,7 +67,7 @@ func (o *serveOptions) addFlags(cmd *cobra.Command) {
 	f.StringVar(&o.listen, "listen", "127.0.0.1:6432", "address clients connect to: host:port, or the absolute path of a Unix socket (e.g. /run/pgfence/.s.PGSQL.6432, which clients reach with host=/run/pgfence port=6432)")
 	f.StringVar(&o.unixSocketDir, "unix-socket-dir", "", "also listen on a Unix socket in this directory, named as Postgres names its own (.s.PGSQL.<--listen's port>), so that clients connect with host=DIR")
 	f.StringVar(&o.upstream, "upstream", "", "postgres:// URL of the real server; its user and password serve only pgfence's own queries")
-	f.StringVar(&o.metricsListen, "metrics-listen", "127.0.0.1:9187", "address of /metrics, /healthz and /readyz (\"\" to disable)")
+	f.StringVar(&o.metricsListen, "metrics-listen", "127.0.0.1:"+defaultMetricsPort, "address of /metrics, /healthz and /readyz (\"\" to disable)")
 	o.policyOptions.addFlags(cmd)
 	f.BoolVar(&o.discover, "discover", true, "guard every table that has a bigint --discover-column, in each database clients use (partitions and children of guarded tables are always guarded)")
 	f.StringVar(&o.discoverColumn, "discover-column", "fence_epoch", "epoch column name that discovery looks for")
@@ -90,6 +90,15 @@ func (o *serveOptions) addFlags(cmd *cobra.Command) {
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&o.logFormat, "log-format", "text", "text or json")
 }
+
+// defaultMetricsPort is --metrics-listen's port. Not 9187, which is
+// postgres_exporter's, nor any other port of Postgres's usual neighbours
+// (exporters, poolers, Patroni, etcd, backup servers: docs/operations.md
+// lists them); outside Prometheus's exporter range 9100-9999, all of which
+// is allocated, and outside Linux's ephemeral range (32768-60999), where a
+// client's source port could take it. It ends as pgfence's client port,
+// 6432, does.
+const defaultMetricsPort = "16432"
 
 // defaultDrainTimeout is --drain-timeout's default: what is left of
 // podman's and docker's default stop timeout (10 s, which podman-compose

@@ -60,7 +60,7 @@ var pgfenceImage = cmp.Or(os.Getenv("PGFENCE_IMAGE"), "localhost/pgfence:latest"
 const (
 	// imageMetricsPort is where the image's pgfence serves /metrics,
 	// /healthz and /readyz (PGFENCE_METRICS_LISTEN).
-	imageMetricsPort = 9187
+	imageMetricsPort = 16432
 	postgresImage    = "localhost/postgres:15"
 	// The init script docker-compose.yml gives Postgres: table accounts
 	// with a fence_epoch column, rows 1 and 2.

@@ -938,12 +938,12 @@ func TestChecksFail(t *testing.T) {
 		{"readiness on /healthz", sidecar, "path: /readyz", "path: /healthz", `readiness probe: path "/healthz", want /readyz`},
 		{"no readiness probe", beside, "          readinessProbe:\n            httpGet:\n              path: /readyz\n              port: metrics\n            periodSeconds: 5\n            timeoutSeconds: 9\n            failureThreshold: 3\n", "", `no readiness probe`},
 		{"probe on a port that is not there", sidecar, "              path: /readyz\n              port: metrics", "              path: /readyz\n              port: metric", `no port named "metric"`},
-		{"probe on a number", beside, "              path: /healthz\n              port: metrics", "              path: /healthz\n              port: 9187", `use the container port's name`},
+		{"probe on a number", beside, "              path: /healthz\n              port: metrics", "              path: /healthz\n              port: 16432", `use the container port's name`},
 		{"postgres probe on a port that is not there", beside, "            exec:\n              command: [\"pg_isready\", \"-q\", \"-h\", \"127.0.0.1\", \"-p\", \"5432\"]", "            tcpSocket:\n              port: postgres", `no port named "postgres"`},
 		{"liveness that fails while Postgres is down", sidecar, "            periodSeconds: 10\n            timeoutSeconds: 7", "            periodSeconds: 10\n            timeoutSeconds: 3", `liveness probe: timeoutSeconds 3`},
-		{"metrics on loopback", sidecar, `PGFENCE_METRICS_LISTEN: ":9187"`, `PGFENCE_METRICS_LISTEN: "127.0.0.1:9187"`, `is a loopback address`},
-		{"metrics on the default", beside, "  PGFENCE_METRICS_LISTEN: \":9187\"\n", "", `--metrics-listen "127.0.0.1:9187" is a loopback address`},
-		{"metrics port moved", beside, `PGFENCE_METRICS_LISTEN: ":9187"`, `PGFENCE_METRICS_LISTEN: ":9188"`, `port metrics (9187) is neither`},
+		{"metrics on loopback", sidecar, `PGFENCE_METRICS_LISTEN: ":16432"`, `PGFENCE_METRICS_LISTEN: "127.0.0.1:16432"`, `is a loopback address`},
+		{"metrics on the default", beside, "  PGFENCE_METRICS_LISTEN: \":16432\"\n", "", `--metrics-listen "127.0.0.1:16432" is a loopback address`},
+		{"metrics port moved", beside, `PGFENCE_METRICS_LISTEN: ":16432"`, `PGFENCE_METRICS_LISTEN: ":16433"`, `port metrics (16432) is neither`},
 		{"declared port on loopback", beside, `PGFENCE_LISTEN: ":6432"`, `PGFENCE_LISTEN: "127.0.0.1:6432"`, `is loopback-only`},
 		{"no limits", sidecar, "            limits:\n              cpu: \"1\"\n              memory: 256Mi\n          securityContext:\n            # The image runs", "          securityContext:\n            # The image runs", `no resources.limits.memory`},
 		{"request above limit", beside, "              cpu: 250m", "              cpu: \"3\"", `resources.requests.cpu 3 is above the limit 2`},
@@ -975,12 +975,12 @@ func TestChecksFail(t *testing.T) {
 		{"image latest", sidecar, "image: registry.example.com/pgfence/pgfence:0.1.0", "image: registry.example.com/pgfence/pgfence:latest", `fully qualified`},
 		{"image short name", beside, "image: docker.io/library/postgres:15", "image: postgres:15", `image "postgres:15"`},
 		{"no scrape annotation", beside, "        prometheus.io/scrape: \"true\"\n", "", `no prometheus.io/scrape`},
-		{"scrape port annotation wrong", sidecar, `prometheus.io/port: "9187"`, `prometheus.io/port: "6432"`, `prometheus.io/port "6432" is not pgfence's metrics port 9187`},
+		{"scrape port annotation wrong", sidecar, `prometheus.io/port: "16432"`, `prometheus.io/port: "6432"`, `prometheus.io/port "6432" is not pgfence's metrics port 16432`},
 		{"selector not matching the template", sidecar, "    matchLabels:\n      app.kubernetes.io/name: billing-worker", "    matchLabels:\n      app.kubernetes.io/name: billing", `does not select the pod template's labels`},
 		{"Service selecting nothing", beside, "  type: ClusterIP\n  selector:\n    app.kubernetes.io/name: appdb", "  type: ClusterIP\n  selector:\n    app.kubernetes.io/name: app-db", `selects no pod template here`},
 		{"Service targeting a port that is not there", beside, "targetPort: metrics", "targetPort: metricz", `targetPort metricz is no container port`},
 		{"Service targeting a port number that is not there", beside, "targetPort: pgfence", "targetPort: 5432", `targetPort 5432 is no container port`},
-		{"Service port without a name", beside, "    - name: metrics\n      port: 9187", "    - port: 9187", `port 9187 has no name`},
+		{"Service port without a name", beside, "    - name: metrics\n      port: 16432", "    - port: 16432", `port 16432 has no name`},
 		{"governing Service not headless", beside, "  clusterIP: None\n", "", `must be headless`},
 		{"governing Service missing", beside, "serviceName: appdb-headless", "serviceName: appdb-governing", `no such Service`},
 		{"defined twice", beside, "  name: pgfence-appdb\n", "  name: pgfence-sidecar\n", `defined again`},
@@ -1018,7 +1018,7 @@ func TestParseHelp(t *testing.T) {
       --guard stringArray                  guarded table
   -h, --help                               help for serve
       --listen string                      address clients connect to (default "127.0.0.1:6432")
-      --metrics-listen string              address of /metrics ("" to disable) (default "127.0.0.1:9187")
+      --metrics-listen string              address of /metrics ("" to disable) (default "127.0.0.1:16432")
       --token-setting string               session setting (default "fence.token")
       --upstream string                    postgres:// URL
 `
@@ -1027,7 +1027,7 @@ func TestParseHelp(t *testing.T) {
 		t.Fatal(err)
 	}
 	if f.names["help"] || !f.isBool["allow-truncate"] || f.isBool["guard"] ||
-		f.defaults["metrics-listen"] != "127.0.0.1:9187" || f.defaults["drain-timeout"] != "30s" || f.defaults["token-setting"] != "fence.token" {
+		f.defaults["metrics-listen"] != "127.0.0.1:16432" || f.defaults["drain-timeout"] != "30s" || f.defaults["token-setting"] != "fence.token" {
 		t.Fatalf("parsed %+v", f)
 	}
 	if _, err := parseHelp("Usage:\n  pgfence serve [flags]\n"); err == nil {
