@@ -40,6 +40,22 @@ RUN --mount=type=cache,id=pgfence-gomod,target=/go/pkg/mod \
 	&& /out/pgfence version
 
 FROM ${RUNTIME_IMAGE}
+# The image's own OCI labels (the base image's, such as the local base's
+# description, would otherwise stand for it): which pgfence, from which
+# commit and source, under which license. VERSION and COMMIT are the build
+# stage's (make image passes the checkout's git describe and commit).
+ARG VERSION=dev
+ARG COMMIT=
+ARG RUNTIME_IMAGE
+LABEL org.opencontainers.image.title="pgfence" \
+	org.opencontainers.image.description="Postgres wire-protocol proxy that enforces fencing tokens on writes to guarded tables" \
+	org.opencontainers.image.version="${VERSION}" \
+	org.opencontainers.image.revision="${COMMIT}" \
+	org.opencontainers.image.source="https://github.com/pgfence/pgfence" \
+	org.opencontainers.image.url="https://github.com/pgfence/pgfence" \
+	org.opencontainers.image.documentation="https://github.com/pgfence/pgfence/blob/main/deploy/container/README.md" \
+	org.opencontainers.image.licenses="Apache-2.0" \
+	org.opencontainers.image.base.name="${RUNTIME_IMAGE}"
 # CA certificates for --upstream sslmode=verify-full without sslrootcert
 # (bookworm-slim has none; the build image's, rather than apt in this stage).
 COPY --from=build /etc/ssl/certs/ca-certificates.crt /etc/ssl/certs/ca-certificates.crt

@@ -34,6 +34,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -339,6 +340,30 @@ func TestImage(t *testing.T) {
 		t.Fatalf("%s runs as user %q, want a non-root user", pgfenceImage, user)
 	}
 
+	// OCI labels of its own: the version and commit it runs, its source
+	// and license; none of the base image's stands for it.
+	var labels map[string]string
+	if err := json.Unmarshal([]byte(r.must(time.Minute, pm, "image", "inspect", "--format", "{{json .Labels}}", pgfenceImage)), &labels); err != nil {
+		t.Fatal(err)
+	}
+	f := strings.Fields(out) // pgfence VERSION commit COMMIT GOVERSION
+	if len(f) < 4 || f[2] != "commit" {
+		t.Fatalf("pgfence version: %q", out)
+	}
+	for key, want := range map[string]string{
+		"org.opencontainers.image.title":    "pgfence",
+		"org.opencontainers.image.version":  f[1],
+		"org.opencontainers.image.revision": f[3],
+		"org.opencontainers.image.source":   "https://github.com/pgfence/pgfence",
+		"org.opencontainers.image.licenses": "Apache-2.0",
+	} {
+		if labels[key] != want {
+			t.Errorf("%s: label %s = %q, want %q", pgfenceImage, key, labels[key], want)
+		}
+	}
+	if d := labels["org.opencontainers.image.description"]; !strings.Contains(d, "fencing") {
+		t.Errorf("%s: label org.opencontainers.image.description = %q, not pgfence's own", pgfenceImage, d)
+	}
 }
 
 // TestPod: Postgres and pgfence in one pod; the stale write is fenced.
