@@ -2,7 +2,8 @@
 // (see README.md): every document decodes strictly into its typed API
 // object, and what matters for pgfence holds (probes, resources, security
 // context, no password outside a Secret, only real pgfence flags, Services
-// that reach a pod).
+// that reach a pod; NetworkPolicies, PodDisruptionBudgets and PodMonitors:
+// policy_test.go).
 //
 // It is a module of its own so that the main module does not depend on
 // Kubernetes' packages. It builds pgfence from the repository (../..) once
@@ -29,6 +30,7 @@ import (
 	"testing"
 	"time"
 
+	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -54,10 +56,12 @@ var kinds = map[string]func() any{
 	"apps/v1/DaemonSet":                  func() any { return &appsv1.DaemonSet{} },
 	"policy/v1/PodDisruptionBudget":      func() any { return &policyv1.PodDisruptionBudget{} },
 	"networking.k8s.io/v1/NetworkPolicy": func() any { return &networkingv1.NetworkPolicy{} },
+	// The Prometheus Operator's, for pgfence-podmonitor.yaml.
+	"monitoring.coreos.com/v1/PodMonitor": func() any { return &monitoringv1.PodMonitor{} },
 }
 
 // Files that must be here.
-var wantFiles = []string{"pgfence-sidecar-app.yaml", "pgfence-beside-postgres.yaml", "example-secret.yaml"}
+var wantFiles = []string{"pgfence-sidecar-app.yaml", "pgfence-beside-postgres.yaml", "example-secret.yaml", "pgfence-podmonitor.yaml"}
 
 const (
 	// exampleAnnotation marks a Secret as an example (example-secret.yaml).
@@ -320,6 +324,9 @@ func check(objs []object, f serveFlags) []string {
 			c.checkService(o, s, ws)
 		}
 	}
+	c.checkNetworkPolicies(objs, ws)
+	c.checkDisruptionBudgets(objs, ws)
+	c.checkPodMonitors(objs, ws)
 	return c.problems
 }
 
@@ -915,9 +922,10 @@ func TestManifests(t *testing.T) {
 func TestChecksFail(t *testing.T) {
 	files := readDir(t, ".")
 	const (
-		sidecar = "pgfence-sidecar-app.yaml"
-		beside  = "pgfence-beside-postgres.yaml"
-		secrets = "example-secret.yaml"
+		sidecar    = "pgfence-sidecar-app.yaml"
+		beside     = "pgfence-beside-postgres.yaml"
+		secrets    = "example-secret.yaml"
+		podMonitor = "pgfence-podmonitor.yaml"
 	)
 	cases := []struct {
 		name, file, old, new, want string
@@ -984,6 +992,31 @@ func TestChecksFail(t *testing.T) {
 		{"governing Service not headless", beside, "  clusterIP: None\n", "", `must be headless`},
 		{"governing Service missing", beside, "serviceName: appdb-headless", "serviceName: appdb-governing", `no such Service`},
 		{"defined twice", beside, "  name: pgfence-appdb\n", "  name: pgfence-sidecar\n", `defined again`},
+		// NetworkPolicies: only the application reaches pgfence's port, only
+		// the monitoring namespace its metrics.
+		{"no NetworkPolicy", sidecar, "kind: NetworkPolicy", "kind: NetworkPolicyy", `no NetworkPolicy (with policyTypes Ingress) selects its pods`},
+		{"NetworkPolicy for Egress only", beside, `policyTypes: ["Ingress"]`, `policyTypes: ["Egress"]`, `policyTypes lacks Ingress`},
+		{"NetworkPolicy selecting nothing", beside, "spec:\n  podSelector:\n    matchLabels:\n      app.kubernetes.io/name: appdb", "spec:\n  podSelector:\n    matchLabels:\n      app.kubernetes.io/name: app-db", `podSelector selects no pod template here`},
+		{"metrics open to every namespace", sidecar, "            matchLabels:\n              kubernetes.io/metadata.name: monitoring", "            matchLabels: {}", `is open to more than the namespace "monitoring"`},
+		{"metrics open to addresses", beside, "    - from:\n        - namespaceSelector:\n            matchLabels:\n              kubernetes.io/metadata.name: monitoring", "    - from:\n        - ipBlock:\n            cidr: 0.0.0.0/0", `is open to more than the namespace "monitoring"`},
+		{"pgfence's port open to a whole namespace", beside, "              kubernetes.io/metadata.name: billing\n          podSelector:\n            matchLabels:\n              app.kubernetes.io/name: billing-worker\n", "              kubernetes.io/metadata.name: billing\n", `pgfence's port (pgfence) is open to more than the application`},
+		{"rule without sources", beside, "    - from:\n        - namespaceSelector:\n            matchLabels:\n              kubernetes.io/metadata.name: billing\n          podSelector:\n            matchLabels:\n              app.kubernetes.io/name: billing-worker\n      ports:", "    - ports:", `no from: it lets every source in`},
+		{"rule without ports", sidecar, "      ports:\n        - port: metrics\n          protocol: TCP\n", "", `no ports: it opens every port`},
+		{"rule on a port that is not there", beside, "        - port: pgfence\n", "        - port: pgfencex\n", `port pgfencex is no container port`},
+		{"application shut out", beside, "    # Clients: the application's pods, on pgfence's port.\n    - from:\n        - namespaceSelector:\n            matchLabels:\n              kubernetes.io/metadata.name: billing\n          podSelector:\n            matchLabels:\n              app.kubernetes.io/name: billing-worker\n      ports:\n        - port: pgfence\n          protocol: TCP\n", "", `no NetworkPolicy rule lets the application reach pgfence's port 6432`},
+		{"Prometheus shut out", sidecar, "    - from:\n        - namespaceSelector:\n            matchLabels:\n              kubernetes.io/metadata.name: monitoring\n      ports:\n        - port: metrics\n          protocol: TCP\n", "    []\n", `no NetworkPolicy rule lets the namespace "monitoring" reach pgfence's metrics port 16432`},
+		// The StatefulSet's PodDisruptionBudget.
+		{"no PodDisruptionBudget", beside, "kind: PodDisruptionBudget", "kind: PodDisruptionBudgett", `no PodDisruptionBudget selects its pods`},
+		{"PodDisruptionBudget without a budget", beside, "  maxUnavailable: 0\n", "", `neither minAvailable nor maxUnavailable`},
+		{"PodDisruptionBudget selecting nothing", beside, "  unhealthyPodEvictionPolicy: AlwaysAllow\n  selector:\n    matchLabels:\n      app.kubernetes.io/name: appdb", "  unhealthyPodEvictionPolicy: AlwaysAllow\n  selector:\n    matchLabels:\n      app.kubernetes.io/name: app-db", `selector selects no pod template here`},
+		// The PodMonitor.
+		{"PodMonitor misspelled field", podMonitor, "podMetricsEndpoints:", "podMetricEndpoints:", `unknown field "spec.podMetricEndpoints"`},
+		{"PodMonitor on the client port", podMonitor, "    - port: metrics", "    - port: pgfence", `port "pgfence" of pgfence-beside-postgres.yaml: StatefulSet appdb is 6432, not pgfence's metrics port 16432`},
+		{"PodMonitor on no port", podMonitor, "    - port: metrics\n", "    - scheme: http\n", `no port name`},
+		{"PodMonitor on another path", podMonitor, "      path: /metrics", "      path: /healthz", `path "/healthz", want /metrics`},
+		{"PodMonitor in its own namespace only", podMonitor, "  namespaceSelector:\n    any: true\n", "", `it selects only pods of its own namespace`},
+		{"PodMonitor selecting nothing", podMonitor, `pgfence/scrape: "true"`, `pgfence/scrape: "yes"`, `selector selects no pod template here`},
+		{"pod left unscraped", sidecar, "        pgfence/scrape: \"true\"\n", "", `Deployment billing-worker: no PodMonitor scrapes its pgfence`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
