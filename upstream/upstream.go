@@ -1,7 +1,3 @@
-// Package upstream is where pgfence finds Postgres: the hosts an --upstream
-// connection string names, with libpq's meaning of sslmode and
-// target_session_attrs, whether each is a writable primary, and following
-// the primary among them as failovers move it.
 package upstream
 
 import (
