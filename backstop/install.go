@@ -80,6 +80,9 @@ type Report struct {
 	// Recorded is set when Install recorded the configuration it
 	// installed (see record.go).
 	Recorded bool
+	// DroppedFunctions are the trigger functions Install dropped because
+	// nothing uses them any more.
+	DroppedFunctions []string
 	// Grants are the statements that would give pgfence's role the
 	// privileges Install lacked (see privileges.go), each once; a
 	// superuser or the objects' owner runs them.
@@ -499,17 +502,65 @@ func apply(ctx context.Context, conn *pgx.Conn, state []tableState, eff []sqlrew
 				return err
 			}
 		}
-		if discovered.Name == "" {
-			return nil
+		if discovered.Name != "" {
+			tf, _ := TruncateFunction(eo)
+			if err := savepoint(ctx, tx, func() error {
+				why, err := watchDDL(ctx, tx, o.Discovered.Column, discovered.Name, tf.Name, r.Superuser, o.Replace)
+				r.NotWatchingDDL = why
+				return err
+			}, func(err error) { r.NotWatchingDDL = err.Error() }); err != nil {
+				return err
+			}
 		}
-		tf, _ := TruncateFunction(eo)
+		// Last, once the triggers and the records are what they are now.
 		return savepoint(ctx, tx, func() error {
-			why, err := watchDDL(ctx, tx, o.Discovered.Column, discovered.Name, tf.Name, r.Superuser, o.Replace)
-			r.NotWatchingDDL = why
+			var err error
+			r.DroppedFunctions, err = dropUnused(ctx, tx, funcs)
 			return err
-		}, func(err error) { r.NotWatchingDDL = err.Error() })
+		}, func(err error) { r.DroppedFunctions = nil })
 	})
 	return changed, failed, err
+}
+
+// unusedQuery lists pgfence's trigger functions (backstop_<hash> and
+// backstop_truncate_<hash>) that no trigger runs, no recorded
+// configuration names (pgfence.guarded, pgfence.ddl_backstop: what mends a
+// table, or what the DDL watch puts on a new one) and that $1 does not
+// list.
+const unusedQuery = `
+SELECT p.proname::text FROM pg_catalog.pg_proc p
+JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+WHERE n.nspname = 'pgfence' AND p.proname LIKE 'backstop\_%' AND p.prorettype = 'pg_catalog.trigger'::pg_catalog.regtype AND p.pronargs = 0
+  AND NOT p.proname = ANY($1::text[])
+  AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t WHERE t.tgfoid = p.oid)
+  AND NOT EXISTS (SELECT 1 FROM pgfence.guarded g WHERE p.proname IN (g.row_function, g.truncate_function))
+  AND NOT EXISTS (SELECT 1 FROM pgfence.ddl_backstop d WHERE p.proname IN (d.row_function, d.truncate_function))
+ORDER BY 1`
+
+// dropUnused drops the trigger functions nothing uses any more (see
+// unusedQuery): each configuration change leaves the functions of the
+// last one, and each version's bodies differ from the one before. keep
+// are the functions this configuration wants. DROP FUNCTION without
+// CASCADE: one a trigger took up meanwhile stays.
+func dropUnused(ctx context.Context, tx pgx.Tx, keep map[string]Function) ([]string, error) {
+	names := make([]string, 0, len(keep))
+	for n := range keep {
+		names = append(names, n)
+	}
+	rows, err := tx.Query(ctx, unusedQuery, names)
+	if err != nil {
+		return nil, err
+	}
+	unused, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, err
+	}
+	for _, f := range unused {
+		if _, err := tx.Exec(ctx, "DROP FUNCTION "+ident(Schema)+"."+ident(f)+"()"); err != nil {
+			return nil, fmt.Errorf("dropping the unused trigger function %s.%s: %w", Schema, f, err)
+		}
+	}
+	return unused, nil
 }
 
 // savepoint runs do in a savepoint of tx; when do fails, the savepoint is

@@ -221,6 +221,9 @@ func (d *database) reportBackstop(read *catalogRead, o serveOptions) {
 		}
 	}
 	d.metrics.Backstop(installed)
+	if len(rep.DroppedFunctions) > 0 {
+		d.log.Info("backstop: dropped the trigger functions no trigger runs any more", "functions", strings.Join(rep.DroppedFunctions, ","))
+	}
 	d.retrySoon.Store(rep.Retry())
 	var lines []string
 	// Who can switch it off unseen: without the DDL guard, the owner of

@@ -103,6 +103,9 @@ GRANT statements that would give it.`,
 				}
 			}
 			if rep.SetUp {
+				if len(rep.DroppedFunctions) > 0 {
+					fmt.Fprintf(out, "dropped the trigger functions no trigger runs any more: %s\n", strings.Join(rep.DroppedFunctions, ", "))
+				}
 				if w := rep.NotGuardingDDL; w != "" {
 					fmt.Fprintf(out, "note: %s\n", w)
 				} else {
