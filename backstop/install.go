@@ -273,12 +273,6 @@ func Reconcile(ctx context.Context, conn *pgx.Conn, guards []sqlrewrite.Guard, o
 		want[i], mine[i] = wantedFor(eff[i], eo), wantedFor(g, o)
 	}
 	r.Differences = rec.differences(guards, oids, o)
-	if o.Discovered != nil && rec.ddl.row != "" && !o.Replace {
-		if f, _ := RowFunction(*o.Discovered, o); f.Name != rec.ddl.row || o.Discovered.Column != rec.ddl.column {
-			r.Differences = append(r.Differences, "the configuration of tables found by their epoch column (--discover-column, --mode, --missing-token and the settings above): "+
-				"the database's puts pgfence."+rec.ddl.row+" on "+rec.ddl.column+", this instance's pgfence."+f.Name+" on "+o.Discovered.Column)
-		}
-	}
 	state, err := readState(ctx, conn, eff, want)
 	if err != nil {
 		return nil, err
@@ -424,8 +418,10 @@ func apply(ctx context.Context, conn *pgx.Conn, state []tableState, eff []sqlrew
 	changed, failed = map[int]string{}, map[int]error{}
 	funcs := map[string]Function{}
 	var discovered Function
+	var effDiscovered sqlrewrite.Guard
 	if o.Discovered != nil {
-		discovered, _ = RowFunction(*o.Discovered, eo)
+		effDiscovered = rec.discovered(*o.Discovered, o)
+		discovered, _ = RowFunction(effDiscovered, eo)
 		if discovered.Name != "" {
 			funcs[discovered.Name] = discovered
 		}
@@ -505,7 +501,7 @@ func apply(ctx context.Context, conn *pgx.Conn, state []tableState, eff []sqlrew
 		if discovered.Name != "" {
 			tf, _ := TruncateFunction(eo)
 			if err := savepoint(ctx, tx, func() error {
-				why, err := watchDDL(ctx, tx, o.Discovered.Column, discovered.Name, tf.Name, r.Superuser, o.Replace)
+				why, err := watchDDL(ctx, tx, effDiscovered, discovered.Name, tf.Name, r.Superuser)
 				r.NotWatchingDDL = why
 				return err
 			}, func(err error) { r.NotWatchingDDL = err.Error() }); err != nil {
