@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -68,6 +69,9 @@ type database struct {
 	// gap, when set, is why the database is not ready: a guarded table
 	// lacks its backstop (see /readyz and --ready-without-backstop).
 	gap atomic.Pointer[string]
+	// unfenceable, when set, names the guarded tables that cannot be
+	// fenced (their writes are refused): not ready either.
+	unfenceable atomic.Pointer[string]
 	// retrySoon says the last read could not install a table's backstop
 	// without waiting behind open transactions: run reads again soon.
 	retrySoon atomic.Bool
@@ -145,6 +149,7 @@ func (d *database) load(ctx context.Context, i *instance) {
 		cfg.Guards = read.guards
 		read.configure(&cfg)
 		d.reportBackstop(read, i.options())
+		d.noteUnfenceable(read.guards)
 	}
 	policy := d.policy.Load()
 	if policy == nil {
@@ -294,6 +299,23 @@ func (d *database) reportBackstop(read *catalogRead, o serveOptions) {
 	}
 	d.gap.Store(nil)
 	d.setStatus(strings.Join(append([]string{fmt.Sprintf("backstop: in place on all %d guarded tables", len(rep.Tables))}, lines...), "\n  "))
+}
+
+// noteUnfenceable keeps, for /readyz, the guarded tables whose writes
+// are refused because they cannot be fenced.
+func (d *database) noteUnfenceable(guards []sqlrewrite.Guard) {
+	var tables []string
+	for _, g := range guards {
+		if g.Unfenceable != "" {
+			tables = append(tables, "guarded table "+g.Label()+" cannot be fenced, and its writes are refused: "+g.Unfenceable)
+		}
+	}
+	if len(tables) == 0 {
+		d.unfenceable.Store(nil)
+		return
+	}
+	u := strings.Join(tables, "\n  ")
+	d.unfenceable.Store(&u)
 }
 
 // setStatus sets the catalog's and backstop's state that /readyz reports.
@@ -569,6 +591,22 @@ func (i *instance) backstopGap() string {
 	return strings.Join(gaps, "\n")
 }
 
+// unfenceable says, when some database has guarded tables that cannot
+// be fenced, that their writes are refused ("" when none has): the
+// tables and their fixes are in statusLines.
+func (i *instance) unfenceable() string {
+	var dbs []string
+	for _, d := range i.databases() {
+		if d.unfenceable.Load() != nil {
+			dbs = append(dbs, strconv.Quote(d.name))
+		}
+	}
+	if len(dbs) == 0 {
+		return ""
+	}
+	return "guarded tables of database " + strings.Join(dbs, ", ") + " cannot be fenced, and pgfence refuses their writes (which tables, and the fix, below)"
+}
+
 // statusLines is each known database's state, for /readyz's body.
 func (i *instance) statusLines() string {
 	var b strings.Builder
@@ -581,6 +619,9 @@ func (i *instance) statusLines() string {
 			what = " (--upstream)"
 		}
 		fmt.Fprintf(&b, "database %q%s: %s\n", d.name, what, d.statusLine())
+		if u := d.unfenceable.Load(); u != nil {
+			fmt.Fprintf(&b, "  %s\n", *u)
+		}
 	}
 	return b.String()
 }
