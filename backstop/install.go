@@ -308,8 +308,15 @@ func Reconcile(ctx context.Context, conn *pgx.Conn, guards []sqlrewrite.Guard, o
 			t.Problem = "roles that are not superusers may set session_replication_role, under which no trigger fires: " + strings.Join(setters, ", ") +
 				"; REVOKE SET ON PARAMETER session_replication_role FROM them, or name them with --backstop-exempt-role if they may write unfenced"
 		}
-		if f := failed[i]; f != nil && t.Problem != "" {
+		switch f := failed[i]; {
+		case f != nil && t.Problem != "":
 			t.Problem += "; " + installFailure(guards[i].Name(), r.Role, st, f)
+			t.Retry = code(f) == "55P03"
+		case f != nil:
+			// The backstop is as good as wanted (it fences more than asked,
+			// observe or TRUNCATE allowed, or keeps an older name), but
+			// what was asked was not done: said, not a missing backstop.
+			r.Problems = append(r.Problems, installFailure(guards[i].Name(), r.Role, st, f))
 			t.Retry = code(f) == "55P03"
 		}
 		t.OK = t.Problem == ""
@@ -604,8 +611,9 @@ func installFailure(table, role string, st tableState, err error) string {
 				"as Postgres creates a partitioned table's row trigger on every partition; pgfence still fences what it sees", table, pe.Message, role)
 		case pe.Code == "42501" && !st.owns:
 			return fmt.Sprintf("cannot change the backstop on table %s: %s; dropping one of its triggers (or enabling a partition's) takes owning the table, "+
-				"which pgfence's role %s does not (its owner is %s): run 'pgfence init' as %s, or make %s a member of it (GRANT %s TO %s); pgfence still fences what it sees",
-				table, pe.Message, role, st.owner, st.owner, role, ident(st.owner), ident(role))
+				"which pgfence's role %s does not (its owner is %s): make it a member of the owner until pgfence's next read of the catalog has done it "+
+				"(GRANT %s TO %s; REVOKE it after), or run 'pgfence init' once as a superuser; pgfence still fences what it sees",
+				table, pe.Message, role, st.owner, ident(st.owner), ident(role))
 		case pe.Code == "55P03":
 			return fmt.Sprintf("cannot install the backstop on table %s yet: open transactions hold locks on it, and pgfence does not queue behind them (writers would queue behind pgfence); trying again shortly", table)
 		}
