@@ -32,8 +32,9 @@ it holds (lock domains, the recorded configuration, the reject counters,
 the trigger functions) and the grants on it. Your tables and their rows,
 epoch columns included, stay.
 
-It prints what it will drop, and drops it only with --yes, in one
-transaction: all of it, or nothing. --dry-run only prints. Stop every
+It prints what it will drop, and drops it only with --yes on the command
+line (not from the environment nor a config file), in one transaction:
+all of it, or nothing. --dry-run only prints. Stop every
 pgfence serve of the database first (or run them with --backstop=off
 --init-domains=false): the next read of the catalog would install it all
 again. Each database pgfence served has its own: run uninstall against
@@ -41,12 +42,16 @@ each. It takes a superuser, or a role that owns the schema, every
 table listed and the event triggers.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			// Asked for on the command line only: a PGFENCE_YES left in
+			// an environment, or a yes: in a file, must not drop anything.
+			asked := cmd.Flags().Changed("yes") && o.yes
 			if err := loadEnv(cmd); err != nil {
 				return err
 			}
 			if err := applyConfigFile(cmd, o.configFile, isServeFlag); err != nil {
 				return err
 			}
+			o.yes = asked
 			if o.upstream == "" {
 				return errors.New("--upstream is required: the postgres:// URL of the database to remove pgfence from; put the password in PGPASSWORD or ~/.pgpass, not in the URL")
 			}
@@ -106,6 +111,6 @@ table listed and the event triggers.`,
 	f.StringVar(&o.upstream, "upstream", "", "postgres:// URL of the database, as a superuser or a role that owns pgfence's schema, the guarded tables and the event triggers")
 	f.StringVar(&o.pooling, "upstream-pooling", "none", "what answers at --upstream, as for serve: none, session or transaction")
 	f.BoolVar(&o.dryRun, "dry-run", false, "only print what would be dropped")
-	f.BoolVar(&o.yes, "yes", false, "drop it: without this (or --dry-run) uninstall only prints what it would drop, and fails")
+	f.BoolVar(&o.yes, "yes", false, "drop it: without this (or --dry-run) uninstall only prints what it would drop, and fails; only the command line's counts, not PGFENCE_YES nor a config file's")
 	return cmd
 }

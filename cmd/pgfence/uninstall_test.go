@@ -69,7 +69,9 @@ func TestUninstall(t *testing.T) {
 		}
 	}
 
-	// Without --yes: the list, and nothing dropped.
+	// Without --yes (from the environment it does not count): the list,
+	// and nothing dropped.
+	t.Setenv("PGFENCE_YES", "true")
 	for _, args := range [][]string{{"--upstream", super}, {"--upstream", super, "--dry-run"}} {
 		out, err := runUninstall(t, args...)
 		if dry := len(args) > 2; dry != (err == nil) {
