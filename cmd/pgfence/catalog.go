@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -278,4 +279,37 @@ func applyMembers(guards []sqlrewrite.Guard, members map[[2]string]string) []str
 		guards[k].Domain = domain
 	}
 	return problems
+}
+
+// noteUnfenceable keeps, for /readyz, the guarded tables whose writes
+// are refused because they cannot be fenced.
+func (d *database) noteUnfenceable(guards []sqlrewrite.Guard) {
+	var tables []string
+	for _, g := range guards {
+		if g.Unfenceable != "" {
+			tables = append(tables, "guarded table "+g.Label()+" cannot be fenced, and its writes are refused: "+g.Unfenceable)
+		}
+	}
+	if len(tables) == 0 {
+		d.unfenceable.Store(nil)
+		return
+	}
+	u := strings.Join(tables, "\n  ")
+	d.unfenceable.Store(&u)
+}
+
+// unfenceable says, when some database has guarded tables that cannot
+// be fenced, that their writes are refused ("" when none has): the
+// tables and their fixes are in statusLines.
+func (i *instance) unfenceable() string {
+	var dbs []string
+	for _, d := range i.databases() {
+		if d.unfenceable.Load() != nil {
+			dbs = append(dbs, strconv.Quote(d.name))
+		}
+	}
+	if len(dbs) == 0 {
+		return ""
+	}
+	return "guarded tables of database " + strings.Join(dbs, ", ") + " cannot be fenced, and pgfence refuses their writes (which tables, and the fix, below)"
 }

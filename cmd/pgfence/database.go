@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"reflect"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -301,23 +300,6 @@ func (d *database) reportBackstop(read *catalogRead, o serveOptions) {
 	d.setStatus(strings.Join(append([]string{fmt.Sprintf("backstop: in place on all %d guarded tables", len(rep.Tables))}, lines...), "\n  "))
 }
 
-// noteUnfenceable keeps, for /readyz, the guarded tables whose writes
-// are refused because they cannot be fenced.
-func (d *database) noteUnfenceable(guards []sqlrewrite.Guard) {
-	var tables []string
-	for _, g := range guards {
-		if g.Unfenceable != "" {
-			tables = append(tables, "guarded table "+g.Label()+" cannot be fenced, and its writes are refused: "+g.Unfenceable)
-		}
-	}
-	if len(tables) == 0 {
-		d.unfenceable.Store(nil)
-		return
-	}
-	u := strings.Join(tables, "\n  ")
-	d.unfenceable.Store(&u)
-}
-
 // setStatus sets the catalog's and backstop's state that /readyz reports.
 func (d *database) setStatus(s string) { d.status.Store(&s) }
 
@@ -589,22 +571,6 @@ func (i *instance) backstopGap() string {
 		}
 	}
 	return strings.Join(gaps, "\n")
-}
-
-// unfenceable says, when some database has guarded tables that cannot
-// be fenced, that their writes are refused ("" when none has): the
-// tables and their fixes are in statusLines.
-func (i *instance) unfenceable() string {
-	var dbs []string
-	for _, d := range i.databases() {
-		if d.unfenceable.Load() != nil {
-			dbs = append(dbs, strconv.Quote(d.name))
-		}
-	}
-	if len(dbs) == 0 {
-		return ""
-	}
-	return "guarded tables of database " + strings.Join(dbs, ", ") + " cannot be fenced, and pgfence refuses their writes (which tables, and the fix, below)"
 }
 
 // statusLines is each known database's state, for /readyz's body.
