@@ -78,6 +78,9 @@ type database struct {
 	// gap, when set, is why the database is not ready: a guarded table
 	// lacks its backstop (see /readyz and --ready-without-backstop).
 	gap atomic.Pointer[string]
+	// unfenceable, when set, names the guarded tables that cannot be
+	// fenced (their writes are refused): not ready either.
+	unfenceable atomic.Pointer[string]
 	// retrySoon says the last read could not install a table's backstop
 	// without waiting behind open transactions: run reads again soon.
 	retrySoon atomic.Bool
@@ -167,6 +170,7 @@ func (d *database) load(ctx context.Context, i *instance) {
 		cfg.Guards = read.guards
 		read.configure(&cfg)
 		d.reportBackstop(read, i.options())
+		d.noteUnfenceable(read.guards)
 	}
 	policy := d.policy.Load()
 	if policy == nil {
@@ -243,6 +247,9 @@ func (d *database) reportBackstop(read *catalogRead, o serveOptions) {
 		}
 	}
 	d.metrics.Backstop(installed)
+	if len(rep.DroppedFunctions) > 0 {
+		d.log.Info("backstop: dropped the trigger functions no trigger runs any more", "functions", strings.Join(rep.DroppedFunctions, ","))
+	}
 	d.retrySoon.Store(rep.Retry())
 	var lines []string
 	// Who can switch it off unseen: without the DDL guard, the owner of
@@ -638,6 +645,9 @@ func (i *instance) statusLines() string {
 			what = " (--upstream)"
 		}
 		fmt.Fprintf(&b, "database %q%s: %s\n", d.name, what, d.statusLine())
+		if u := d.unfenceable.Load(); u != nil {
+			fmt.Fprintf(&b, "  %s\n", *u)
+		}
 	}
 	return b.String()
 }

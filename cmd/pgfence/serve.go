@@ -444,6 +444,9 @@ func start(o serveOptions, log *slog.Logger) (*instance, error) {
 					ok, what = false, gap+" (--ready-without-backstop serves anyway)"
 				}
 			}
+			if u := inst.unfenceable(); ok && u != "" {
+				ok, what = false, u
+			}
 			if !ok {
 				http.Error(w, "not ready: "+what+"\n"+inst.statusLines(), http.StatusServiceUnavailable)
 				return
