@@ -459,6 +459,14 @@ func apply(ctx context.Context, conn *pgx.Conn, state []tableState, eff []sqlrew
 		if err := ensureFunctions(ctx, tx, funcs); err != nil {
 			return err
 		}
+		// Recorded first: the DDL guard judges each table's DDL below by
+		// what the database records (a table put to observe may then lose
+		// its row trigger), whichever role runs it.
+		r.Recorded = true
+		if err := savepoint(ctx, tx, func() error { return record(ctx, tx, state, eff, want, eo) },
+			func(err error) { r.Recorded = false; r.Problems = append(r.Problems, err.Error()) }); err != nil {
+			return err
+		}
 		for _, i := range order {
 			st := state[i]
 			if st.oid == 0 {
@@ -475,6 +483,9 @@ func apply(ctx context.Context, conn *pgx.Conn, state []tableState, eff []sqlrew
 				if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '"+tableLockTimeout+"'"); err != nil {
 					return err
 				}
+				if _, err := tx.Exec(ctx, fmt.Sprintf(lockNowSQL, literal(a.table), a.table)); err != nil {
+					return err
+				}
 				for _, sql := range a.stmts {
 					if _, err := tx.Exec(ctx, sql); err != nil {
 						return &stmtError{sql, err}
@@ -488,11 +499,6 @@ func apply(ctx context.Context, conn *pgx.Conn, state []tableState, eff []sqlrew
 			if failed[i] == nil {
 				changed[i] = strings.Join(a.what, ", ")
 			}
-		}
-		r.Recorded = true
-		if err := savepoint(ctx, tx, func() error { return record(ctx, tx, state, eff, want, eo) },
-			func(err error) { r.Recorded = false; r.Problems = append(r.Problems, err.Error()) }); err != nil {
-			return err
 		}
 		for _, name := range []string{GuardTrigger, DropGuardTrigger} {
 			if err := savepoint(ctx, tx, func() error {
@@ -679,6 +685,17 @@ func (a *tableActions) add(what string, stmts ...string) {
 // than the TRIGGER privilege (UPDATE, DELETE or TRUNCATE on the table);
 // it fails with the same SQLSTATE, 55P03.
 const tableLockTimeout = "1ms"
+
+// lockNowSQL takes a table's lock for creating its triggers without
+// waiting at all (NOWAIT), where pgfence's role may lock the table (it
+// owns it, or has UPDATE, DELETE or TRUNCATE on it); with the TRIGGER
+// privilege alone it cannot, and its DDL waits tableLockTimeout at most.
+// Its arguments are the table's name as a literal, then as an identifier.
+const lockNowSQL = `DO $pgfence$ BEGIN
+  IF pg_catalog.has_table_privilege(%[1]s, 'UPDATE, DELETE, TRUNCATE') THEN
+    LOCK TABLE %[2]s IN SHARE ROW EXCLUSIVE MODE NOWAIT;
+  END IF;
+END $pgfence$`
 
 // actions are what brings table i's backstop (st) to g's, whose functions
 // want[i] says. Only what needs it drops a trigger (observe, TRUNCATE
