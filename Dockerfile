@@ -40,6 +40,22 @@ RUN --mount=type=cache,id=pgfence-gomod,target=/go/pkg/mod \
 	&& /out/pgfence version
 
 FROM ${RUNTIME_IMAGE}
+# The image's own OCI labels (the base image's, such as the local base's
+# description, would otherwise stand for it): which pgfence, from which
+# commit and source, under which license. VERSION and COMMIT are the build
+# stage's (make image passes the checkout's git describe and commit).
+ARG VERSION=dev
+ARG COMMIT=
+ARG RUNTIME_IMAGE
+LABEL org.opencontainers.image.title="pgfence" \
+	org.opencontainers.image.description="Postgres wire-protocol proxy that enforces fencing tokens on writes to guarded tables" \
+	org.opencontainers.image.version="${VERSION}" \
+	org.opencontainers.image.revision="${COMMIT}" \
+	org.opencontainers.image.source="https://github.com/pgfence/pgfence" \
+	org.opencontainers.image.url="https://github.com/pgfence/pgfence" \
+	org.opencontainers.image.documentation="https://github.com/pgfence/pgfence/blob/main/deploy/container/README.md" \
+	org.opencontainers.image.licenses="Apache-2.0" \
+	org.opencontainers.image.base.name="${RUNTIME_IMAGE}"
 # CA certificates for --upstream sslmode=verify-full without sslrootcert
 # (bookworm-slim has none; the build image's, rather than apt in this stage).
 COPY --from=build /etc/ssl/certs/ca-certificates.crt /etc/ssl/certs/ca-certificates.crt
@@ -52,12 +68,15 @@ USER 10001:10001
 # PGFENCE_GUARD, ...), the upstream password from PGPASSWORD or a PGPASSFILE:
 # none belongs on the command line. These two listen on every address of the
 # container; the command line, or the environment, can say otherwise.
-ENV PGFENCE_LISTEN=0.0.0.0:6432 PGFENCE_METRICS_LISTEN=0.0.0.0:9187
-# 6432: clients (the Postgres protocol); 9187: /metrics, /healthz (liveness)
-# and /readyz (readiness).
-EXPOSE 6432 9187
-# SIGTERM drains (pgfence stops accepting and lets open transactions finish
-# for up to --drain-timeout, 30s): give `podman stop` / Kubernetes that long.
+ENV PGFENCE_LISTEN=0.0.0.0:6432 PGFENCE_METRICS_LISTEN=0.0.0.0:16432
+# 6432: clients (the Postgres protocol); 16432: /metrics, /healthz
+# (liveness) and /readyz (readiness).
+EXPOSE 6432 16432
+# SIGTERM drains: pgfence stops accepting and lets open transactions finish
+# for up to --drain-timeout (5s), then exits within about 5s more. That
+# fits podman's and docker's default stop timeout (10s); with a longer
+# --drain-timeout, stop with -t (or stop_grace_period,
+# terminationGracePeriodSeconds) of the drain plus 5s.
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["pgfence"]
 CMD ["serve"]

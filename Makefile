@@ -4,7 +4,8 @@
 #   make unit   the tests that need no database (PGFENCE_UNIT=1), in well under a minute
 #   make demo   ensure Postgres is installed, then run the demo
 #   make build  build bin/pgfence
-#   make image  the container image localhost/pgfence:$(VERSION) and :latest
+#   make image  the container image localhost/pgfence:$(IMAGE_TAG) (the
+#               release CHANGELOG.md names last, as the manifests do) and :latest
 #               (podman build --isolation=chroot; scripts/install-podman.sh
 #               installs podman) from local base images that
 #               scripts/build-base-images.sh makes from Debian's archive;
@@ -26,7 +27,7 @@ GO ?= go
 FUZZTIME ?= 30s
 TORTURE_FLAGS ?=
 
-.PHONY: all test unit vet ensure-postgres demo build fuzz compat bench torture clean image
+.PHONY: all test unit vet ensure-postgres demo build fuzz compat bench torture clean image image-tag
 
 all: build
 
@@ -72,6 +73,13 @@ COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null)
 build:
 	$(GO) build -ldflags "-X main.version=$(VERSION) -X main.commit=$(COMMIT)" -o bin/pgfence ./cmd/pgfence
 
+# The release this checkout is of (or prepares): the newest version heading
+# of CHANGELOG.md. The image is tagged with it, and the Kubernetes manifests
+# name it (cmd/pgfence's TestReleaseAgrees checks that they agree); the
+# binary's version stays VERSION, which says the exact commit.
+RELEASE := $(shell sed -n 's/^\#\# \[\([0-9][^]]*\)\].*/\1/p' CHANGELOG.md | head -n 1)
+IMAGE_TAG ?= $(RELEASE)
+
 # The container image. IMAGE_BASES=local (the default) builds from
 # localhost/golang and localhost/debian, which scripts/build-base-images.sh
 # makes when missing (no registry needed); IMAGE_BASES=registry from
@@ -91,7 +99,10 @@ ifneq ($(IMAGE_BASES),registry)
 endif
 	podman build --isolation=chroot $(IMAGE_BUILD_ARGS) \
 		--build-arg VERSION=$(VERSION) --build-arg COMMIT=$(COMMIT) --build-arg GOPROXY="$$($(GO) env GOPROXY)" \
-		-t $(IMAGE):$(VERSION) -t $(IMAGE):latest .
+		-t $(IMAGE):$(IMAGE_TAG) -t $(IMAGE):latest .
+
+image-tag:
+	@echo $(IMAGE_TAG)
 
 compat: ensure-postgres
 	bash scripts/install-compat-deps.sh

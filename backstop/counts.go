@@ -26,10 +26,11 @@ LEFT JOIN pg_catalog.pg_class c ON c.oid = pg_catalog.substr(s.relname, 9)::oid
 LEFT JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 WHERE sn.nspname = 'pgfence' AND s.relkind = 'S' AND s.relname ~ '^rejects_[0-9]+$'
 UNION ALL
-SELECT 'exempt', '', coalesce(pg_catalog.pg_sequence_last_value('pgfence.exempt_writes'::regclass), 0)
+SELECT 'exempt', '', coalesce(pg_catalog.pg_sequence_last_value(pg_catalog.to_regclass('pgfence.exempt_writes')), 0)
 WHERE pg_catalog.to_regclass('pgfence.exempt_writes') IS NOT NULL`
 
-// ReadCounts reads the counters (none before Setup).
+// ReadCounts reads the counters (none before Setup). It names no object
+// of pgfence's schema in its text, which would fail before Setup.
 func ReadCounts(ctx context.Context, conn *pgx.Conn) (Counts, error) {
 	c := Counts{Rejects: map[string]int64{}}
 	rows, err := conn.Query(ctx, countsQuery)

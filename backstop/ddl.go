@@ -5,6 +5,8 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgfence/pgfence/sqlrewrite"
 )
 
 // EventTrigger is the event trigger that puts the backstop on a table the
@@ -103,21 +105,25 @@ func keepEventTrigger(ctx context.Context, tx pgx.Tx, name string, super bool) (
 	return "", err
 }
 
-// watchDDL keeps the discovery watch and its configuration: discovered is
-// the function a discovered table's row trigger runs (its column is
-// column), truncate the TRUNCATE trigger's ("" when TRUNCATE is allowed).
-// It returns why the event trigger is not in place, or "".
-// The configuration is recorded when none is, and replaced only when
-// replace says so (see record.go).
-func watchDDL(ctx context.Context, tx pgx.Tx, column, discovered, truncate string, super, replace bool) (string, error) {
+// watchDDL keeps the discovery watch and its configuration: d is the
+// configuration of tables found by their epoch column in force (the
+// recorded one, unless there is none or it is being replaced: see
+// recorded.discovered), discovered the function a discovered table's row
+// trigger runs, truncate the TRUNCATE trigger's ("" when TRUNCATE is
+// allowed). The functions follow the version's bodies: a newer pgfence
+// records its own for the same configuration. It returns why the event
+// trigger is not in place, or "".
+func watchDDL(ctx context.Context, tx pgx.Tx, d sqlrewrite.Guard, discovered, truncate string, super bool) (string, error) {
 	var trunc *string
 	if truncate != "" {
 		trunc = &truncate
 	}
-	if _, err := tx.Exec(ctx, `INSERT INTO pgfence.ddl_backstop (epoch_column, row_function, truncate_function) VALUES ($1, $2, $3)
-		ON CONFLICT (one) DO UPDATE SET epoch_column = excluded.epoch_column, row_function = excluded.row_function, truncate_function = excluded.truncate_function
-		WHERE $4 AND (pgfence.ddl_backstop.epoch_column, pgfence.ddl_backstop.row_function, pgfence.ddl_backstop.truncate_function)
-		      IS DISTINCT FROM (excluded.epoch_column, excluded.row_function, excluded.truncate_function)`, column, discovered, trunc, replace); err != nil {
+	if _, err := tx.Exec(ctx, `INSERT INTO pgfence.ddl_backstop (epoch_column, row_function, truncate_function, rollout, allow_missing) VALUES ($1, $2, $3, $4, $5)
+		ON CONFLICT (one) DO UPDATE SET epoch_column = excluded.epoch_column, row_function = excluded.row_function, truncate_function = excluded.truncate_function,
+		    rollout = excluded.rollout, allow_missing = excluded.allow_missing
+		WHERE (pgfence.ddl_backstop.epoch_column, pgfence.ddl_backstop.row_function, pgfence.ddl_backstop.truncate_function, pgfence.ddl_backstop.rollout, pgfence.ddl_backstop.allow_missing)
+		      IS DISTINCT FROM (excluded.epoch_column, excluded.row_function, excluded.truncate_function, excluded.rollout, excluded.allow_missing)`,
+		d.Column, discovered, trunc, d.Rollout.String(), d.AllowMissingToken); err != nil {
 		return "", fmt.Errorf("recording the DDL watch's configuration: %w", err)
 	}
 	why, err := keepEventTrigger(ctx, tx, EventTrigger, super)

@@ -97,9 +97,21 @@
 // only pgfence's and the exempt roles through the states in between.
 //
 // Install never queues behind an open transaction: a writer queued behind
-// pgfence's lock request would wait too. It takes each table's lock with
-// NOWAIT before its DDL, and reports a table it could not lock with Retry,
-// for serve to try again soon.
+// pgfence's lock request would wait too. Each table's DDL runs with a
+// lock_timeout of 1 ms (LOCK TABLE ... NOWAIT would take more than the
+// TRIGGER privilege), and a table it could not lock is reported with
+// Retry, for serve to try again soon.
+//
+// # Privileges
+//
+// pgfence's role needs its schema (the CREATE privilege on the database,
+// or a schema pgfence made for it) and the TRIGGER privilege on each
+// guarded table and partition: creating, replacing and enabling again a
+// trigger (CREATE OR REPLACE TRIGGER enables it) take no more. Dropping
+// one, or enabling a partition's clone (ALTER TABLE), takes owning the
+// table, and Install does it only when a configuration or an older
+// version's naming asks for it. What it lacks, Install reports as the
+// GRANT statements that would give it (privileges.go).
 //
 // # The rule
 //

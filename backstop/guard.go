@@ -58,6 +58,12 @@ var guardSQL = []string{
 		epoch_column name NOT NULL,
 		row_function name NOT NULL,
 		truncate_function name)`,
+	// The configuration it was made from, besides the settings: the
+	// function's name says its body, not the configuration, which is the
+	// same from one version to the next while the body may not be. NULL:
+	// recorded by a version before 0.1.0, which did not say (the next
+	// Install records its own).
+	`ALTER TABLE pgfence.ddl_backstop ADD COLUMN IF NOT EXISTS rollout text, ADD COLUMN IF NOT EXISTS allow_missing boolean`,
 	`GRANT SELECT ON pgfence.ddl_backstop TO PUBLIC`,
 	`CREATE OR REPLACE FUNCTION pgfence.epoch_guard() RETURNS trigger
 	LANGUAGE plpgsql AS $pgfence$ BEGIN RETURN NULL; END $pgfence$`,

@@ -444,3 +444,29 @@ func TestGuardNeedsSuperuser(t *testing.T) {
 		t.Fatalf("Verify after the owner disabled the backstop: %+v", tr)
 	}
 }
+
+// TestGuardLetsRecordedChangesThrough: a superuser that is not pgfence's
+// own role (a DBA running pgfence init) may change a table's backstop as
+// the configuration it records says (here: to observe, which drops the
+// row trigger), with the DDL guard standing: the guard judges DDL by what
+// the database records, and Install records first.
+func TestGuardLetsRecordedChangesThrough(t *testing.T) {
+	base := baseName(t)
+	tb := guarded(t, base, [3]any{1, "a", 5})
+	if r := installGuards(t, backstop.Options{}, guardOf("public", tb)); !r.GuardingDDL {
+		t.Fatalf("the DDL guard is not in place: %s", r.NotGuardingDDL)
+	}
+	dba := newRole(t, base+"_dba", "SUPERUSER")
+	observe := guardOf("public", tb)
+	observe.Rollout = sqlrewrite.Observe
+	r, err := backstop.Reconcile(ctx, pgtest.Connect(t, roleURL(dba)), []sqlrewrite.Guard{observe}, backstop.Options{Replace: true}, backstop.Install)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tr := oneTable(t, r); !tr.OK || !strings.Contains(tr.Changed, "removed (observe)") {
+		t.Fatalf("a DBA's init putting the table to observe: %+v", tr)
+	}
+	if st := triggerState(t, tb); strings.Contains(st, "~pgfence_backstop:") {
+		t.Fatalf("the row trigger is still there: %s", st)
+	}
+}

@@ -74,6 +74,19 @@ type Report struct {
 	// Differences are where this instance's configuration differs from
 	// the one the database records, which stays (see RolloutHint).
 	Differences []string
+	// SetUp is set when pgfence's schema objects are as this version
+	// sets them up (Install: set up now).
+	SetUp bool
+	// Recorded is set when Install recorded the configuration it
+	// installed (see record.go).
+	Recorded bool
+	// DroppedFunctions are the trigger functions Install dropped because
+	// nothing uses them any more.
+	DroppedFunctions []string
+	// Grants are the statements that would give pgfence's role the
+	// privileges Install lacked (see privileges.go), each once; a
+	// superuser or the objects' owner runs them.
+	Grants []string
 }
 
 // Installed reports whether the backstop is OK on the table g names
@@ -179,7 +192,7 @@ func Setup(ctx context.Context, conn *pgx.Conn) error {
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("cannot create or update pgfence's schema objects (the role pgfence connects as must own the pgfence schema and the guarded tables, or run 'pgfence init' as a role that does): %w", err)
+		return fmt.Errorf("cannot create or update pgfence's schema objects (the schema pgfence, which pgfence's role must own or may create): %w", err)
 	}
 	return nil
 }
@@ -210,26 +223,33 @@ func Reconcile(ctx context.Context, conn *pgx.Conn, guards []sqlrewrite.Guard, o
 	if err := conn.QueryRow(ctx, `SELECT CURRENT_USER::text, r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = CURRENT_USER`).Scan(&r.Role, &r.Superuser); err != nil {
 		return nil, fmt.Errorf("reading pgfence's role: %w", err)
 	}
-	ready := false
 	if mode == Install {
 		// What keeps the backstop from being installed is reported, not
 		// returned: the tables' state is still worth reading.
 		if err := Setup(ctx, conn); err != nil {
+			grants, gerr := setupGrants(ctx, conn)
+			if gerr != nil {
+				return nil, gerr
+			}
+			tables, gerr := guardGrants(ctx, conn, r.Role, guards, o)
+			if gerr != nil {
+				return nil, gerr
+			}
+			r.Grants = append(grants, tables...)
 			r.Problems = append(r.Problems, err.Error())
-			defer func() {
-				for i := range r.Tables {
-					r.Tables[i].Retry = code(err) == "55P03"
-				}
-			}()
-		} else {
-			ready = true
+			why := "no backstop: pgfence's schema objects could not be set up"
+			if code(err) == "55P03" {
+				why += " yet (a lock-domain writer holds pgfence.domains); trying again shortly"
+			}
+			r.NotGuardingDDL = why
+			for _, g := range guards {
+				r.Tables = append(r.Tables, Table{Guard: g, Problem: why, Retry: code(err) == "55P03"})
+			}
+			return r, nil
 		}
 	} else if ok, err := setUp(ctx, conn); err != nil {
 		return nil, err
-	} else {
-		ready = ok
-	}
-	if !ready {
+	} else if !ok {
 		r.Problems = append(r.Problems, notSetUp)
 		r.NotGuardingDDL = notSetUp
 		for _, g := range guards {
@@ -237,6 +257,7 @@ func Reconcile(ctx context.Context, conn *pgx.Conn, guards []sqlrewrite.Guard, o
 		}
 		return r, nil
 	}
+	r.SetUp = true
 	rec, err := readRecorded(ctx, conn)
 	if err != nil {
 		return nil, err
@@ -252,21 +273,17 @@ func Reconcile(ctx context.Context, conn *pgx.Conn, guards []sqlrewrite.Guard, o
 		want[i], mine[i] = wantedFor(eff[i], eo), wantedFor(g, o)
 	}
 	r.Differences = rec.differences(guards, oids, o)
-	if o.Discovered != nil && rec.ddl.row != "" && !o.Replace {
-		if f, _ := RowFunction(*o.Discovered, o); f.Name != rec.ddl.row || o.Discovered.Column != rec.ddl.column {
-			r.Differences = append(r.Differences, "the configuration of tables found by their epoch column (--discover-column, --mode, --missing-token and the settings above): "+
-				"the database's puts pgfence."+rec.ddl.row+" on "+rec.ddl.column+", this instance's pgfence."+f.Name+" on "+o.Discovered.Column)
-		}
-	}
 	state, err := readState(ctx, conn, eff, want)
 	if err != nil {
 		return nil, err
 	}
 	changed, failed := map[int]string{}, map[int]error{}
 	if mode == Install {
+		r.Grants = tableGrants(r.Role, state, want)
 		changed, failed, err = apply(ctx, conn, state, eff, want, eo, o, rec, r)
 		if err != nil {
 			r.Problems = append(r.Problems, err.Error())
+			r.Recorded = false // rolled back with the rest
 		}
 		if state, err = readState(ctx, conn, eff, want); err != nil {
 			return nil, err
@@ -291,8 +308,15 @@ func Reconcile(ctx context.Context, conn *pgx.Conn, guards []sqlrewrite.Guard, o
 			t.Problem = "roles that are not superusers may set session_replication_role, under which no trigger fires: " + strings.Join(setters, ", ") +
 				"; REVOKE SET ON PARAMETER session_replication_role FROM them, or name them with --backstop-exempt-role if they may write unfenced"
 		}
-		if f := failed[i]; f != nil && t.Problem != "" {
-			t.Problem += "; " + installFailure(guards[i].Name(), f)
+		switch f := failed[i]; {
+		case f != nil && t.Problem != "":
+			t.Problem += "; " + installFailure(guards[i].Name(), r.Role, st, f)
+			t.Retry = code(f) == "55P03"
+		case f != nil:
+			// The backstop is as good as wanted (it fences more than asked,
+			// observe or TRUNCATE allowed, or keeps an older name), but
+			// what was asked was not done: said, not a missing backstop.
+			r.Problems = append(r.Problems, installFailure(guards[i].Name(), r.Role, st, f))
 			t.Retry = code(f) == "55P03"
 		}
 		t.OK = t.Problem == ""
@@ -401,8 +425,10 @@ func apply(ctx context.Context, conn *pgx.Conn, state []tableState, eff []sqlrew
 	changed, failed = map[int]string{}, map[int]error{}
 	funcs := map[string]Function{}
 	var discovered Function
+	var effDiscovered sqlrewrite.Guard
 	if o.Discovered != nil {
-		discovered, _ = RowFunction(*o.Discovered, eo)
+		effDiscovered = rec.discovered(*o.Discovered, o)
+		discovered, _ = RowFunction(effDiscovered, eo)
 		if discovered.Name != "" {
 			funcs[discovered.Name] = discovered
 		}
@@ -433,6 +459,14 @@ func apply(ctx context.Context, conn *pgx.Conn, state []tableState, eff []sqlrew
 		if err := ensureFunctions(ctx, tx, funcs); err != nil {
 			return err
 		}
+		// Recorded first: the DDL guard judges each table's DDL below by
+		// what the database records (a table put to observe may then lose
+		// its row trigger), whichever role runs it.
+		r.Recorded = true
+		if err := savepoint(ctx, tx, func() error { return record(ctx, tx, state, eff, want, eo) },
+			func(err error) { r.Recorded = false; r.Problems = append(r.Problems, err.Error()) }); err != nil {
+			return err
+		}
 		for _, i := range order {
 			st := state[i]
 			if st.oid == 0 {
@@ -443,29 +477,28 @@ func apply(ctx context.Context, conn *pgx.Conn, state []tableState, eff []sqlrew
 				continue
 			}
 			if err := savepoint(ctx, tx, func() error {
-				if a.lock != "" {
-					// Never queue behind an open transaction: a writer
-					// queued behind this lock would wait too.
-					if _, err := tx.Exec(ctx, "LOCK TABLE "+a.table+" IN "+a.lock+" MODE NOWAIT"); err != nil {
-						return err
-					}
+				// Never queue behind an open transaction: a writer queued
+				// behind this DDL's lock request would wait too. (Undone
+				// with the savepoint when a statement fails.)
+				if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '"+tableLockTimeout+"'"); err != nil {
+					return err
+				}
+				if _, err := tx.Exec(ctx, fmt.Sprintf(lockNowSQL, literal(a.table), a.table)); err != nil {
+					return err
 				}
 				for _, sql := range a.stmts {
 					if _, err := tx.Exec(ctx, sql); err != nil {
-						return err
+						return &stmtError{sql, err}
 					}
 				}
-				return nil
+				_, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '5s'")
+				return err
 			}, func(err error) { failed[i] = err }); err != nil {
 				return err
 			}
 			if failed[i] == nil {
 				changed[i] = strings.Join(a.what, ", ")
 			}
-		}
-		if err := savepoint(ctx, tx, func() error { return record(ctx, tx, state, eff, want, eo) },
-			func(err error) { r.Problems = append(r.Problems, err.Error()) }); err != nil {
-			return err
 		}
 		for _, name := range []string{GuardTrigger, DropGuardTrigger} {
 			if err := savepoint(ctx, tx, func() error {
@@ -478,17 +511,65 @@ func apply(ctx context.Context, conn *pgx.Conn, state []tableState, eff []sqlrew
 				return err
 			}
 		}
-		if discovered.Name == "" {
-			return nil
+		if discovered.Name != "" {
+			tf, _ := TruncateFunction(eo)
+			if err := savepoint(ctx, tx, func() error {
+				why, err := watchDDL(ctx, tx, effDiscovered, discovered.Name, tf.Name, r.Superuser)
+				r.NotWatchingDDL = why
+				return err
+			}, func(err error) { r.NotWatchingDDL = err.Error() }); err != nil {
+				return err
+			}
 		}
-		tf, _ := TruncateFunction(eo)
+		// Last, once the triggers and the records are what they are now.
 		return savepoint(ctx, tx, func() error {
-			why, err := watchDDL(ctx, tx, o.Discovered.Column, discovered.Name, tf.Name, r.Superuser, o.Replace)
-			r.NotWatchingDDL = why
+			var err error
+			r.DroppedFunctions, err = dropUnused(ctx, tx, funcs)
 			return err
-		}, func(err error) { r.NotWatchingDDL = err.Error() })
+		}, func(err error) { r.DroppedFunctions = nil })
 	})
 	return changed, failed, err
+}
+
+// unusedQuery lists pgfence's trigger functions (backstop_<hash> and
+// backstop_truncate_<hash>) that no trigger runs, no recorded
+// configuration names (pgfence.guarded, pgfence.ddl_backstop: what mends a
+// table, or what the DDL watch puts on a new one) and that $1 does not
+// list.
+const unusedQuery = `
+SELECT p.proname::text FROM pg_catalog.pg_proc p
+JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+WHERE n.nspname = 'pgfence' AND p.proname LIKE 'backstop\_%' AND p.prorettype = 'pg_catalog.trigger'::pg_catalog.regtype AND p.pronargs = 0
+  AND NOT p.proname = ANY($1::text[])
+  AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t WHERE t.tgfoid = p.oid)
+  AND NOT EXISTS (SELECT 1 FROM pgfence.guarded g WHERE p.proname IN (g.row_function, g.truncate_function))
+  AND NOT EXISTS (SELECT 1 FROM pgfence.ddl_backstop d WHERE p.proname IN (d.row_function, d.truncate_function))
+ORDER BY 1`
+
+// dropUnused drops the trigger functions nothing uses any more (see
+// unusedQuery): each configuration change leaves the functions of the
+// last one, and each version's bodies differ from the one before. keep
+// are the functions this configuration wants. DROP FUNCTION without
+// CASCADE: one a trigger took up meanwhile stays.
+func dropUnused(ctx context.Context, tx pgx.Tx, keep map[string]Function) ([]string, error) {
+	names := make([]string, 0, len(keep))
+	for n := range keep {
+		names = append(names, n)
+	}
+	rows, err := tx.Query(ctx, unusedQuery, names)
+	if err != nil {
+		return nil, err
+	}
+	unused, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, err
+	}
+	for _, f := range unused {
+		if _, err := tx.Exec(ctx, "DROP FUNCTION "+ident(Schema)+"."+ident(f)+"()"); err != nil {
+			return nil, fmt.Errorf("dropping the unused trigger function %s.%s: %w", Schema, f, err)
+		}
+	}
+	return unused, nil
 }
 
 // savepoint runs do in a savepoint of tx; when do fails, the savepoint is
@@ -508,16 +589,38 @@ func savepoint(ctx context.Context, tx pgx.Tx, do func() error, failed func(erro
 	return err
 }
 
+// stmtError is the error of one statement of a table's actions.
+type stmtError struct {
+	stmt string
+	err  error
+}
+
+func (e *stmtError) Error() string { return e.err.Error() }
+func (e *stmtError) Unwrap() error { return e.err }
+
 // installFailure says why a table's backstop could not be installed, and
 // what to do.
-func installFailure(table string, err error) string {
+func installFailure(table, role string, st tableState, err error) string {
 	var pe *pgconn.PgError
+	var se *stmtError
+	// Dropping a trigger, or enabling one with ALTER TABLE, takes owning
+	// the table; creating one, the TRIGGER privilege on the table and on
+	// each of its partitions (a partitioned table's is cloned to them).
+	owning := errors.As(err, &se) && (strings.HasPrefix(se.stmt, "DROP ") || strings.HasPrefix(se.stmt, "ALTER "))
 	if errors.As(err, &pe) {
-		switch pe.Code {
-		case "42501":
-			return fmt.Sprintf("cannot install the backstop on table %s: %s; the role pgfence connects as must own the table (or be a member of its owner) "+
-				"to create its triggers; pgfence still fences what it sees", table, pe.Message)
-		case "55P03":
+		switch {
+		case pe.Code == "42501" && !owning && !st.mayTrigger:
+			return fmt.Sprintf("cannot install the backstop on table %s: %s; pgfence's role %s needs the TRIGGER privilege on it to create its triggers "+
+				"(GRANT TRIGGER ON TABLE %s TO %s); pgfence still fences what it sees", table, pe.Message, role, table, ident(role))
+		case pe.Code == "42501" && !owning:
+			return fmt.Sprintf("cannot install the backstop on table %s: %s; pgfence's role %s needs the TRIGGER privilege on each of its partitions too, "+
+				"as Postgres creates a partitioned table's row trigger on every partition; pgfence still fences what it sees", table, pe.Message, role)
+		case pe.Code == "42501" && !st.owns:
+			return fmt.Sprintf("cannot change the backstop on table %s: %s; dropping one of its triggers (or enabling a partition's) takes owning the table, "+
+				"which pgfence's role %s does not (its owner is %s): make it a member of the owner until pgfence's next read of the catalog has done it "+
+				"(GRANT %s TO %s; REVOKE it after), or run 'pgfence init' once as a superuser; pgfence still fences what it sees",
+				table, pe.Message, role, st.owner, ident(st.owner), ident(role))
+		case pe.Code == "55P03":
 			return fmt.Sprintf("cannot install the backstop on table %s yet: open transactions hold locks on it, and pgfence does not queue behind them (writers would queue behind pgfence); trying again shortly", table)
 		}
 	}
@@ -562,34 +665,44 @@ func ensureFunctions(ctx context.Context, tx pgx.Tx, funcs map[string]Function) 
 }
 
 // tableActions are the statements that bring one table's backstop to
-// what is wanted, the lock they need (taken first, without waiting), and
-// words for what they do.
+// what is wanted, and words for what they do.
 type tableActions struct {
 	table string
-	lock  string // "" for none
 	stmts []string
 	what  []string
 }
 
-func (a *tableActions) add(lock, what string, stmts ...string) {
-	if lock == "ACCESS EXCLUSIVE" || a.lock == "" {
-		a.lock = lock
-	}
+func (a *tableActions) add(what string, stmts ...string) {
 	a.stmts = append(a.stmts, stmts...)
 	if what != "" {
 		a.what = append(a.what, what)
 	}
 }
 
-// Locks the triggers' DDL takes: CREATE TRIGGER and ENABLE TRIGGER a SHARE
-// ROW EXCLUSIVE lock, DROP TRIGGER an ACCESS EXCLUSIVE one.
-const (
-	lockCreate = "SHARE ROW EXCLUSIVE"
-	lockDrop   = "ACCESS EXCLUSIVE"
-)
+// tableLockTimeout is how long a table's DDL may wait for the table's
+// lock: next to nothing, as a writer queued behind the DDL's request would
+// wait too. It stands for LOCK TABLE ... NOWAIT, which would need more
+// than the TRIGGER privilege (UPDATE, DELETE or TRUNCATE on the table);
+// it fails with the same SQLSTATE, 55P03.
+const tableLockTimeout = "1ms"
+
+// lockNowSQL takes a table's lock for creating its triggers without
+// waiting at all (NOWAIT), where pgfence's role may lock the table (it
+// owns it, or has UPDATE, DELETE or TRUNCATE on it); with the TRIGGER
+// privilege alone it cannot, and its DDL waits tableLockTimeout at most.
+// Its arguments are the table's name as a literal, then as an identifier.
+const lockNowSQL = `DO $pgfence$ BEGIN
+  IF pg_catalog.has_table_privilege(%[1]s, 'UPDATE, DELETE, TRUNCATE') THEN
+    LOCK TABLE %[2]s IN SHARE ROW EXCLUSIVE MODE NOWAIT;
+  END IF;
+END $pgfence$`
 
 // actions are what brings table i's backstop (st) to g's, whose functions
-// want[i] says.
+// want[i] says. Only what needs it drops a trigger (observe, TRUNCATE
+// allowed, a partition's redundant own trigger, the rename of an old
+// name), which takes owning the table: a trigger is created, replaced or
+// enabled again (CREATE OR REPLACE enables it) with the TRIGGER privilege
+// alone.
 func (st tableState) actions(all []tableState, g sqlrewrite.Guard, want []wanted, i int) tableActions {
 	a := tableActions{table: ident(g.Schema) + "." + ident(g.Table)}
 	w := want[i]
@@ -597,22 +710,23 @@ func (st tableState) actions(all []tableState, g sqlrewrite.Guard, want []wanted
 		return verb + " TRIGGER " + ident(name) + " BEFORE INSERT OR UPDATE OR DELETE ON " + a.table +
 			" FOR EACH ROW EXECUTE FUNCTION " + ident(Schema) + "." + ident(w.row.Name) + "()"
 	}
-	enable := func(name string) string { return "ALTER TABLE " + a.table + " ENABLE TRIGGER " + ident(name) }
 	switch {
 	case w.row.Name == "":
 		if st.own.exists {
-			a.add(lockDrop, "removed (observe)", "DROP TRIGGER "+ident(st.own.name)+" ON "+a.table)
+			a.add("removed (observe)", "DROP TRIGGER "+ident(st.own.name)+" ON "+a.table)
 		}
 		if st.epoch != "" {
-			a.add(lockDrop, "", "DROP TRIGGER "+ident(EpochTrigger)+" ON "+a.table)
+			a.add("", "DROP TRIGGER "+ident(EpochTrigger)+" ON "+a.table)
 		}
 	case st.cloned:
 		// The partitioned ancestor's trigger covers it.
 		if st.own.exists {
-			a.add(lockDrop, "own row trigger dropped (the one cloned from its parent covers it)", "DROP TRIGGER "+ident(st.own.name)+" ON "+a.table)
+			a.add("own row trigger dropped (the one cloned from its parent covers it)", "DROP TRIGGER "+ident(st.own.name)+" ON "+a.table)
 		}
 		if st.clone.enabled != "O" {
-			a.add(lockCreate, "enabled", enable(st.clone.name))
+			// A clone cannot be replaced on its own: this takes owning
+			// the partition.
+			a.add("enabled", "ALTER TABLE "+a.table+" ENABLE TRIGGER "+ident(st.clone.name))
 		}
 	case !st.own.exists && st.partition && st.clonedFromGuarded(all, want):
 		// Its ancestor's, installed first, will be cloned to it.
@@ -620,54 +734,49 @@ func (st tableState) actions(all []tableState, g sqlrewrite.Guard, want []wanted
 		name := ownRowTrigger(st.kind, st.oid)
 		switch {
 		case !st.own.exists:
-			a.add(lockCreate, "created", createRow("CREATE", name))
+			a.add("created", createRow("CREATE", name))
 		case st.own.name != name:
 			// A partitioned table's trigger named as a plain table's
 			// (before pgfence named them apart) would stop a table with a
 			// backstop of its own from being attached as a partition.
-			a.add(lockDrop, "renamed "+name, createRow("CREATE", name), "DROP TRIGGER "+ident(st.own.name)+" ON "+a.table)
+			a.add("renamed "+name, createRow("CREATE", name), "DROP TRIGGER "+ident(st.own.name)+" ON "+a.table)
 		case !st.own.ok || st.own.function != w.row.Name:
-			a.add(lockCreate, "updated", createRow("CREATE OR REPLACE", name))
-			if st.own.enabled != "O" {
-				a.add(lockCreate, "", enable(name))
-			}
+			a.add("updated", createRow("CREATE OR REPLACE", name))
 		case st.own.enabled != "O":
-			a.add(lockCreate, "enabled (was "+enabledWord(st.own.enabled)+")", enable(name))
+			a.add("enabled (was "+enabledWord(st.own.enabled)+")", createRow("CREATE OR REPLACE", name))
 		}
 	}
 	switch {
 	case w.row.Name == "":
-	case st.epoch == "":
-		what := "epoch column tied to the backstop"
-		if len(a.what) > 0 {
-			what = ""
-		}
-		a.add(lockCreate, what, "CREATE OR REPLACE TRIGGER "+ident(EpochTrigger)+" BEFORE UPDATE OF "+ident(g.Column)+" ON "+a.table+
-			" FOR EACH STATEMENT WHEN (false) EXECUTE FUNCTION "+ident(Schema)+".epoch_guard()")
 	case st.epoch != "O":
-		// It never runs, so its state changes nothing: enabled as it was.
-		a.add(lockCreate, "", enable(EpochTrigger))
+		// Missing, or not enabled as created (it never runs, so its state
+		// changes nothing, but a trigger not as pgfence creates it is not
+		// left so).
+		what := ""
+		if st.epoch == "" && len(a.what) == 0 {
+			what = "epoch column tied to the backstop"
+		}
+		a.add(what, "CREATE OR REPLACE TRIGGER "+ident(EpochTrigger)+" BEFORE UPDATE OF "+ident(g.Column)+" ON "+a.table+
+			" FOR EACH STATEMENT WHEN (false) EXECUTE FUNCTION "+ident(Schema)+".epoch_guard()")
 	}
 	if w.row.Name != "" && !st.counter {
 		a.stmts = append(a.stmts, "CREATE SEQUENCE IF NOT EXISTS "+ident(Schema)+"."+ident("rejects_"+strconv.FormatUint(uint64(st.oid), 10)))
 	}
+	createTrunc := "CREATE OR REPLACE TRIGGER " + ident(TruncateTrigger) + " BEFORE TRUNCATE ON " + a.table +
+		" FOR EACH STATEMENT EXECUTE FUNCTION " + ident(Schema) + "." + ident(w.trunc.Name) + "()"
 	switch {
 	case w.trunc.Name == "":
 		if st.trunc.exists {
-			a.add(lockDrop, "TRUNCATE allowed", "DROP TRIGGER "+ident(TruncateTrigger)+" ON "+a.table)
+			a.add("TRUNCATE allowed", "DROP TRIGGER "+ident(TruncateTrigger)+" ON "+a.table)
 		}
 	case !st.trunc.exists || !st.trunc.ok || st.trunc.function != w.trunc.Name:
 		what := ""
 		if len(a.what) == 0 {
 			what = "TRUNCATE trigger set"
 		}
-		a.add(lockCreate, what, "CREATE OR REPLACE TRIGGER "+ident(TruncateTrigger)+" BEFORE TRUNCATE ON "+a.table+
-			" FOR EACH STATEMENT EXECUTE FUNCTION "+ident(Schema)+"."+ident(w.trunc.Name)+"()")
-		if st.trunc.exists && st.trunc.enabled != "O" {
-			a.add(lockCreate, "", enable(TruncateTrigger))
-		}
+		a.add(what, createTrunc)
 	case st.trunc.enabled != "O":
-		a.add(lockCreate, "TRUNCATE trigger enabled", enable(TruncateTrigger))
+		a.add("TRUNCATE trigger enabled", createTrunc)
 	}
 	return a
 }

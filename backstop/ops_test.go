@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net/url"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -686,8 +687,9 @@ func TestDrift(t *testing.T) {
 }
 
 // TestNotOwner: when pgfence's role may not create the triggers on a
-// table (another role owns it), Reconcile says so in that table's Problem,
-// clearly, and installs the backstop on the tables it may.
+// table (another role owns it and granted it no TRIGGER), Reconcile says
+// so in that table's Problem, clearly, with the GRANT that would let it,
+// and installs the backstop on the tables it may.
 func TestNotOwner(t *testing.T) {
 	base := baseName(t)
 	mine, theirs := guarded(t, base+"_m", [3]any{1, "a", 5}), guarded(t, base+"_t", [3]any{1, "a", 5})
@@ -717,10 +719,13 @@ func TestNotOwner(t *testing.T) {
 			t.Fatalf("mode %v: the other role's table: %+v", mode, p)
 		}
 		if mode == backstop.Install {
-			for _, want := range []string{"cannot install the backstop on table public." + theirs, "must own the table", "pgfence still fences what it sees"} {
+			for _, want := range []string{"cannot install the backstop on table public." + theirs, "needs the TRIGGER privilege", "pgfence still fences what it sees"} {
 				if !strings.Contains(p.Problem, want) {
 					t.Errorf("Problem %q does not say %q", p.Problem, want)
 				}
+			}
+			if grant := `GRANT TRIGGER ON TABLE "public"."` + theirs + `" TO "` + pf + `";`; !slices.Equal(r.Grants, []string{grant}) {
+				t.Errorf("Grants %q, want [%s]", r.Grants, grant)
 			}
 			t.Logf("Problem: %s", p.Problem)
 		} else if !strings.Contains(p.Problem, "has no backstop trigger") {

@@ -44,6 +44,21 @@ type recordedTable struct {
 
 type ddlRecord struct {
 	column, row, trunc string
+	// rollout and allowMissing are what the row function was made from
+	// (nil: not recorded, by a version before 0.1.0).
+	rollout      *string
+	allowMissing *bool
+}
+
+// discovered is d, the configuration of tables found by their epoch
+// column, with the recorded one in place of its own, unless o replaces
+// it or none is recorded.
+func (r *recorded) discovered(d sqlrewrite.Guard, o Options) sqlrewrite.Guard {
+	if o.Replace || r.ddl.rollout == nil || r.ddl.allowMissing == nil {
+		return d
+	}
+	d.Column, d.Rollout, d.AllowMissingToken = r.ddl.column, rolloutOf(*r.ddl.rollout), *r.ddl.allowMissing
+	return d
 }
 
 // readRecorded reads the recorded configuration (none before Setup).
@@ -81,7 +96,8 @@ func readRecorded(ctx context.Context, conn *pgx.Conn) (*recorded, error) {
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("reading the backstop's recorded configuration: %w", err)
 	}
-	err = conn.QueryRow(ctx, "SELECT epoch_column::text, row_function::text, coalesce(truncate_function::text, '') FROM pgfence.ddl_backstop").Scan(&r.ddl.column, &r.ddl.row, &r.ddl.trunc)
+	err = conn.QueryRow(ctx, "SELECT epoch_column::text, row_function::text, coalesce(truncate_function::text, ''), rollout, allow_missing FROM pgfence.ddl_backstop").
+		Scan(&r.ddl.column, &r.ddl.row, &r.ddl.trunc, &r.ddl.rollout, &r.ddl.allowMissing)
 	if err != nil && err != pgx.ErrNoRows {
 		return nil, fmt.Errorf("reading the backstop's recorded configuration: %w", err)
 	}
@@ -150,6 +166,22 @@ func (r *recorded) differences(guards []sqlrewrite.Guard, oids []uint32, o Optio
 		slices.Sort(mine)
 		if theirs := slices.Sorted(slices.Values(s.exemptRoles)); !slices.Equal(theirs, mine) {
 			out = append(out, fmt.Sprintf("--backstop-exempt-role: [%s] in the database, [%s] here", strings.Join(theirs, ", "), strings.Join(mine, ", ")))
+		}
+	}
+	if d := o.Discovered; d != nil && r.ddl.rollout != nil && r.ddl.allowMissing != nil {
+		rec := r.discovered(*d, o)
+		var diff []string
+		if rec.Column != d.Column {
+			diff = append(diff, fmt.Sprintf("--discover-column %s in the database, %s here", rec.Column, d.Column))
+		}
+		if rec.Rollout != d.Rollout {
+			diff = append(diff, fmt.Sprintf("--mode %s in the database, %s here", rec.Rollout, d.Rollout))
+		}
+		if rec.AllowMissingToken != d.AllowMissingToken {
+			diff = append(diff, fmt.Sprintf("--missing-token %s in the database, %s here", missingWord(rec.AllowMissingToken), missingWord(d.AllowMissingToken)))
+		}
+		if len(diff) > 0 {
+			out = append(out, "tables found by their epoch column: "+strings.Join(diff, "; "))
 		}
 	}
 	for i, g := range guards {

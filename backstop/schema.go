@@ -16,8 +16,17 @@ var setupSQL = slices.Concat(schemaSQL, guardSQL, []string{onDDLSQL})
 // the domain's row in the writer's own statement); domains_guard keeps
 // that UPDATE from ever lowering a token or renaming a domain, and keeps
 // rows from being deleted, except by the table's owner (pgfence's role).
+//
+// The schema is created only when it is missing: CREATE SCHEMA IF NOT
+// EXISTS asks for the CREATE privilege on the database even then, and a
+// DBA may create it for pgfence's role instead (CREATE SCHEMA pgfence
+// AUTHORIZATION <role>).
 var schemaSQL = []string{
-	`CREATE SCHEMA IF NOT EXISTS pgfence`,
+	`DO $pgfence$ BEGIN
+  IF pg_catalog.to_regnamespace('pgfence') IS NULL THEN
+    CREATE SCHEMA pgfence;
+  END IF;
+END $pgfence$`,
 	`GRANT USAGE ON SCHEMA pgfence TO PUBLIC`,
 	`CREATE TABLE IF NOT EXISTS pgfence.domains (domain text PRIMARY KEY, token bigint NOT NULL)`,
 	`GRANT SELECT, UPDATE ON pgfence.domains TO PUBLIC`,

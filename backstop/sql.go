@@ -53,14 +53,17 @@ func NoticeMark(key, at, rel, kind string) string {
 // notices: "" when pgfence's schema is not set up; an error when the role
 // may not read it.
 func ReadNoticeKey(ctx context.Context, conn *pgx.Conn) (string, error) {
-	var key *string
-	if err := conn.QueryRow(ctx, "SELECT CASE WHEN pg_catalog.to_regclass('pgfence.secret') IS NOT NULL THEN (SELECT key FROM pgfence.secret) END").Scan(&key); err != nil {
+	// Two queries: a text naming pgfence.secret fails before Setup,
+	// whatever its CASE says.
+	var exists bool
+	if err := conn.QueryRow(ctx, "SELECT pg_catalog.to_regclass('pgfence.secret') IS NOT NULL").Scan(&exists); err != nil || !exists {
+		return "", err
+	}
+	var key string
+	if err := conn.QueryRow(ctx, "SELECT key FROM pgfence.secret").Scan(&key); err != nil && err != pgx.ErrNoRows {
 		return "", fmt.Errorf("reading pgfence's secret (only pgfence's own role may): %w", err)
 	}
-	if key == nil {
-		return "", nil
-	}
-	return *key, nil
+	return key, nil
 }
 
 // Options are what every guarded table's backstop shares.

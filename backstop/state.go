@@ -40,6 +40,10 @@ type tableState struct {
 	// ties the epoch column, "" when it does not.
 	epoch   string
 	counter bool // its rejects_<oid> sequence exists
+	// mayTrigger: the current role has the TRIGGER privilege on the
+	// table; owns: it is the table's owner or a member of it (which
+	// dropping a trigger, or enabling a partition's clone, takes).
+	mayTrigger, owns bool
 	// problem is what pgfence.backstop_problem says of the table, for the
 	// functions the effective configuration wants ("" for none).
 	problem string
@@ -72,7 +76,9 @@ SELECT g.i::int, coalesce(c.oid, 0)::int8, coalesce(c.relkind::text, ''), coales
                JOIN pg_catalog.pg_attribute a ON a.attrelid = e.tgrelid AND a.attname = g.col AND NOT a.attisdropped
                WHERE e.tgrelid = c.oid AND e.tgname = $6 AND pg_catalog.cardinality(e.tgattr::int2[]) = 1 AND e.tgattr[0] = a.attnum), ''),
        c.oid IS NOT NULL AND pg_catalog.to_regclass('pgfence.' || pg_catalog.quote_ident('rejects_' || c.oid)) IS NOT NULL,
-       CASE WHEN c.oid IS NOT NULL THEN coalesce(pgfence.backstop_problem(c.oid, g.col, g.want_row, g.want_trunc), '') ELSE '' END
+       CASE WHEN c.oid IS NOT NULL THEN coalesce(pgfence.backstop_problem(c.oid, g.col, g.want_row, g.want_trunc), '') ELSE '' END,
+       c.oid IS NOT NULL AND pg_catalog.has_table_privilege(c.oid, 'TRIGGER'),
+       c.oid IS NOT NULL AND pg_catalog.pg_has_role(c.relowner, 'USAGE')
 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[]) WITH ORDINALITY AS g(schema, name, col, want_row, want_trunc, i)
 LEFT JOIN pg_catalog.pg_namespace n ON n.nspname = g.schema
 LEFT JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = g.name AND c.relkind IN ('r', 'p')
@@ -123,7 +129,7 @@ func readState(ctx context.Context, conn *pgx.Conn, guards []sqlrewrite.Guard, w
 			&st.own.exists, &st.own.name, &st.own.function, &st.own.enabled, &st.own.ok,
 			&st.cloned, &st.clone.name, &st.clone.enabled,
 			&st.trunc.exists, &st.trunc.function, &st.trunc.enabled, &st.trunc.ok,
-			&st.epoch, &st.counter, &st.problem); err != nil {
+			&st.epoch, &st.counter, &st.problem, &st.mayTrigger, &st.owns); err != nil {
 			return nil, fmt.Errorf("reading the backstop's state: %w", err)
 		}
 		st.guard, st.oid = guards[i-1], uint32(oid)

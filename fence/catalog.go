@@ -158,13 +158,32 @@ func discover(tables []*catalogTable, explicit []sqlrewrite.Guard, auto bool, co
 		if g.Schema == "" && len(matches) == 1 {
 			g.As = sqlrewrite.Guard{Schema: matches[0].schema, Table: matches[0].name}.Name()
 		}
+		// A table that cannot be fenced has its writes refused, saying
+		// why: the guard of it, or, for an unqualified guard of several
+		// tables, a guard of its own beside it (a write naming it
+		// unqualified is then refused too, as it may be that one).
+		var broken []*catalogTable
+		for _, t := range matches {
+			if unfenceable(t, g.Column) != "" && g.Rollout != sqlrewrite.Observe {
+				broken = append(broken, t)
+			}
+		}
+		if len(broken) > 0 && (g.Schema != "" || len(matches) == 1) {
+			g.Unfenceable = unfenceable(broken[0], g.Column)
+			broken = nil
+		}
 		add(g)
+		for _, t := range broken {
+			b := g
+			b.Schema, b.Table, b.As, b.Unfenceable = t.schema, t.name, "", unfenceable(t, g.Column)
+			add(b)
+		}
 		for _, t := range matches {
 			if p := columnProblem(t, g.Column); p != "" {
 				d.Problems = append(d.Problems, p)
 			}
 			g := g
-			g.As = ""
+			g.As, g.Unfenceable = "", ""
 			addTable(t, g)
 			addTree(t, g)
 		}
@@ -202,14 +221,29 @@ func discover(tables []*catalogTable, explicit []sqlrewrite.Guard, auto bool, co
 
 func isInteger(typ string) bool { return typ == "int8" || typ == "int4" || typ == "int2" }
 
+// unfenceable says why writes to t cannot be fenced with epoch column
+// column, and how to fix it ("" when they can): the column is missing, or
+// not an integer (see sqlrewrite.Guard.Unfenceable).
+func unfenceable(t *catalogTable, column string) string {
+	name := sqlrewrite.Guard{Schema: t.schema, Table: t.name}.Name()
+	col := sqlrewrite.Guard{Table: column}.Name()
+	switch ci, ok := t.columns[column]; {
+	case !ok:
+		return fmt.Sprintf("it has no epoch column %q; add it: ALTER TABLE %s ADD COLUMN %s bigint NOT NULL DEFAULT 0", column, name, col)
+	case !isInteger(ci.typ):
+		return fmt.Sprintf("its epoch column %q is of type %s, not bigint; make it one: ALTER TABLE %s ALTER COLUMN %s TYPE bigint USING 0 (which sets every epoch to 0)", column, ci.typ, name, col)
+	}
+	return ""
+}
+
 // columnProblem describes what is wrong with t's epoch column, if anything.
 func columnProblem(t *catalogTable, column string) string {
 	ci, ok := t.columns[column]
 	switch {
 	case !ok:
-		return fmt.Sprintf("guarded table %s.%s has no column %q: every fenced write to it will fail; add it: ALTER TABLE %s.%s ADD COLUMN %s bigint NOT NULL DEFAULT 0", t.schema, t.name, column, t.schema, t.name, column)
+		return fmt.Sprintf("guarded table %s.%s has no column %q: its writes are refused (but in observe mode) until it has; add it: ALTER TABLE %s.%s ADD COLUMN %s bigint NOT NULL DEFAULT 0", t.schema, t.name, column, t.schema, t.name, column)
 	case !isInteger(ci.typ):
-		return fmt.Sprintf("epoch column %q of guarded table %s.%s is %s, not bigint: fenced writes to it will fail", column, t.schema, t.name, ci.typ)
+		return fmt.Sprintf("epoch column %q of guarded table %s.%s is %s, not bigint: its writes are refused (but in observe mode) until it is", column, t.schema, t.name, ci.typ)
 	case ci.typ != "int8":
 		return fmt.Sprintf("epoch column %q of guarded table %s.%s is %s: tokens above its range will fail; make it bigint", column, t.schema, t.name, ci.typ)
 	case !ci.notNull:

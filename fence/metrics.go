@@ -50,6 +50,7 @@ type Metrics struct {
 		backstopOK    *prometheus.GaugeVec
 		exposed       *prometheus.GaugeVec
 		differs       *prometheus.GaugeVec
+		unfenceable   *prometheus.GaugeVec
 		// tokenGap is how far the epoch that beat a stale write was ahead
 		// of its token; acceptedTable and acceptedDomain the highest token
 		// a write went through with, per table and per lock domain.
@@ -147,6 +148,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	a.differs = gauge("pgfence_backstop_config_differs",
 		"The settings in which this instance's configuration differs from the one the database records for its backstop (which every instance installs): 0 when they agree. Roll a change out with pgfence init.",
 		"database")
+	a.unfenceable = gauge("pgfence_guarded_table_unfenceable",
+		"1 for each guarded table pgfence cannot fence (it has no epoch column, or one that is not an integer): its writes are refused, saying how to fix it (/readyz says it too).",
+		"database", "table")
 	a.counts = &dbCounts{dbs: map[string]*dbCount{}}
 	a.tokenGap = loopstat.NewHistogramVec(prometheus.HistogramOpts{Name: "fencing_token_gap",
 		Help:    "For each stale write fenced (on either path), the epoch or lock domain token that beat it minus the token it carried; kind as in fencing_reject_total.",
@@ -156,7 +160,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	a.acceptedDomain = newTokenMaxes("pgfence_domain_token_accepted_max",
 		"The highest fencing token a write to a table of the lock domain went through with, through this pgfence (0 until one does).", "domain")
 	reg.MustRegister(a.rejects, a.withoutToken, a.guardedWrites, a.unfenced, a.guarded, a.discoveryOK,
-		a.backstop, a.backstopOK, a.exposed, a.differs, a.counts, a.tokenGap, a.acceptedTable, a.acceptedDomain)
+		a.backstop, a.backstopOK, a.exposed, a.differs, a.unfenceable, a.counts, a.tokenGap, a.acceptedTable, a.acceptedDomain)
 	reg.MustRegister(m.queries, m.errors, m.connsTotal, m.connsActive, cacheHits, cacheMisses, bound, setsAnswered)
 	m.passthrough = m.queries.With("passthrough")
 	m.fenced = m.queries.With("fenced")
@@ -217,6 +221,7 @@ func (d *DatabaseMetrics) Retire() {
 	a.backstopOK.DeletePartialMatch(db)
 	a.exposed.DeletePartialMatch(db)
 	a.differs.DeletePartialMatch(db)
+	a.unfenceable.DeletePartialMatch(db)
 	a.acceptedTable.deleteDatabase(d.database)
 	a.acceptedDomain.deleteDatabase(d.database)
 	a.counts.delete(d.database)
@@ -238,6 +243,12 @@ func (d *DatabaseMetrics) guards(gs []sqlrewrite.Guard) {
 		}
 	}
 	a := &d.all
+	a.unfenceable.DeletePartialMatch(prometheus.Labels{"database": d.database})
+	for _, g := range gs {
+		if g.Unfenceable != "" {
+			a.unfenceable.WithLabelValues(d.database, g.Label()).Set(1)
+		}
+	}
 	for t := range d.watched {
 		if !tables[t] {
 			l := prometheus.Labels{"database": d.database, "table": t}

@@ -40,7 +40,18 @@ type Guard struct {
 	// (see fence.Discover), so that every instance labels a table alike
 	// whichever way it was guarded. Label is Name when it is empty.
 	As string
+	// Unfenceable, when set, says why the table cannot be fenced (it has
+	// no epoch column, or one that is not an integer) and how to fix it:
+	// fence.Discover sets it from the catalog. Every write to the table
+	// (but in Observe, which fences nothing) is then refused with
+	// SQLSTATE CodeUnfenceable and this text, rather than rewritten into
+	// a statement Postgres would fail with its own error.
+	Unfenceable string
 }
+
+// CodeUnfenceable is the SQLSTATE of a write refused because its guarded
+// table cannot be fenced (Guard.Unfenceable).
+const CodeUnfenceable = "PF003"
 
 // DomainTable holds one row per lock domain: the highest token any write to
 // the domain has used.

@@ -51,6 +51,17 @@
 // TABLE AS, that query is the one they hold); anywhere else Postgres
 // rejects it anyway, and pgfence refuses it.
 //
+// # Tables that cannot be fenced
+//
+// A guard whose table has no integer epoch column (Guard.Unfenceable, set
+// by the caller from the catalog) would make every rewrite of a write to
+// it fail in Postgres, with Postgres's own error about a column the client
+// never named. Its writes are refused instead, with CodeUnfenceable and
+// the caller's account of why and what fixes it; reads and DDL (the fix)
+// pass. An unqualified name that may stand for such a table is refused
+// too, as search_path decides which table it is; Observe guards fence
+// nothing and are let through.
+//
 // # pgfence's own settings
 //
 // pgfence keeps state of its own in the settings of the pgfence namespace:

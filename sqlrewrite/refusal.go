@@ -22,6 +22,20 @@ const (
 	hintStaleDomain  = "a newer holder of the lock has written to this lock domain with a higher fencing token: stop acting as the holder and acquire the lock again"
 )
 
+// hintUnfenceable is the hint of a write refused because its guarded
+// table cannot be fenced: the message says the fix.
+const hintUnfenceable = "pgfence fences the table from its next read of the catalog that finds the epoch column (every --discover-interval, on SIGHUP, and right after DDL sent through pgfence); or take the table out of --guard"
+
+// unfenceable refuses a write to a guarded table that cannot be fenced
+// (see Guard.Unfenceable).
+func unfenceable(g *guardInfo) *Refusal {
+	return &Refusal{
+		Code:    CodeUnfenceable,
+		Message: "pgfence: writes to guarded table \"" + g.name + "\" are refused, as they cannot be fenced: " + g.Unfenceable,
+		Hint:    hintUnfenceable,
+	}
+}
+
 func forgedEpoch(g *guardInfo) *Refusal {
 	return &Refusal{
 		Code:    codeForgedEpoch,
@@ -172,6 +186,8 @@ func markerHint(code, text string) string {
 		return hintReservedName
 	case codeStaleDomain:
 		return hintStaleDomain
+	case CodeUnfenceable:
+		return hintUnfenceable
 	case codeSyntax:
 		return unparsableHint(text)
 	}

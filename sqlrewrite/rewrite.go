@@ -235,7 +235,7 @@ func (r *Rewriter) visit(p *plan, m proto.Message, nested bool, stored proto.Mes
 	case *pg_query.DeleteStmt:
 		return r.visitUpdateDelete("DELETE", n.Relation, n.WhereClause, nil, m, stored, add)
 	case *pg_query.InsertStmt:
-		g, ref := r.guardFor(n.Relation)
+		g, ref := r.writeGuardFor(n.Relation)
 		kind, oc := "INSERT", n.OnConflictClause
 		if oc != nil && oc.Action == pg_query.OnConflictAction_ONCONFLICT_UPDATE {
 			kind = "UPSERT"
@@ -258,7 +258,7 @@ func (r *Rewriter) visit(p *plan, m proto.Message, nested bool, stored proto.Mes
 			add(kind, g, n.Relation, m)
 		}
 	case *pg_query.MergeStmt:
-		g, ref := r.guardFor(n.Relation)
+		g, ref := r.writeGuardFor(n.Relation)
 		switch {
 		case g == nil || ref != nil:
 			return ref
@@ -285,7 +285,7 @@ func (r *Rewriter) visit(p *plan, m proto.Message, nested bool, stored proto.Mes
 	case *pg_query.TruncateStmt:
 		for _, rel := range n.Relations {
 			rv := rel.GetRangeVar()
-			g, ref := r.guardFor(rv)
+			g, ref := r.writeGuardFor(rv)
 			switch {
 			case g == nil || ref != nil:
 				if ref != nil {
@@ -305,7 +305,7 @@ func (r *Rewriter) visit(p *plan, m proto.Message, nested bool, stored proto.Mes
 		if !n.IsFrom {
 			return nil
 		}
-		g, ref := r.guardFor(n.Relation)
+		g, ref := r.writeGuardFor(n.Relation)
 		switch {
 		case g == nil || ref != nil:
 			return ref
@@ -334,7 +334,7 @@ func (r *Rewriter) visit(p *plan, m proto.Message, nested bool, stored proto.Mes
 
 func (r *Rewriter) visitUpdateDelete(kind string, rv *pg_query.RangeVar, where *pg_query.Node, set []*pg_query.Node,
 	m, stored proto.Message, add func(string, *guardInfo, *pg_query.RangeVar, proto.Message) *write) *Refusal {
-	g, ref := r.guardFor(rv)
+	g, ref := r.writeGuardFor(rv)
 	switch {
 	case g == nil || ref != nil:
 		return ref
@@ -477,6 +477,24 @@ func (r *Rewriter) guardFor(rv *pg_query.RangeVar) (*guardInfo, *Refusal) {
 		}
 	}
 	return found, nil
+}
+
+// writeGuardFor is guardFor for the table a statement writes: a write
+// to a guarded table that cannot be fenced (Guard.Unfenceable) is refused,
+// as is one whose unqualified name may stand for such a table (search_path
+// decides; fail closed). Observe tables fence nothing, and are let
+// through.
+func (r *Rewriter) writeGuardFor(rv *pg_query.RangeVar) (*guardInfo, *Refusal) {
+	g, ref := r.guardFor(rv)
+	if g == nil || ref != nil || !r.unfenceable {
+		return g, ref
+	}
+	for i := range r.guards {
+		if o := &r.guards[i]; o.Unfenceable != "" && o.Rollout != Observe && refersTo(rv, o) {
+			return nil, unfenceable(o)
+		}
+	}
+	return g, nil
 }
 
 // guardNamed returns the guard whose Name() is name, or nil.

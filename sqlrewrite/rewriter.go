@@ -24,6 +24,9 @@ type Rewriter struct {
 	setting  string
 	allow    Allow
 	ddlGuard bool
+	// unfenceable is set when a guard cannot be fenced (see
+	// Guard.Unfenceable): only then are writes checked for it.
+	unfenceable bool
 	// needles are the lower-cased table names as they must appear in SQL
 	// text, and "pgfence", the schema of the backstop's objects (see
 	// ddl.go).
@@ -96,6 +99,7 @@ func New(cfg Config) (*Rewriter, error) {
 			gi.fenceByDomain()
 		}
 		r.guards = append(r.guards, gi)
+		r.unfenceable = r.unfenceable || g.Unfenceable != ""
 		n := asciiLower(strings.ReplaceAll(g.Table, `"`, `""`))
 		r.needles = append(r.needles, n)
 		r.firsts[n[0]], r.firsts[toUpper(n[0])] = true, true

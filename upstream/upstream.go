@@ -1,11 +1,8 @@
-// Package upstream is where pgfence finds Postgres: the hosts an --upstream
-// connection string names, with libpq's meaning of sslmode and
-// target_session_attrs, whether each is a writable primary, and following
-// the primary among them as failovers move it.
 package upstream
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"net"
 	"net/url"
@@ -35,8 +32,17 @@ type Hosts struct {
 // pgfence's own checks of it use.
 type Host struct {
 	Upstream proxy.Upstream
-	cfg      *pgconn.Config // this host only, no fallbacks, no validation
+	cfg      *pgconn.Config // this host only (its TLS attempts as fallbacks), no validation
+	// logins paces Check's logins while this host refuses pgfence's role:
+	// every check would otherwise try again (each scrape, each probe,
+	// Follow every second).
+	logins *Backoff
 }
+
+// Logins is the Backoff that paces pgfence's logins to h: Check's, and
+// any other login of pgfence's role there that should take turns with
+// them.
+func (h Host) Logins() *Backoff { return h.logins }
 
 // Parse reads a postgres:// URL (or key=value string), with sslmode,
 // sslrootcert, target_session_attrs and friends meaning what they mean to
@@ -54,9 +60,11 @@ func Parse(s string) (Hosts, error) {
 	default:
 		return Hosts{}, fmt.Errorf("target_session_attrs=%s: pgfence fences writes, so it can only follow a writable primary (read-write or primary)", attrs)
 	}
-	// pgconn lists each host once per TLS attempt (sslmode=prefer tries
-	// TLS, then plain): one upstream per address, TLS optional if any
-	// attempt is plain.
+	// pgconn lists each host once per TLS attempt, in libpq's order
+	// (sslmode=prefer: TLS, then plain; allow: plain, then TLS): one
+	// upstream per address, whose check makes the same attempts (see
+	// Check), and whose sessions use TLS when Postgres accepts it, and
+	// must when no attempt is plain (see sessionTLS).
 	all := append([]*pgconn.FallbackConfig{{Host: cfg.Host, Port: cfg.Port, TLSConfig: cfg.TLSConfig}}, cfg.Fallbacks...)
 	index := map[string]int{}
 	for _, fb := range all {
@@ -66,20 +74,38 @@ func Parse(s string) (Hosts, error) {
 			h.Upstream = proxy.Upstream{Network: "unix", Addr: filepath.Join(fb.Host, ".s.PGSQL."+port)}
 		}
 		if k, ok := index[h.Upstream.Addr]; ok {
-			if fb.TLSConfig == nil {
-				u.List[k].Upstream.TLSRequired = false // sslmode=prefer or allow
-			} else if u.List[k].Upstream.TLS == nil {
-				u.List[k].Upstream.TLS = fb.TLSConfig
-			}
+			sessionTLS(&u.List[k].Upstream, fb.TLSConfig)
+			// The check tries this attempt too, as libpq would: without
+			// it, sslmode=prefer (the default) against a Postgres without
+			// TLS would never be ready.
+			c := u.List[k].cfg
+			c.Fallbacks = append(c.Fallbacks, &pgconn.FallbackConfig{Host: fb.Host, Port: fb.Port, TLSConfig: fb.TLSConfig})
 			continue
 		}
 		one := cfg.Copy()
 		one.Host, one.Port, one.TLSConfig, one.Fallbacks, one.ValidateConnect = fb.Host, fb.Port, fb.TLSConfig, nil, nil
-		h.cfg = one
+		h.cfg, h.logins = one, &Backoff{}
 		index[h.Upstream.Addr] = len(u.List)
 		u.List = append(u.List, h)
 	}
 	return u, nil
+}
+
+// sessionTLS folds another TLS attempt of libpq's for a host into how the
+// proxy connects its sessions there. The proxy makes one attempt per
+// session, as it cannot start a session over once it has relayed the
+// client's startup packet: it asks for TLS when any attempt uses it, and
+// goes on in plain text when Postgres declines, unless no attempt is
+// plain (require, verify-ca, verify-full). So sslmode=prefer means what it
+// means to libpq, and allow gets TLS where Postgres offers it (libpq's
+// allow tries plain text first, then TLS when Postgres refuses that: the
+// proxy's one attempt that works with both kinds of server).
+func sessionTLS(up *proxy.Upstream, attempt *tls.Config) {
+	if attempt == nil {
+		up.TLSRequired = false
+	} else if up.TLS == nil {
+		up.TLS = attempt
+	}
 }
 
 // targetSessionAttrs is the target_session_attrs s (a URL or key=value
@@ -111,16 +137,28 @@ func (s State) String() string {
 	return [...]string{"unreachable", "read-only (a standby, or default_transaction_read_only is on)", "a writable primary"}[s]
 }
 
-// Check connects to h as pgfence's own role and asks whether it is in
-// recovery or read-only, as libpq's target_session_attrs=read-write does;
-// the error says why it could not tell.
+// Check connects to h as pgfence's own role, making the TLS attempts
+// libpq's sslmode makes (prefer: TLS, then plain text), and asks whether
+// it is in recovery or read-only, as libpq's target_session_attrs=read-write
+// does; the error says why it could not tell. While h refuses the role's
+// login it does not try again at every call but as its Backoff says, and
+// reports the refusal meanwhile (a *HeldError).
 func Check(ctx context.Context, h Host) (State, error) {
+	if err := h.logins.Try(); err != nil {
+		return Down, err
+	}
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
 	c, err := pgconn.ConnectConfig(ctx, h.cfg)
 	if err != nil {
+		if Refused(err) {
+			h.logins.Failed(err)
+		} else {
+			h.logins.Ended()
+		}
 		return Down, err
 	}
+	h.logins.Succeeded()
 	defer c.Close(context.Background())
 	res, err := c.Exec(ctx, "SELECT pg_catalog.pg_is_in_recovery(), pg_catalog.current_setting('transaction_read_only')").ReadAll()
 	if err != nil {

@@ -1,9 +1,12 @@
 package upstream
 
 import (
+	"crypto/tls"
 	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 func TestParse(t *testing.T) {
@@ -39,4 +42,60 @@ func TestParse(t *testing.T) {
 			t.Errorf("%s: hosts %v, requirePrimary %v; want %v, %v", tc.in, addrs, u.RequirePrimary, tc.addrs, tc.primary)
 		}
 	}
+}
+
+// Each sslmode gives the check libpq's TLS attempts, in libpq's order, and
+// the proxy's sessions one attempt that asks for TLS unless the mode
+// rules it out, and insists on it only when no attempt is plain.
+func TestParseSSLMode(t *testing.T) {
+	for _, tc := range []struct {
+		mode     string // "" leaves sslmode out
+		attempts string // the check's, in order
+		tls      bool   // sessions ask for TLS
+		required bool   // and fail without it
+	}{
+		{mode: "", attempts: "tls,plain", tls: true},
+		{mode: "disable", attempts: "plain"},
+		{mode: "allow", attempts: "plain,tls", tls: true},
+		{mode: "prefer", attempts: "tls,plain", tls: true},
+		{mode: "require", attempts: "tls", tls: true, required: true},
+		{mode: "verify-ca", attempts: "tls", tls: true, required: true},
+		{mode: "verify-full", attempts: "tls", tls: true, required: true},
+	} {
+		url := "postgres://u@db.example.com:5432/app"
+		if tc.mode != "" {
+			url += "?sslmode=" + tc.mode
+		}
+		t.Setenv("PGSSLMODE", "") // the test's own environment must not choose
+		u, err := Parse(url)
+		if err != nil {
+			t.Fatalf("%s: %v", url, err)
+		}
+		if len(u.List) != 1 {
+			t.Fatalf("%s: %d hosts, want 1", url, len(u.List))
+		}
+		h := u.List[0]
+		var attempts []string
+		for _, c := range append([]*tls.Config{h.cfg.TLSConfig}, fallbackTLS(h.cfg)...) {
+			if c == nil {
+				attempts = append(attempts, "plain")
+			} else {
+				attempts = append(attempts, "tls")
+			}
+		}
+		if got := strings.Join(attempts, ","); got != tc.attempts {
+			t.Errorf("sslmode=%q: the check tries %s, want %s (libpq's order)", tc.mode, got, tc.attempts)
+		}
+		if (h.Upstream.TLS != nil) != tc.tls || h.Upstream.TLSRequired != tc.required {
+			t.Errorf("sslmode=%q: sessions ask for TLS %v, require it %v; want %v, %v", tc.mode, h.Upstream.TLS != nil, h.Upstream.TLSRequired, tc.tls, tc.required)
+		}
+	}
+}
+
+func fallbackTLS(c *pgconn.Config) []*tls.Config {
+	var out []*tls.Config
+	for _, fb := range c.Fallbacks {
+		out = append(out, fb.TLSConfig)
+	}
+	return out
 }

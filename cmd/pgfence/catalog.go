@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -98,12 +99,18 @@ func readCatalog(ctx context.Context, conn *pgx.Conn, o catalogOptions, explicit
 		}
 	}
 	domains := domainsOf(tables)
-	if backstopOn && mode == backstop.Install || o.initDomains && len(domains) > 0 {
+	install := backstopOn && mode == backstop.Install
+	setUp := true
+	if install || o.initDomains && len(domains) > 0 {
 		if err := backstop.Setup(ctx, conn); err != nil {
-			r.problems = append(r.problems, fmt.Sprintf("%v (run 'pgfence init' as a role that may create the pgfence schema)", err))
+			setUp = false
+			if !install { // Reconcile reports it otherwise, with what to grant
+				r.problems = append(r.problems, fmt.Sprintf("%v (run 'pgfence init' as a role that may create the pgfence schema)", err))
+			}
 		}
 	}
-	if o.initDomains {
+	// Without the schema, the domains' rows would fail for the same reason.
+	if o.initDomains && setUp {
 		if err := domainRows(ctx, conn, domains); err != nil {
 			r.problems = append(r.problems, err.Error())
 		}
@@ -136,6 +143,9 @@ func readCatalog(ctx context.Context, conn *pgx.Conn, o catalogOptions, explicit
 			}
 		}
 		r.problems = append(r.problems, rep.Problems...)
+		if len(rep.Grants) > 0 {
+			r.problems = append(r.problems, grantsProblem(rep))
+		}
 		for k, g := range r.guards {
 			r.guards[k].Backstop = backstopCovers(rep, g)
 		}
@@ -149,7 +159,15 @@ func readCatalog(ctx context.Context, conn *pgx.Conn, o catalogOptions, explicit
 		}
 	}
 	slices.Sort(r.problems)
+	r.problems = slices.Compact(r.problems) // a problem is said once
 	return r, nil
+}
+
+// grantsProblem says what pgfence's role lacks, as the statements that
+// would give it.
+func grantsProblem(rep *backstop.Report) string {
+	return fmt.Sprintf("pgfence's role %s lacks privileges the backstop needs; a superuser or the objects' owner gives them with:\n  %s",
+		rep.Role, strings.Join(rep.Grants, "\n  "))
 }
 
 // backstopCovers reports whether the backstop is OK, and this instance's
@@ -261,4 +279,37 @@ func applyMembers(guards []sqlrewrite.Guard, members map[[2]string]string) []str
 		guards[k].Domain = domain
 	}
 	return problems
+}
+
+// noteUnfenceable keeps, for /readyz, the guarded tables whose writes
+// are refused because they cannot be fenced.
+func (d *database) noteUnfenceable(guards []sqlrewrite.Guard) {
+	var tables []string
+	for _, g := range guards {
+		if g.Unfenceable != "" {
+			tables = append(tables, "guarded table "+g.Label()+" cannot be fenced, and its writes are refused: "+g.Unfenceable)
+		}
+	}
+	if len(tables) == 0 {
+		d.unfenceable.Store(nil)
+		return
+	}
+	u := strings.Join(tables, "\n  ")
+	d.unfenceable.Store(&u)
+}
+
+// unfenceable says, when some database has guarded tables that cannot
+// be fenced, that their writes are refused ("" when none has): the
+// tables and their fixes are in statusLines.
+func (i *instance) unfenceable() string {
+	var dbs []string
+	for _, d := range i.databases() {
+		if d.unfenceable.Load() != nil {
+			dbs = append(dbs, strconv.Quote(d.name))
+		}
+	}
+	if len(dbs) == 0 {
+		return ""
+	}
+	return "guarded tables of database " + strings.Join(dbs, ", ") + " cannot be fenced, and pgfence refuses their writes (which tables, and the fix, below)"
 }

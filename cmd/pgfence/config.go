@@ -44,6 +44,13 @@ func loadEnv(cmd *cobra.Command) error {
 }
 
 func loadConfigFile(cmd *cobra.Command, path string) error {
+	return applyConfigFile(cmd, path, nil)
+}
+
+// applyConfigFile is loadConfigFile; a key cmd has no flag of, but that
+// also says whether to skip it (a key of serve's that init and uninstall
+// have no use for), is skipped.
+func applyConfigFile(cmd *cobra.Command, path string, also func(key string) bool) error {
 	if path == "" {
 		return nil
 	}
@@ -58,6 +65,9 @@ func loadConfigFile(cmd *cobra.Command, path string) error {
 	flags := cmd.Flags()
 	for key, v := range raw {
 		f := flags.Lookup(key)
+		if f == nil && key != "config" && also != nil && also(key) {
+			continue
+		}
 		if f == nil || key == "config" {
 			return fmt.Errorf("config file %s: unknown key %q (keys are the flag names of 'pgfence %s --help')", path, key, cmd.Name())
 		}

@@ -19,6 +19,7 @@ import (
 	"github.com/pgfence/pgfence/fence"
 	"github.com/pgfence/pgfence/proxy"
 	"github.com/pgfence/pgfence/sqlrewrite"
+	"github.com/pgfence/pgfence/upstream"
 )
 
 // database is pgfence's fencing of one database: the policy its sessions
@@ -39,7 +40,7 @@ import (
 type database struct {
 	name string
 	// main is set for the --upstream URL's database: read from start-up,
-	// retried every second until a read works, never forgotten.
+	// retried until a read works (as retry paces it), never forgotten.
 	main bool
 	log  *slog.Logger // names the database on every line
 	// policy is nil until a read of the catalog has worked (the main
@@ -53,6 +54,15 @@ type database struct {
 	// is why it did not work.
 	first    chan struct{}
 	firstErr error
+	// retry paces the main database's reads until one works: a refused
+	// login (a wrong password) is not tried every second. With one
+	// --upstream host it is that host's, which paces /readyz's checks too:
+	// the reads and the checks take turns, one login per wait. retryIn is
+	// the wait the last failed read set, and lastErr why it failed (what a
+	// refused client is told the SQLSTATE of).
+	retry   *upstream.Backoff
+	retryIn atomic.Int64 // a time.Duration
+	lastErr atomic.Pointer[error]
 	// ddl takes the requests of readAfterDDL; stopped is closed when run
 	// returns, after which no read is coming.
 	ddl     chan chan struct{}
@@ -68,6 +78,9 @@ type database struct {
 	// gap, when set, is why the database is not ready: a guarded table
 	// lacks its backstop (see /readyz and --ready-without-backstop).
 	gap atomic.Pointer[string]
+	// unfenceable, when set, names the guarded tables that cannot be
+	// fenced (their writes are refused): not ready either.
+	unfenceable atomic.Pointer[string]
 	// retrySoon says the last read could not install a table's backstop
 	// without waiting behind open transactions: run reads again soon.
 	retrySoon atomic.Bool
@@ -80,7 +93,7 @@ type database struct {
 }
 
 func newDatabase(name string, main bool, log *slog.Logger) *database {
-	return &database{name: name, main: main, log: log.With("database", name),
+	return &database{name: name, main: main, log: log.With("database", name), retry: &upstream.Backoff{},
 		first: make(chan struct{}), ddl: make(chan chan struct{}), stopped: make(chan struct{}), goneCh: make(chan struct{})}
 }
 
@@ -91,6 +104,9 @@ func newDatabase(name string, main bool, log *slog.Logger) *database {
 func (d *database) load(ctx context.Context, i *instance) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if d.main {
+		defer i.serving() // once the first read has worked
+	}
 	o := i.options() // under d.mu: a read never applies options older than the last one's
 	cfg, apply, err := o.policyConfig()
 	if err != nil { // checked before they were put in force: not expected
@@ -120,14 +136,22 @@ func (d *database) load(ctx context.Context, i *instance) {
 		d.setStatus(fmt.Sprintf("catalog: last read failed (%v); guarding the tables of the last good read", err))
 	case err != nil && d.main:
 		d.metrics.DiscoveryOK(false)
-		d.log.Error("cannot read the catalog, and it never has been: clients are refused until it works, as pgfence cannot tell which tables to fence; retrying every second",
-			"upstream", i.upstream, "err", err)
-		d.setStatus(fmt.Sprintf("catalog: never read (%v); clients refused until it is", err))
+		d.lastErr.Store(&err)
+		wait := d.retry.Failed(err)
+		d.retryIn.Store(int64(wait))
+		hint := "pgfence tries again, waiting longer each time (SIGHUP tries at once)"
+		if upstream.Refused(err) {
+			hint = "Postgres refused pgfence's own role (the --upstream URL's user): check its password (PGPASSWORD, or the passfile), pg_hba.conf, and its CONNECT privilege; " + hint
+		}
+		d.log.Error("cannot read the catalog, and it never has been: clients are refused until it works, as pgfence cannot tell which tables to fence",
+			"upstream", i.upstream, "err", err, "retry_in", wait.Round(time.Millisecond), "hint", hint)
+		d.setStatus(fmt.Sprintf("catalog: never read (%v); clients refused until it is; next try in %v", err, wait.Round(time.Millisecond)))
 	case err != nil:
 		// Its sessions are refused, saying why; the next one tries again.
 		// Nothing is kept of it meanwhile: a client may name any database.
 		d.log.Error("cannot read the catalog: the database's sessions are refused until a read works; its next session tries again",
-			"upstream", i.upstream, "err", err)
+			"upstream", i.upstream, "err", err,
+			"hint", "pgfence's role (the --upstream URL's user) must be able to connect to every database clients use through pgfence; or exclude this one with --exclude-database")
 		d.firstErr = err
 		i.failedReads.Store(d.name, err)
 		return
@@ -135,6 +159,7 @@ func (d *database) load(ctx context.Context, i *instance) {
 		if d.metrics == nil {
 			d.metrics = i.metrics.Database(d.name)
 		}
+		d.retry.Succeeded()
 		d.metrics.DiscoveryOK(true)
 		i.failedReads.Delete(d.name)
 		d.lastGood = read
@@ -145,6 +170,7 @@ func (d *database) load(ctx context.Context, i *instance) {
 		cfg.Guards = read.guards
 		read.configure(&cfg)
 		d.reportBackstop(read, i.options())
+		d.noteUnfenceable(read.guards)
 	}
 	policy := d.policy.Load()
 	if policy == nil {
@@ -221,6 +247,9 @@ func (d *database) reportBackstop(read *catalogRead, o serveOptions) {
 		}
 	}
 	d.metrics.Backstop(installed)
+	if len(rep.DroppedFunctions) > 0 {
+		d.log.Info("backstop: dropped the trigger functions no trigger runs any more", "functions", strings.Join(rep.DroppedFunctions, ","))
+	}
 	d.retrySoon.Store(rep.Retry())
 	var lines []string
 	// Who can switch it off unseen: without the DDL guard, the owner of
@@ -322,7 +351,7 @@ func (d *database) readAfterDDL() <-chan struct{} {
 
 // run reads the catalog first, then again every interval (0: never), when
 // a session's DDL asks for it (readAfterDDL), and, for the main database
-// until a read works, every second. It returns when ctx ends, when the
+// until a read works, as its retry paces it. It returns when ctx ends, when the
 // first read of a database other than the main one fails, or when the
 // database is gone; i then forgets the database.
 func (d *database) run(ctx context.Context, i *instance, every time.Duration) {
@@ -366,12 +395,25 @@ func (d *database) run(ctx context.Context, i *instance, every time.Duration) {
 		soon = time.After(backoff)
 	}
 	again()
-	if !d.known.Load() {
-		// Clients wait for the first read that works: try every second.
-		t := time.NewTicker(time.Second)
-		defer t.Stop()
-		retry = t.C
+	// Clients wait for the first read that works: try again after the wait
+	// the last failed read set.
+	rearm := func() {
+		retry = nil
+		if !d.known.Load() {
+			wait := time.Duration(d.retryIn.Load())
+			var held *upstream.HeldError
+			if errors.As(d.retry.Held(), &held) {
+				// A check's turn: look again when its wait ends, or soon
+				// while it is under way.
+				wait = held.Left
+				if held.Trying {
+					wait = upstream.BackoffBase
+				}
+			}
+			retry = time.After(wait)
+		}
 	}
+	rearm()
 	for {
 		select {
 		case <-ctx.Done():
@@ -388,6 +430,12 @@ func (d *database) run(ctx context.Context, i *instance, every time.Duration) {
 		case w := <-d.ddl:
 			waiting = append(waiting, w)
 		}
+		if !d.known.Load() && d.retry.Try() != nil {
+			// A check has been refused since, or is trying (see retry):
+			// wait for the turn. load ends the turn taken here.
+			rearm()
+			continue
+		}
 		for more := true; more; { // every request so far is served by this read
 			select {
 			case w := <-d.ddl:
@@ -398,6 +446,7 @@ func (d *database) run(ctx context.Context, i *instance, every time.Duration) {
 		}
 		d.load(ctx, i)
 		again()
+		rearm()
 		for _, w := range waiting {
 			close(w)
 		}
@@ -447,10 +496,24 @@ func (i *instance) admit(c *proxy.Client) error {
 		return fmt.Errorf("database %q is excluded from fencing (--exclude-database), so pgfence does not serve its sessions: connect to Postgres directly for it, or drop it from --exclude-database and reload pgfence (SIGHUP) to have it fenced", name)
 	}
 	if name == i.main.name && !i.main.known.Load() {
-		return errors.New("it has not read Postgres's catalog yet, so it cannot tell which tables to fence (" + i.main.statusLine() +
-			"); it tries every second: connect again shortly")
+		return errors.New(i.main.notReady())
 	}
 	return nil
+}
+
+// notReady is what a client of the main database is told while its
+// catalog has never been read: that pgfence is not ready, to see its log,
+// and the SQLSTATE its last read failed with. Never the failure itself:
+// that is pgfence's own login, which names pgfence's role (and would have
+// the client look for a fault in its own).
+func (d *database) notReady() string {
+	why := "it cannot tell which tables to fence until it has read Postgres's catalog"
+	if e := d.lastErr.Load(); e != nil {
+		if code := upstream.SQLState(*e); code != "" {
+			why += "; its last try failed with SQLSTATE " + code
+		}
+	}
+	return "not ready: see its log (" + why + "); connect again shortly"
 }
 
 // awaitFirstRead is fence.Databases's Await, for a session of a database
@@ -484,8 +547,12 @@ func (i *instance) awaitFirstRead(c *proxy.Client) <-chan struct{} {
 // no policy, for the refusal of its statements.
 func (i *instance) whyNoPolicy(c *proxy.Client) string {
 	if err, ok := i.failedReads.Load(c.Database); ok {
-		return fmt.Sprintf("pgfence cannot read the catalog of database %q: %v; pgfence's role (the --upstream URL's user) must be able to connect to every database clients use through pgfence (or exclude this one with --exclude-database); reconnect to retry",
-			c.Database, err)
+		// Not the failure itself (see notReady): its SQLSTATE.
+		code := ""
+		if sqlstate := upstream.SQLState(err.(error)); sqlstate != "" {
+			code = " (SQLSTATE " + sqlstate + ")"
+		}
+		return fmt.Sprintf("pgfence is not ready for it: its read of the database's catalog failed%s: see pgfence's log; reconnect to retry", code)
 	}
 	return fmt.Sprintf("the first read of its catalog did not finish within %v; try again shortly", i.admissionWait)
 }
@@ -578,6 +645,9 @@ func (i *instance) statusLines() string {
 			what = " (--upstream)"
 		}
 		fmt.Fprintf(&b, "database %q%s: %s\n", d.name, what, d.statusLine())
+		if u := d.unfenceable.Load(); u != nil {
+			fmt.Fprintf(&b, "  %s\n", *u)
+		}
 	}
 	return b.String()
 }

@@ -16,6 +16,7 @@ import (
 // flags, so that init installs what serve with the same flags would.
 type initOptions struct {
 	policyOptions
+	configFile     string
 	upstream       string
 	discover       bool
 	discoverColumn string
@@ -36,14 +37,21 @@ be installed). Give it the flags serve runs with; then run serve with
 --init-domains=false --backstop=verify.
 
 --domain takes TABLE=DOMAIN as serve does; a bare DOMAIN only creates the
-domain's row.`,
+domain's row. --config takes serve's YAML file: init reads the keys it
+shares with serve and leaves serve's others.
+
+When pgfence's role lacks a privilege the backstop needs, init prints the
+GRANT statements that would give it.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := loadEnv(cmd); err != nil {
 				return err
 			}
+			if err := applyConfigFile(cmd, o.configFile, isServeFlag); err != nil {
+				return err
+			}
 			if o.upstream == "" {
-				return errors.New("--upstream is required: the postgres:// URL of the database holding the guarded tables (a role that owns them); put the password in PGPASSWORD or ~/.pgpass, not in the URL")
+				return errors.New("--upstream is required: the postgres:// URL of the database holding the guarded tables, as pgfence's role; put the password in PGPASSWORD or ~/.pgpass, not in the URL")
 			}
 			var bare []string
 			var tableDomains []string
@@ -78,12 +86,15 @@ domain's row.`,
 			if err := domainRows(ctx, conn, bare); err != nil {
 				return err
 			}
+			rep := read.backstop
 			out := cmd.OutOrStdout()
 			failed := 0
-			for _, t := range read.backstop.Tables {
+			tableProblems := map[string]bool{}
+			for _, t := range rep.Tables {
 				switch {
 				case !t.OK:
 					failed++
+					tableProblems["backstop: "+t.Problem] = true
 					fmt.Fprintf(out, "%s: NOT fenced by the database: %s\n", t.Guard.Name(), t.Problem)
 				case t.Changed != "":
 					fmt.Fprintf(out, "%s: backstop %s\n", t.Guard.Name(), t.Changed)
@@ -91,31 +102,45 @@ domain's row.`,
 					fmt.Fprintf(out, "%s: backstop in place\n", t.Guard.Name())
 				}
 			}
-			if w := read.backstop.NotGuardingDDL; w != "" {
-				fmt.Fprintf(out, "note: %s\n", w)
-			} else {
-				fmt.Fprintf(out, "event triggers %s and %s in place: DDL that would weaken a backstop is refused, but for pgfence's role and the exempt ones\n", backstop.GuardTrigger, backstop.DropGuardTrigger)
+			if rep.SetUp {
+				if len(rep.DroppedFunctions) > 0 {
+					fmt.Fprintf(out, "dropped the trigger functions no trigger runs any more: %s\n", strings.Join(rep.DroppedFunctions, ", "))
+				}
+				if w := rep.NotGuardingDDL; w != "" {
+					fmt.Fprintf(out, "note: %s\n", w)
+				} else {
+					fmt.Fprintf(out, "event triggers %s and %s in place: DDL that would weaken a backstop is refused, but for pgfence's role and the exempt ones\n", backstop.GuardTrigger, backstop.DropGuardTrigger)
+				}
+				if rep.Recorded {
+					fmt.Fprintln(out, "configuration recorded in the database: every pgfence instance installs it; restart them with the same flags")
+				}
+				if w := rep.NotWatchingDDL; w != "" {
+					fmt.Fprintf(out, "note: %s\n", w)
+				} else if rep.WatchingDDL {
+					fmt.Fprintf(out, "event trigger %s in place: DDL that gives a table the epoch column gets it the backstop at once\n", backstop.EventTrigger)
+				}
 			}
-			fmt.Fprintln(out, "configuration recorded in the database: every pgfence instance installs it; restart them with the same flags")
-			if w := read.backstop.NotWatchingDDL; w != "" {
-				fmt.Fprintf(out, "note: %s\n", w)
-			} else if read.backstop.WatchingDDL {
-				fmt.Fprintf(out, "event trigger %s in place: DDL that gives a table the epoch column gets it the backstop at once\n", backstop.EventTrigger)
-			}
+			// Each problem once: a table's is on its line above.
 			for _, p := range read.problems {
-				fmt.Fprintf(out, "problem: %s\n", p)
+				if !tableProblems[p] {
+					fmt.Fprintf(out, "problem: %s\n", p)
+				}
 			}
-			if doms := append(domainsOf(read.guards), bare...); len(doms) > 0 {
+			if doms := append(domainsOf(read.guards), bare...); len(doms) > 0 && rep.SetUp {
 				fmt.Fprintf(out, "lock domains ready: %s\n", strings.Join(doms, ", "))
 			}
-			if failed > 0 {
-				return fmt.Errorf("the backstop could not be installed on %d of %d guarded tables", failed, len(read.backstop.Tables))
+			switch {
+			case !rep.SetUp:
+				return errors.New("pgfence's schema objects could not be set up, so no backstop was installed")
+			case failed > 0:
+				return fmt.Errorf("the backstop could not be installed on %d of %d guarded tables", failed, len(rep.Tables))
 			}
 			return nil
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&o.upstream, "upstream", "", "postgres:// URL of the database (a role that owns the guarded tables and may create the pgfence schema)")
+	f.StringVar(&o.configFile, "config", "", "serve's YAML file: the keys init shares with serve are read from it, serve's others left (flags win)")
+	f.StringVar(&o.upstream, "upstream", "", "postgres:// URL of the database, as pgfence's role (see docs/backstop.md for the privileges it needs)")
 	o.policyOptions.addFlags(cmd)
 	f.StringVar(&o.pooling, "upstream-pooling", "none", "what answers at --upstream, as for serve: none, session or transaction (a transaction pooler: pgfence then prepares no statements)")
 	f.BoolVar(&o.discover, "discover", true, "also install on every table that has a bigint --discover-column, as serve guards them")
@@ -123,3 +148,7 @@ domain's row.`,
 	f.StringArrayVar(&o.exemptRoles, "backstop-exempt-role", nil, "a role whose writes the backstop lets through unfenced (migrations), counted and logged in the server log (repeatable)")
 	return cmd
 }
+
+// isServeFlag reports whether serve has a flag of that name: a key of
+// serve's config file that init and uninstall leave.
+func isServeFlag(name string) bool { return serveCmd().Flags().Lookup(name) != nil }

@@ -37,7 +37,7 @@ func rootCmd() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(serveCmd(), demoCmd(), rewriteCmd(), initCmd(), versionCmd())
+	root.AddCommand(serveCmd(), demoCmd(), rewriteCmd(), initCmd(), uninstallCmd(), versionCmd())
 	return root
 }
 

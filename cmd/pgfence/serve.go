@@ -68,7 +68,7 @@ func (o *serveOptions) addFlags(cmd *cobra.Command) {
 	f.StringVar(&o.listen, "listen", "127.0.0.1:6432", "address clients connect to: host:port, or the absolute path of a Unix socket (e.g. /run/pgfence/.s.PGSQL.6432, which clients reach with host=/run/pgfence port=6432)")
 	f.StringVar(&o.unixSocketDir, "unix-socket-dir", "", "also listen on a Unix socket in this directory, named as Postgres names its own (.s.PGSQL.<--listen's port>), so that clients connect with host=DIR")
 	f.StringVar(&o.upstream, "upstream", "", "postgres:// URL of the real server; its user and password serve only pgfence's own queries")
-	f.StringVar(&o.metricsListen, "metrics-listen", "127.0.0.1:9187", "address of /metrics, /healthz and /readyz (\"\" to disable)")
+	f.StringVar(&o.metricsListen, "metrics-listen", "127.0.0.1:"+defaultMetricsPort, "address of /metrics, /healthz and /readyz (\"\" to disable)")
 	o.policyOptions.addFlags(cmd)
 	f.BoolVar(&o.discover, "discover", true, "guard every table that has a bigint --discover-column, in each database clients use (partitions and children of guarded tables are always guarded)")
 	f.StringVar(&o.discoverColumn, "discover-column", "fence_epoch", "epoch column name that discovery looks for")
@@ -87,11 +87,28 @@ func (o *serveOptions) addFlags(cmd *cobra.Command) {
 	f.StringArrayVar(&o.exemptRoles, "backstop-exempt-role", nil, "a role whose writes the backstop lets through unfenced (migrations), counted and logged in the server log (repeatable)")
 	f.StringVar(&o.tlsCert, "tls-cert", "", "PEM certificate (chain) for client TLS; with --tls-key, pgfence accepts sslmode=require/verify-full clients and terminates their TLS")
 	f.StringVar(&o.tlsKey, "tls-key", "", "PEM private key for --tls-cert")
-	f.DurationVar(&o.drainTimeout, "drain-timeout", 30*time.Second, "on SIGTERM, how long open transactions may go on before their sessions are closed")
+	f.DurationVar(&o.drainTimeout, "drain-timeout", defaultDrainTimeout, "on SIGTERM, how long open transactions may go on before their sessions are closed; the runtime must give pgfence this plus 5s before it kills it (podman's and docker's stop timeout, 10s by default; Kubernetes' terminationGracePeriodSeconds)")
 	f.DurationVar(&o.staleLogInterval, "stale-log-interval", time.Second, "least time between two log lines of stale writes to one table (of one kind, path and mode): the first gets a line at once, then at most one per interval, which says how many it stands for (unlogged=N); the metrics count every one; 0 logs every stale write")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&o.logFormat, "log-format", "text", "text or json")
 }
+
+// defaultMetricsPort is --metrics-listen's port. Not 9187, which is
+// postgres_exporter's, nor any other port of Postgres's usual neighbours
+// (exporters, poolers, Patroni, etcd, backup servers: docs/operations.md
+// lists them); outside Prometheus's exporter range 9100-9999, all of which
+// is allocated, and outside Linux's ephemeral range (32768-60999), where a
+// client's source port could take it. It ends as pgfence's client port,
+// 6432, does.
+const defaultMetricsPort = "16432"
+
+// defaultDrainTimeout is --drain-timeout's default: what is left of
+// podman's and docker's default stop timeout (10 s, which podman-compose
+// and a plain `podman stop` give) once pgfence has taken up to 5 s to
+// close: writing out its log lines (2 s at most), stopping its HTTP
+// server (1 s), and a margin. A longer drain is cut short by SIGKILL
+// there, and the open transactions with it, unannounced.
+const defaultDrainTimeout = 5 * time.Second
 
 // serving, if set, is told of each instance serve starts: tests learn from
 // it where --listen 127.0.0.1:0 listens.
@@ -138,8 +155,7 @@ func serveCmd() *cobra.Command {
 			if serving != nil {
 				serving(inst)
 			}
-			log.Info("pgfence serving", "listen", inst.Addr(), "upstream", inst.upstream, "database", inst.main.name, "metrics", inst.MetricsAddr(),
-				"guards", len(inst.main.policy.Load().Config().Guards), "token_setting", o.tokenSetting, "version", buildVersion())
+			inst.announce()
 			var drained chan error // non-nil while draining
 			for {
 				select {
@@ -266,6 +282,9 @@ type instance struct {
 	// hosts are --upstream's hosts; with more than one, sessions go to
 	// the writable primary among them (see followPrimary).
 	hosts []upstream.Host
+	// announced is set once serve has logged its start-up line, and
+	// servingLogged once it has said "pgfence serving" (see serving).
+	announced, servingLogged atomic.Bool
 
 	proxy  *proxy.Server
 	ln     net.Listener
@@ -361,6 +380,9 @@ func start(o serveOptions, log *slog.Logger) (*instance, error) {
 	}
 	srv, metrics := built.Server, built.Metrics
 	main := newDatabase(mainDB, true, log)
+	if len(ups.List) == 1 {
+		main.retry = ups.List[0].Logins()
+	}
 	// The main database's series exist from start-up, and its policy
 	// fences its sessions with the explicit guards until a read works
 	// (which admit waits for).
@@ -428,6 +450,9 @@ func start(o serveOptions, log *slog.Logger) (*instance, error) {
 					ok, what = false, gap+" (--ready-without-backstop serves anyway)"
 				}
 			}
+			if u := inst.unfenceable(); ok && u != "" {
+				ok, what = false, u
+			}
 			if !ok {
 				http.Error(w, "not ready: "+what+"\n"+inst.statusLines(), http.StatusServiceUnavailable)
 				return
@@ -453,6 +478,35 @@ func start(o serveOptions, log *slog.Logger) (*instance, error) {
 	go func() { srv.Serve(ln); close(inst.served) }()
 	go main.run(ctx, inst, inst.discoverEvery)
 	return inst, nil
+}
+
+// announce logs the start-up line: "pgfence serving" when the --upstream
+// database's catalog is read, else that clients are refused until it is
+// (and "pgfence serving" once a read works): never "serving" while every
+// client is refused.
+func (i *instance) announce() {
+	i.announced.Store(true)
+	if !i.main.known.Load() {
+		i.log.Warn("pgfence started, but refuses clients until it has read the catalog of the --upstream database, as it cannot tell which tables to fence before: see the error above; it tries again, waiting longer each time",
+			"listen", i.Addr(), "upstream", i.upstream, "database", i.main.name, "metrics", i.MetricsAddr(), "version", buildVersion())
+	}
+	i.serving()
+}
+
+// serving logs "pgfence serving", once, when serve has announced itself
+// and the --upstream database's catalog has been read. Both announce and
+// the read that works call it, each after setting what it sets, so that
+// whichever comes last logs it.
+func (i *instance) serving() {
+	if !i.announced.Load() || !i.main.known.Load() || !i.servingLogged.CompareAndSwap(false, true) {
+		return
+	}
+	guards := 0
+	if p := i.main.policy.Load(); p != nil {
+		guards = len(p.Config().Guards)
+	}
+	i.log.Info("pgfence serving", "listen", i.Addr(), "upstream", i.upstream, "database", i.main.name, "metrics", i.MetricsAddr(),
+		"guards", guards, "token_setting", i.options().tokenSetting, "version", buildVersion())
 }
 
 // options are the options in force.

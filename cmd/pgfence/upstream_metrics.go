@@ -17,7 +17,7 @@ const upstreamCheckTimeout = 2 * time.Second
 const healthzUpstreamWait = 500 * time.Millisecond
 
 var upstreamUpDesc = prometheus.NewDesc("pgfence_upstream_up",
-	"1 if the Postgres that client sessions go to now answers pgfence's role and is a writable primary (what /readyz checks), 0 if not: unreachable, refusing pgfence's role, or read-only (a standby, default_transaction_read_only). Checked at each scrape, with a 2 s timeout.",
+	"1 if the Postgres that client sessions go to now answers pgfence's role and is a writable primary (what /readyz checks), 0 if not: unreachable, refusing pgfence's role, or read-only (a standby, default_transaction_read_only). Checked at each scrape, with a 2 s timeout; while Postgres refuses the role's login, the refusal stands until pgfence's next try is due.",
 	nil, nil)
 
 // upstreamCollector exports pgfence_upstream_up, from the check /readyz

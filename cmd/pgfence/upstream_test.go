@@ -121,8 +121,11 @@ func TestServeRefusesStandby(t *testing.T) {
 	var pe *pgconn.PgError
 	onStandby := s.serve(serveOptions{upstream: standby.URL("postgres") + "&target_session_attrs=read-write", backstop: "off"})
 	_, err = pgx.Connect(ctx, "postgres://postgres@"+onStandby.Addr()+"/postgres?sslmode=disable")
-	if !errors.As(err, &pe) || pe.Code != "08004" || !strings.Contains(pe.Message, "catalog") || !strings.Contains(pe.Message, "read only") {
-		t.Fatalf("a session through a pgfence that only ever saw a standby: %v, want FATAL 08004 saying it cannot read the catalog there", err)
+	if !errors.As(err, &pe) || pe.Code != "08004" || !strings.Contains(pe.Message, "not ready: see its log") || !strings.Contains(pe.Message, "catalog") {
+		t.Fatalf("a session through a pgfence that only ever saw a standby: %v, want FATAL 08004 saying it is not ready, as it has not read the catalog", err)
+	}
+	if code, body := readyz(t, onStandby); code != http.StatusServiceUnavailable || !strings.Contains(body, "read only") {
+		t.Fatalf("/readyz of a pgfence that only ever saw a standby: %d %q, want 503 saying why", code, body)
 	}
 
 	inst := s.serve(serveOptions{upstream: leader.URL("postgres") + "&target_session_attrs=read-write", backstop: "off"})

@@ -12,6 +12,13 @@
 //     fenced one.
 //   - TestCompose: the same check on docker-compose.yml as written, run by
 //     podman-compose with local images and free ports, then `down`.
+//   - TestComposeStop: `podman stop` of the pgfence that docker-compose.yml
+//     made, while two transactions are open through it: one commits during
+//     the drain, the other outlasts it and is rolled back, and pgfence exits
+//     by itself (0), before podman's stop timeout would kill it.
+//
+// PGFENCE_IMAGE names the pgfence image to test (default
+// localhost/pgfence:latest, what `make image` builds).
 //
 // Podman, podman-compose and the base images come from
 // scripts/install-podman.sh and scripts/build-base-images.sh; `make test`
@@ -23,9 +30,11 @@ package container_test
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -39,12 +48,21 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"gopkg.in/yaml.v3"
+
 	"github.com/pgfence/pgfence/internal/pgserver"
 )
 
+// pgfenceImage is the image under test: PGFENCE_IMAGE, as for
+// docker-compose.yml, else what `make image` tags latest.
+var pgfenceImage = cmp.Or(os.Getenv("PGFENCE_IMAGE"), "localhost/pgfence:latest")
+
 const (
-	pgfenceImage  = "localhost/pgfence:latest"
-	postgresImage = "localhost/postgres:15"
+	// imageMetricsPort is where the image's pgfence serves /metrics,
+	// /healthz and /readyz (PGFENCE_METRICS_LISTEN).
+	imageMetricsPort = 16432
+	postgresImage    = "localhost/postgres:15"
 	// The init script docker-compose.yml gives Postgres: table accounts
 	// with a fence_epoch column, rows 1 and 2.
 	initSQL = "testdata/compose-init.sql"
@@ -321,6 +339,31 @@ func TestImage(t *testing.T) {
 	if user == "" || user == "0" || user == "root" || strings.HasPrefix(user, "0:") || strings.HasPrefix(user, "root:") {
 		t.Fatalf("%s runs as user %q, want a non-root user", pgfenceImage, user)
 	}
+
+	// OCI labels of its own: the version and commit it runs, its source
+	// and license; none of the base image's stands for it.
+	var labels map[string]string
+	if err := json.Unmarshal([]byte(r.must(time.Minute, pm, "image", "inspect", "--format", "{{json .Labels}}", pgfenceImage)), &labels); err != nil {
+		t.Fatal(err)
+	}
+	f := strings.Fields(out) // pgfence VERSION commit COMMIT GOVERSION
+	if len(f) < 4 || f[2] != "commit" {
+		t.Fatalf("pgfence version: %q", out)
+	}
+	for key, want := range map[string]string{
+		"org.opencontainers.image.title":    "pgfence",
+		"org.opencontainers.image.version":  f[1],
+		"org.opencontainers.image.revision": f[3],
+		"org.opencontainers.image.source":   "https://github.com/pgfence/pgfence",
+		"org.opencontainers.image.licenses": "Apache-2.0",
+	} {
+		if labels[key] != want {
+			t.Errorf("%s: label %s = %q, want %q", pgfenceImage, key, labels[key], want)
+		}
+	}
+	if d := labels["org.opencontainers.image.description"]; !strings.Contains(d, "fencing") {
+		t.Errorf("%s: label org.opencontainers.image.description = %q, not pgfence's own", pgfenceImage, d)
+	}
 }
 
 // TestPod: Postgres and pgfence in one pod; the stale write is fenced.
@@ -337,7 +380,7 @@ func TestPod(t *testing.T) {
 	port, metricsPort := ports[0], ports[1]
 	r.must(time.Minute, pm, "pod", "create", "--name", pod,
 		"-p", fmt.Sprintf("127.0.0.1:%d:6432", port),
-		"-p", fmt.Sprintf("127.0.0.1:%d:9187", metricsPort))
+		"-p", fmt.Sprintf("127.0.0.1:%d:%d", metricsPort, imageMetricsPort))
 	t.Cleanup(func() {
 		if out, err := exec.Command(pm, "pod", "rm", "-f", "-t", "2", pod).CombinedOutput(); err != nil {
 			t.Errorf("podman pod rm -f %s: %v\n%s", pod, err, out)
@@ -375,54 +418,59 @@ func TestPod(t *testing.T) {
 	}
 }
 
-// TestCompose: docker-compose.yml as written, with podman-compose.
-func TestCompose(t *testing.T) {
-	t.Parallel()
+// composeRun is docker-compose.yml as written, brought up by podman-compose
+// under a project name of its own, with local images and free ports; what
+// is left of it is removed when the test ends.
+type composeRun struct {
+	t                 *testing.T
+	r                 runner
+	pm, compose, root string
+	project, pw       string
+	port, metricsPort int
+	pgName, pgfName   string
+}
+
+// upCompose runs `podman-compose up -d` and waits for pgfence's /readyz.
+func upCompose(t *testing.T) *composeRun {
+	t.Helper()
 	pm := podman(t)
 	compose, err := exec.LookPath("podman-compose")
 	if err != nil {
 		t.Fatalf("podman-compose not found on PATH: %s", installHint)
 	}
 	requireImages(t, pm)
-	root := repoRoot(t)
-	pw := password(t)
+	c := &composeRun{t: t, pm: pm, compose: compose, root: repoRoot(t), pw: password(t)}
 	ports := freePorts(t, 2)
-	port, metricsPort := ports[0], ports[1]
+	c.port, c.metricsPort = ports[0], ports[1]
 	// Project names: lower case letters, digits, - and _.
-	project := strings.ReplaceAll(uniqueName("pgfencetest"), "-", "_")
-	r := runner{t: t, dir: root, env: []string{
-		"POSTGRES_PASSWORD=" + pw,
-		"PGPASSWORD=" + pw,
+	c.project = strings.ReplaceAll(uniqueName("pgfencetest"), "-", "_")
+	c.r = runner{t: t, dir: c.root, env: []string{
+		"POSTGRES_PASSWORD=" + c.pw,
+		"PGPASSWORD=" + c.pw,
 		"POSTGRES_IMAGE=" + postgresImage,
 		"PGFENCE_IMAGE=" + pgfenceImage,
 		// Only used if the image had to be built (it does not: it exists).
 		"BUILD_IMAGE=localhost/golang:1.26-bookworm",
 		"RUNTIME_IMAGE=localhost/debian:bookworm-slim",
 		"BUILDAH_ISOLATION=chroot",
-		"PGFENCE_PORT=" + strconv.Itoa(port),
-		"PGFENCE_METRICS_PORT=" + strconv.Itoa(metricsPort),
+		"PGFENCE_PORT=" + strconv.Itoa(c.port),
+		"PGFENCE_METRICS_PORT=" + strconv.Itoa(c.metricsPort),
 	}}
-	composeArgs := func(args ...string) []string {
-		return append([]string{"-p", project, "-f", filepath.Join(root, "docker-compose.yml")}, args...)
-	}
-	down := func() (string, error) {
-		return r.output(2*time.Minute, compose, composeArgs("down", "-v", "-t", "2")...)
-	}
 	t.Cleanup(func() {
 		// After a failure, or a down that did not finish: remove what is
 		// left of the project, and its network (podman-compose 1.0.3's down
 		// leaves it).
-		if out, err := exec.Command(pm, "ps", "-a", "-q", "--filter", "label=io.podman.compose.project="+project).Output(); err == nil && len(strings.TrimSpace(string(out))) > 0 {
-			if _, err := down(); err != nil {
+		if out, err := exec.Command(pm, "ps", "-a", "-q", "--filter", "label=io.podman.compose.project="+c.project).Output(); err == nil && len(strings.TrimSpace(string(out))) > 0 {
+			if _, err := c.down(); err != nil {
 				t.Errorf("cleanup: %v", err)
 			}
 		}
-		if out, err := exec.Command(pm, "volume", "ls", "-q", "--filter", "label=io.podman.compose.project="+project).Output(); err == nil {
+		if out, err := exec.Command(pm, "volume", "ls", "-q", "--filter", "label=io.podman.compose.project="+c.project).Output(); err == nil {
 			for _, v := range strings.Fields(string(out)) {
 				exec.Command(pm, "volume", "rm", "-f", v).Run()
 			}
 		}
-		net := project + "_default"
+		net := c.project + "_default"
 		if exec.Command(pm, "network", "exists", net).Run() == nil {
 			if out, err := exec.Command(pm, "network", "rm", "-f", net).CombinedOutput(); err != nil {
 				t.Errorf("cleanup: podman network rm %s: %v\n%s", net, err, out)
@@ -430,28 +478,232 @@ func TestCompose(t *testing.T) {
 		}
 	})
 
-	out, err := r.output(3*time.Minute, compose, composeArgs("up", "-d")...)
+	out, err := c.r.output(3*time.Minute, compose, c.args("up", "-d")...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if strings.Contains(out, pw) {
+	if strings.Contains(out, c.pw) {
 		t.Errorf("podman-compose up printed the password (it must pass it by name only):\n%s", out)
 	}
-	pgName, pgfName := project+"_postgres_1", project+"_pgfence_1"
-	for _, c := range []string{pgName, pgfName} {
-		if exec.Command(pm, "container", "exists", c).Run() != nil {
-			t.Fatalf("podman-compose up made no container %s:\n%s", c, out)
+	c.pgName, c.pgfName = c.project+"_postgres_1", c.project+"_pgfence_1"
+	for _, name := range []string{c.pgName, c.pgfName} {
+		if exec.Command(pm, "container", "exists", name).Run() != nil {
+			t.Fatalf("podman-compose up made no container %s:\n%s", name, out)
+		}
+	}
+	waitReady(t, c.metricsPort, 90*time.Second, func() { logs(t, pm, c.pgName, c.pgfName) })
+	return c
+}
+
+func (c *composeRun) args(args ...string) []string {
+	return append([]string{"-p", c.project, "-f", filepath.Join(c.root, "docker-compose.yml")}, args...)
+}
+
+func (c *composeRun) down() (string, error) {
+	return c.r.output(2*time.Minute, c.compose, c.args("down", "-v", "-t", "2")...)
+}
+
+// TestCompose: docker-compose.yml as written, with podman-compose.
+func TestCompose(t *testing.T) {
+	t.Parallel()
+	c := upCompose(t)
+	staleWriteCheck(t, c.r, c.port)
+	checkRow(t, c.r, c.pm, c.pgName)
+	checkRejects(t, c.metricsPort)
+
+	if out, err := c.down(); err != nil {
+		t.Fatalf("podman-compose down: %v", err)
+	} else if ids, _ := exec.Command(c.pm, "ps", "-a", "-q", "--filter", "label=io.podman.compose.project="+c.project).Output(); len(strings.TrimSpace(string(ids))) > 0 {
+		t.Fatalf("containers left after podman-compose down: %s\n%s", ids, out)
+	}
+}
+
+// closeTime is what pgfence may take to exit after its drain: its log
+// lines written out (2 s at most), its HTTP server stopped (1 s), and a
+// margin; deploy/kubernetes checks terminationGracePeriodSeconds with the
+// same.
+const closeTime = 5 * time.Second
+
+// TestComposeStop: `podman stop` (podman's own stop timeout, as
+// podman-compose 1.0.3 leaves it) of the pgfence docker-compose.yml made,
+// while two transactions are open through it. pgfence drains: the one that
+// commits during the drain commits; the one that outlasts --drain-timeout
+// has its session closed and is rolled back; and pgfence exits by itself,
+// with status 0 and its last log lines, before the stop timeout would
+// kill it. The compose file's stop_grace_period (docker compose's stop
+// timeout) and podman's agree with the drain.
+func TestComposeStop(t *testing.T) {
+	t.Parallel()
+	c := upCompose(t)
+
+	drain := c.drainTimeout()
+	grace := c.stopGracePeriod()
+	stopTimeout := c.inspect("{{.Config.StopTimeout}}")
+	podmanGrace, err := time.ParseDuration(stopTimeout + "s")
+	if err != nil {
+		t.Fatalf("podman inspect %s: StopTimeout %q: %v", c.pgfName, stopTimeout, err)
+	}
+	for what, d := range map[string]time.Duration{"docker-compose.yml's stop_grace_period": grace, "podman's stop timeout for the container": podmanGrace} {
+		if d < drain+closeTime {
+			t.Errorf("%s is %v, shorter than pgfence's --drain-timeout %v plus %v to close: a stop kills pgfence while it drains", what, d, drain, closeTime)
 		}
 	}
 
-	waitReady(t, metricsPort, 90*time.Second, func() { logs(t, pm, pgName, pgfName) })
-	staleWriteCheck(t, r, port)
-	checkRow(t, r, pm, pgName)
-	checkRejects(t, metricsPort)
-
-	if out, err := down(); err != nil {
-		t.Fatalf("podman-compose down: %v", err)
-	} else if ids, _ := exec.Command(pm, "ps", "-a", "-q", "--filter", "label=io.podman.compose.project="+project).Output(); len(strings.TrimSpace(string(ids))) > 0 {
-		t.Fatalf("containers left after podman-compose down: %s\n%s", ids, out)
+	bg := context.Background()
+	connect := func() *pgx.Conn {
+		t.Helper()
+		cfg, err := pgx.ParseConfig(fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable&connect_timeout=10", c.port))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Password = c.pw
+		conn, err := pgx.ConnectConfig(bg, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close(context.Background()) })
+		return conn
 	}
+	open := func(conn *pgx.Conn, id, balance int) pgx.Tx {
+		t.Helper()
+		tx, err := conn.Begin(bg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(bg, "SET LOCAL fence.token = '7'"); err != nil {
+			t.Fatal(err)
+		}
+		if tag, err := tx.Exec(bg, "UPDATE accounts SET balance = $1 WHERE id = $2", balance, id); err != nil || tag.String() != "UPDATE 1" {
+			t.Fatalf("UPDATE accounts row %d: %v %v", id, tag, err)
+		}
+		return tx
+	}
+	finishing, outlasting := connect(), connect()
+	commits := open(finishing, 1, 111)
+	outlasts := open(outlasting, 2, 222)
+
+	stop := exec.Command(c.pm, "stop", c.pgfName)
+	stopped := make(chan error, 1)
+	begun := time.Now()
+	if err := stop.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { stopped <- stop.Wait() }()
+	c.waitLog("SIGTERM: draining", 30*time.Second)
+	if err := commits.Commit(bg); err != nil {
+		t.Fatalf("a transaction that commits while pgfence drains: %v", err)
+	}
+	select {
+	case err := <-stopped:
+		if err != nil {
+			t.Fatalf("podman stop %s: %v", c.pgfName, err)
+		}
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("podman stop %s did not return", c.pgfName)
+	}
+	took := time.Since(begun)
+	if code := c.inspect("{{.State.ExitCode}}"); code != "0" {
+		logs(t, c.pm, c.pgfName)
+		t.Fatalf("pgfence's exit status after podman stop (%v): %s, want 0: killed before its drain (%v) was over", took, code, drain)
+	}
+	out := c.r.must(time.Minute, c.pm, "logs", c.pgfName)
+	for _, want := range []string{"drain timeout reached; remaining sessions were closed", "drained; bye"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("pgfence's log after podman stop lacks %q:\n%s", want, out)
+		}
+	}
+	if _, err := outlasts.Exec(bg, "SELECT 1"); err == nil {
+		t.Error("a transaction open past the drain goes on after pgfence stopped")
+	}
+	rows := strings.TrimSpace(c.r.must(time.Minute, c.pm, "exec", c.pgName,
+		"psql", "-X", "-At", "-U", "postgres", "-d", "postgres", "-c", "SELECT id, balance FROM accounts ORDER BY id"))
+	if rows != "1|111\n2|50" {
+		t.Fatalf("accounts after podman stop: %q, want 1|111 (committed during the drain) and 2|50 (rolled back)", rows)
+	}
+	t.Logf("podman stop took %v with --drain-timeout %v", took.Round(100*time.Millisecond), drain)
+}
+
+// inspect is a field of pgfence's container, as podman inspect formats it.
+func (c *composeRun) inspect(format string) string {
+	return strings.TrimSpace(c.r.must(time.Minute, c.pm, "inspect", "--format", format, c.pgfName))
+}
+
+// waitLog waits for pgfence's log to have want.
+func (c *composeRun) waitLog(want string, within time.Duration) {
+	c.t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		out, _ := exec.Command(c.pm, "logs", c.pgfName).CombinedOutput()
+		if strings.Contains(string(out), want) {
+			return
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("pgfence's log did not say %q within %v:\n%s", want, within, out)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// drainTimeout is pgfence's --drain-timeout in the compose file: its
+// PGFENCE_DRAIN_TIMEOUT, else the image's default (from serve --help).
+func (c *composeRun) drainTimeout() time.Duration {
+	c.t.Helper()
+	if v := c.service().Environment["PGFENCE_DRAIN_TIMEOUT"]; v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			c.t.Fatalf("docker-compose.yml: PGFENCE_DRAIN_TIMEOUT %q: %v", v, err)
+		}
+		return d
+	}
+	help := c.r.must(time.Minute, c.pm, "run", "--rm", pgfenceImage, "serve", "--help")
+	m := regexp.MustCompile(`--drain-timeout duration .*\(default (\S+)\)`).FindStringSubmatch(help)
+	if m == nil {
+		c.t.Fatalf("pgfence serve --help of %s names no default --drain-timeout:\n%s", pgfenceImage, help)
+	}
+	d, err := time.ParseDuration(m[1])
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return d
+}
+
+// stopGracePeriod is pgfence's stop_grace_period in the compose file
+// (docker compose's default, 10s, when it has none).
+func (c *composeRun) stopGracePeriod() time.Duration {
+	c.t.Helper()
+	v := c.service().StopGracePeriod
+	if v == "" {
+		return 10 * time.Second
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		c.t.Fatalf("docker-compose.yml: stop_grace_period %q: %v", v, err)
+	}
+	return d
+}
+
+// composeService is what these tests read of a compose service.
+type composeService struct {
+	Environment     map[string]string `yaml:"environment"`
+	StopGracePeriod string            `yaml:"stop_grace_period"`
+}
+
+// service is docker-compose.yml's pgfence service.
+func (c *composeRun) service() composeService {
+	c.t.Helper()
+	b, err := os.ReadFile(filepath.Join(c.root, "docker-compose.yml"))
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	var f struct {
+		Services map[string]composeService `yaml:"services"`
+	}
+	if err := yaml.Unmarshal(b, &f); err != nil {
+		c.t.Fatalf("docker-compose.yml: %v", err)
+	}
+	s, ok := f.Services["pgfence"]
+	if !ok {
+		c.t.Fatal("docker-compose.yml has no service pgfence")
+	}
+	return s
 }

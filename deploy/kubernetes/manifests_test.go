@@ -2,7 +2,8 @@
 // (see README.md): every document decodes strictly into its typed API
 // object, and what matters for pgfence holds (probes, resources, security
 // context, no password outside a Secret, only real pgfence flags, Services
-// that reach a pod).
+// that reach a pod; NetworkPolicies, PodDisruptionBudgets and PodMonitors:
+// policy_test.go).
 //
 // It is a module of its own so that the main module does not depend on
 // Kubernetes' packages. It builds pgfence from the repository (../..) once
@@ -29,6 +30,7 @@ import (
 	"testing"
 	"time"
 
+	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -54,10 +56,12 @@ var kinds = map[string]func() any{
 	"apps/v1/DaemonSet":                  func() any { return &appsv1.DaemonSet{} },
 	"policy/v1/PodDisruptionBudget":      func() any { return &policyv1.PodDisruptionBudget{} },
 	"networking.k8s.io/v1/NetworkPolicy": func() any { return &networkingv1.NetworkPolicy{} },
+	// The Prometheus Operator's, for pgfence-podmonitor.yaml.
+	"monitoring.coreos.com/v1/PodMonitor": func() any { return &monitoringv1.PodMonitor{} },
 }
 
 // Files that must be here.
-var wantFiles = []string{"pgfence-sidecar-app.yaml", "pgfence-beside-postgres.yaml", "example-secret.yaml"}
+var wantFiles = []string{"pgfence-sidecar-app.yaml", "pgfence-beside-postgres.yaml", "example-secret.yaml", "pgfence-podmonitor.yaml"}
 
 const (
 	// exampleAnnotation marks a Secret as an example (example-secret.yaml).
@@ -320,6 +324,9 @@ func check(objs []object, f serveFlags) []string {
 			c.checkService(o, s, ws)
 		}
 	}
+	c.checkNetworkPolicies(objs, ws)
+	c.checkDisruptionBudgets(objs, ws)
+	c.checkPodMonitors(objs, ws)
 	return c.problems
 }
 
@@ -915,9 +922,10 @@ func TestManifests(t *testing.T) {
 func TestChecksFail(t *testing.T) {
 	files := readDir(t, ".")
 	const (
-		sidecar = "pgfence-sidecar-app.yaml"
-		beside  = "pgfence-beside-postgres.yaml"
-		secrets = "example-secret.yaml"
+		sidecar    = "pgfence-sidecar-app.yaml"
+		beside     = "pgfence-beside-postgres.yaml"
+		secrets    = "example-secret.yaml"
+		podMonitor = "pgfence-podmonitor.yaml"
 	)
 	cases := []struct {
 		name, file, old, new, want string
@@ -938,12 +946,12 @@ func TestChecksFail(t *testing.T) {
 		{"readiness on /healthz", sidecar, "path: /readyz", "path: /healthz", `readiness probe: path "/healthz", want /readyz`},
 		{"no readiness probe", beside, "          readinessProbe:\n            httpGet:\n              path: /readyz\n              port: metrics\n            periodSeconds: 5\n            timeoutSeconds: 9\n            failureThreshold: 3\n", "", `no readiness probe`},
 		{"probe on a port that is not there", sidecar, "              path: /readyz\n              port: metrics", "              path: /readyz\n              port: metric", `no port named "metric"`},
-		{"probe on a number", beside, "              path: /healthz\n              port: metrics", "              path: /healthz\n              port: 9187", `use the container port's name`},
+		{"probe on a number", beside, "              path: /healthz\n              port: metrics", "              path: /healthz\n              port: 16432", `use the container port's name`},
 		{"postgres probe on a port that is not there", beside, "            exec:\n              command: [\"pg_isready\", \"-q\", \"-h\", \"127.0.0.1\", \"-p\", \"5432\"]", "            tcpSocket:\n              port: postgres", `no port named "postgres"`},
 		{"liveness that fails while Postgres is down", sidecar, "            periodSeconds: 10\n            timeoutSeconds: 7", "            periodSeconds: 10\n            timeoutSeconds: 3", `liveness probe: timeoutSeconds 3`},
-		{"metrics on loopback", sidecar, `PGFENCE_METRICS_LISTEN: ":9187"`, `PGFENCE_METRICS_LISTEN: "127.0.0.1:9187"`, `is a loopback address`},
-		{"metrics on the default", beside, "  PGFENCE_METRICS_LISTEN: \":9187\"\n", "", `--metrics-listen "127.0.0.1:9187" is a loopback address`},
-		{"metrics port moved", beside, `PGFENCE_METRICS_LISTEN: ":9187"`, `PGFENCE_METRICS_LISTEN: ":9188"`, `port metrics (9187) is neither`},
+		{"metrics on loopback", sidecar, `PGFENCE_METRICS_LISTEN: ":16432"`, `PGFENCE_METRICS_LISTEN: "127.0.0.1:16432"`, `is a loopback address`},
+		{"metrics on the default", beside, "  PGFENCE_METRICS_LISTEN: \":16432\"\n", "", `--metrics-listen "127.0.0.1:16432" is a loopback address`},
+		{"metrics port moved", beside, `PGFENCE_METRICS_LISTEN: ":16432"`, `PGFENCE_METRICS_LISTEN: ":16433"`, `port metrics (16432) is neither`},
 		{"declared port on loopback", beside, `PGFENCE_LISTEN: ":6432"`, `PGFENCE_LISTEN: "127.0.0.1:6432"`, `is loopback-only`},
 		{"no limits", sidecar, "            limits:\n              cpu: \"1\"\n              memory: 256Mi\n          securityContext:\n            # The image runs", "          securityContext:\n            # The image runs", `no resources.limits.memory`},
 		{"request above limit", beside, "              cpu: 250m", "              cpu: \"3\"", `resources.requests.cpu 3 is above the limit 2`},
@@ -975,15 +983,40 @@ func TestChecksFail(t *testing.T) {
 		{"image latest", sidecar, "image: registry.example.com/pgfence/pgfence:0.1.0", "image: registry.example.com/pgfence/pgfence:latest", `fully qualified`},
 		{"image short name", beside, "image: docker.io/library/postgres:15", "image: postgres:15", `image "postgres:15"`},
 		{"no scrape annotation", beside, "        prometheus.io/scrape: \"true\"\n", "", `no prometheus.io/scrape`},
-		{"scrape port annotation wrong", sidecar, `prometheus.io/port: "9187"`, `prometheus.io/port: "6432"`, `prometheus.io/port "6432" is not pgfence's metrics port 9187`},
+		{"scrape port annotation wrong", sidecar, `prometheus.io/port: "16432"`, `prometheus.io/port: "6432"`, `prometheus.io/port "6432" is not pgfence's metrics port 16432`},
 		{"selector not matching the template", sidecar, "    matchLabels:\n      app.kubernetes.io/name: billing-worker", "    matchLabels:\n      app.kubernetes.io/name: billing", `does not select the pod template's labels`},
 		{"Service selecting nothing", beside, "  type: ClusterIP\n  selector:\n    app.kubernetes.io/name: appdb", "  type: ClusterIP\n  selector:\n    app.kubernetes.io/name: app-db", `selects no pod template here`},
 		{"Service targeting a port that is not there", beside, "targetPort: metrics", "targetPort: metricz", `targetPort metricz is no container port`},
 		{"Service targeting a port number that is not there", beside, "targetPort: pgfence", "targetPort: 5432", `targetPort 5432 is no container port`},
-		{"Service port without a name", beside, "    - name: metrics\n      port: 9187", "    - port: 9187", `port 9187 has no name`},
+		{"Service port without a name", beside, "    - name: metrics\n      port: 16432", "    - port: 16432", `port 16432 has no name`},
 		{"governing Service not headless", beside, "  clusterIP: None\n", "", `must be headless`},
 		{"governing Service missing", beside, "serviceName: appdb-headless", "serviceName: appdb-governing", `no such Service`},
 		{"defined twice", beside, "  name: pgfence-appdb\n", "  name: pgfence-sidecar\n", `defined again`},
+		// NetworkPolicies: only the application reaches pgfence's port, only
+		// the monitoring namespace its metrics.
+		{"no NetworkPolicy", sidecar, "kind: NetworkPolicy", "kind: NetworkPolicyy", `no NetworkPolicy (with policyTypes Ingress) selects its pods`},
+		{"NetworkPolicy for Egress only", beside, `policyTypes: ["Ingress"]`, `policyTypes: ["Egress"]`, `policyTypes lacks Ingress`},
+		{"NetworkPolicy selecting nothing", beside, "spec:\n  podSelector:\n    matchLabels:\n      app.kubernetes.io/name: appdb", "spec:\n  podSelector:\n    matchLabels:\n      app.kubernetes.io/name: app-db", `podSelector selects no pod template here`},
+		{"metrics open to every namespace", sidecar, "            matchLabels:\n              kubernetes.io/metadata.name: monitoring", "            matchLabels: {}", `is open to more than the namespace "monitoring"`},
+		{"metrics open to addresses", beside, "    - from:\n        - namespaceSelector:\n            matchLabels:\n              kubernetes.io/metadata.name: monitoring", "    - from:\n        - ipBlock:\n            cidr: 0.0.0.0/0", `is open to more than the namespace "monitoring"`},
+		{"pgfence's port open to a whole namespace", beside, "              kubernetes.io/metadata.name: billing\n          podSelector:\n            matchLabels:\n              app.kubernetes.io/name: billing-worker\n", "              kubernetes.io/metadata.name: billing\n", `pgfence's port (pgfence) is open to more than the application`},
+		{"rule without sources", beside, "    - from:\n        - namespaceSelector:\n            matchLabels:\n              kubernetes.io/metadata.name: billing\n          podSelector:\n            matchLabels:\n              app.kubernetes.io/name: billing-worker\n      ports:", "    - ports:", `no from: it lets every source in`},
+		{"rule without ports", sidecar, "      ports:\n        - port: metrics\n          protocol: TCP\n", "", `no ports: it opens every port`},
+		{"rule on a port that is not there", beside, "        - port: pgfence\n", "        - port: pgfencex\n", `port pgfencex is no container port`},
+		{"application shut out", beside, "    # Clients: the application's pods, on pgfence's port.\n    - from:\n        - namespaceSelector:\n            matchLabels:\n              kubernetes.io/metadata.name: billing\n          podSelector:\n            matchLabels:\n              app.kubernetes.io/name: billing-worker\n      ports:\n        - port: pgfence\n          protocol: TCP\n", "", `no NetworkPolicy rule lets the application reach pgfence's port 6432`},
+		{"Prometheus shut out", sidecar, "    - from:\n        - namespaceSelector:\n            matchLabels:\n              kubernetes.io/metadata.name: monitoring\n      ports:\n        - port: metrics\n          protocol: TCP\n", "    []\n", `no NetworkPolicy rule lets the namespace "monitoring" reach pgfence's metrics port 16432`},
+		// The StatefulSet's PodDisruptionBudget.
+		{"no PodDisruptionBudget", beside, "kind: PodDisruptionBudget", "kind: PodDisruptionBudgett", `no PodDisruptionBudget selects its pods`},
+		{"PodDisruptionBudget without a budget", beside, "  maxUnavailable: 0\n", "", `neither minAvailable nor maxUnavailable`},
+		{"PodDisruptionBudget selecting nothing", beside, "  unhealthyPodEvictionPolicy: AlwaysAllow\n  selector:\n    matchLabels:\n      app.kubernetes.io/name: appdb", "  unhealthyPodEvictionPolicy: AlwaysAllow\n  selector:\n    matchLabels:\n      app.kubernetes.io/name: app-db", `selector selects no pod template here`},
+		// The PodMonitor.
+		{"PodMonitor misspelled field", podMonitor, "podMetricsEndpoints:", "podMetricEndpoints:", `unknown field "spec.podMetricEndpoints"`},
+		{"PodMonitor on the client port", podMonitor, "    - port: metrics", "    - port: pgfence", `port "pgfence" of pgfence-beside-postgres.yaml: StatefulSet appdb is 6432, not pgfence's metrics port 16432`},
+		{"PodMonitor on no port", podMonitor, "    - port: metrics\n", "    - scheme: http\n", `no port name`},
+		{"PodMonitor on another path", podMonitor, "      path: /metrics", "      path: /healthz", `path "/healthz", want /metrics`},
+		{"PodMonitor in its own namespace only", podMonitor, "  namespaceSelector:\n    any: true\n", "", `it selects only pods of its own namespace`},
+		{"PodMonitor selecting nothing", podMonitor, `pgfence/scrape: "true"`, `pgfence/scrape: "yes"`, `selector selects no pod template here`},
+		{"pod left unscraped", sidecar, "        pgfence/scrape: \"true\"\n", "", `Deployment billing-worker: no PodMonitor scrapes its pgfence`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -1018,7 +1051,7 @@ func TestParseHelp(t *testing.T) {
       --guard stringArray                  guarded table
   -h, --help                               help for serve
       --listen string                      address clients connect to (default "127.0.0.1:6432")
-      --metrics-listen string              address of /metrics ("" to disable) (default "127.0.0.1:9187")
+      --metrics-listen string              address of /metrics ("" to disable) (default "127.0.0.1:16432")
       --token-setting string               session setting (default "fence.token")
       --upstream string                    postgres:// URL
 `
@@ -1027,7 +1060,7 @@ func TestParseHelp(t *testing.T) {
 		t.Fatal(err)
 	}
 	if f.names["help"] || !f.isBool["allow-truncate"] || f.isBool["guard"] ||
-		f.defaults["metrics-listen"] != "127.0.0.1:9187" || f.defaults["drain-timeout"] != "30s" || f.defaults["token-setting"] != "fence.token" {
+		f.defaults["metrics-listen"] != "127.0.0.1:16432" || f.defaults["drain-timeout"] != "30s" || f.defaults["token-setting"] != "fence.token" {
 		t.Fatalf("parsed %+v", f)
 	}
 	if _, err := parseHelp("Usage:\n  pgfence serve [flags]\n"); err == nil {

@@ -1,0 +1,240 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// runInit runs 'pgfence init' with args and returns what it printed.
+func runInit(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	var out bytes.Buffer
+	cmd := rootCmd()
+	cmd.SetOut(&out)
+	cmd.SetErr(&out)
+	cmd.SetArgs(append([]string{"init"}, args...))
+	err := cmd.Execute()
+	return out.String(), err
+}
+
+// roleConn connects straight to Postgres as role, to database db.
+func (s *serveTest) roleConn(role, db string) *pgx.Conn {
+	s.t.Helper()
+	url := strings.Replace(s.pg.URL(db), "postgres@", role+"@", 1)
+	c, err := pgx.Connect(context.Background(), url)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	s.t.Cleanup(func() { c.Close(context.Background()) })
+	return c
+}
+
+// TestLeastPrivilege runs pgfence with exactly the privileges
+// docs/backstop.md lists, against a database laid out as a careful team
+// has it: the tables owned by a role of their own (lp_owner), written by
+// an application role with DML grants only (lp_app), and a role for
+// pgfence (lp_pgfence).
+//
+//   - Without a grant, 'pgfence init' (reading serve's --config file)
+//     prints each problem once and the GRANT statements that fix them,
+//     each once; the test runs exactly those.
+//   - Then init installs the backstop on every table, partitions
+//     included, with CREATE on the database and TRIGGER on the tables
+//     (no ownership, no SELECT), and serve with those privileges is
+//     ready and fences lp_app's stale writes, through pgfence and straight
+//     to Postgres.
+//   - A superuser runs init once more, with the same flags: the event
+//     triggers are in place, the owner can no longer switch the backstop
+//     off, and a table the owner creates with the epoch column gets the
+//     backstop at once (with TRIGGER on the owner's future tables, by
+//     default privileges).
+//   - In another database, a schema pgfence created for lp_pgfence
+//     stands for the CREATE privilege on the database.
+func TestLeastPrivilege(t *testing.T) {
+	s := newServeTest(t)
+	bg := context.Background()
+	s.exec(`CREATE ROLE lp_owner LOGIN; CREATE ROLE lp_app LOGIN; CREATE ROLE lp_pgfence LOGIN;
+		CREATE TABLE lp_accounts (id int PRIMARY KEY, val text, fence_epoch bigint NOT NULL DEFAULT 0);
+		INSERT INTO lp_accounts VALUES (1, 'a', 5);
+		CREATE TABLE lp_events (id int, val text, fence_epoch bigint NOT NULL DEFAULT 0) PARTITION BY RANGE (id);
+		CREATE TABLE lp_events_1 PARTITION OF lp_events FOR VALUES FROM (0) TO (100);
+		INSERT INTO lp_events VALUES (1, 'e', 5);
+		ALTER TABLE lp_accounts OWNER TO lp_owner; ALTER TABLE lp_events OWNER TO lp_owner; ALTER TABLE lp_events_1 OWNER TO lp_owner;
+		GRANT USAGE, CREATE ON SCHEMA public TO lp_owner;
+		GRANT SELECT, INSERT, UPDATE, DELETE ON lp_accounts, lp_events TO lp_app`)
+	pfURL := strings.Replace(s.pg.URL("postgres"), "postgres@", "lp_pgfence@", 1)
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "pgfence.yaml")
+	// serve's file, with keys init has no use for.
+	if err := os.WriteFile(cfg, []byte("upstream: "+pfURL+"\nlisten: 127.0.0.1:0\nmetrics-listen: 127.0.0.1:0\ndiscover-interval: 1h\nbackstop: install\nguard:\n  - lp_accounts\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	out, err := runInit(t, "--config", cfg)
+	if err == nil {
+		t.Fatalf("init without privileges worked:\n%s", out)
+	}
+	t.Logf("init without privileges:\n%s", out)
+	grants := []string{
+		`GRANT CREATE ON DATABASE "postgres" TO "lp_pgfence";`,
+		`GRANT TRIGGER ON TABLE "public"."lp_accounts" TO "lp_pgfence";`,
+		`GRANT TRIGGER ON TABLE "public"."lp_events" TO "lp_pgfence";`,
+		`GRANT TRIGGER ON TABLE "public"."lp_events_1" TO "lp_pgfence";`,
+	}
+	for _, g := range grants {
+		if n := strings.Count(out, g); n != 1 {
+			t.Errorf("init printed %q %d times, want once", g, n)
+		}
+	}
+	if n := strings.Count(out, "permission denied for database"); n != 1 {
+		t.Errorf(`init said "permission denied for database" %d times, want once`, n)
+	}
+	// A table's problem is on its own line, not again among the others.
+	if strings.Contains(out, "problem: backstop: ") {
+		t.Errorf("init said a table's problem twice:\n%s", out)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	seen := map[string]bool{}
+	for _, l := range lines {
+		if seen[l] {
+			t.Errorf("init printed a line twice: %q", l)
+		}
+		seen[l] = true
+	}
+	if last := lines[len(lines)-1]; strings.Contains(last, "permission denied") {
+		t.Errorf("init ends with a bare error: %q", last)
+	}
+	// The statements it printed are what it needs: run them as printed.
+	ran := 0
+	for _, l := range lines {
+		if g, ok := strings.CutPrefix(strings.TrimSpace(l), "GRANT "); ok {
+			g, _, _ = strings.Cut(g, "--")
+			s.exec("GRANT " + g)
+			ran++
+		}
+	}
+	if ran != len(grants) {
+		t.Fatalf("init printed %d GRANT statements, want %d:\n%s", ran, len(grants), out)
+	}
+
+	// With them, and nothing else.
+	out, err = runInit(t, "--config", cfg)
+	if err != nil {
+		t.Fatalf("init with the printed grants: %v\n%s", err, out)
+	}
+	for _, want := range []string{"public.lp_accounts: backstop created", "public.lp_events: backstop created", "configuration recorded"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("init said nothing of %q:\n%s", want, out)
+		}
+	}
+	var priv string
+	if err := s.db.QueryRow(bg, `SELECT string_agg(c.relname || ':' || pg_catalog.array_to_string(ARRAY(
+			SELECT p FROM unnest(ARRAY['SELECT', 'INSERT', 'UPDATE', 'DELETE', 'TRUNCATE', 'TRIGGER']) p
+			WHERE pg_catalog.has_table_privilege('lp_pgfence', c.oid, p)), ','), ' ' ORDER BY c.relname)
+		FROM pg_catalog.pg_class c WHERE c.relname IN ('lp_accounts', 'lp_events', 'lp_events_1')`).Scan(&priv); err != nil {
+		t.Fatal(err)
+	}
+	if priv != "lp_accounts:TRIGGER lp_events:TRIGGER lp_events_1:TRIGGER" {
+		t.Fatalf("lp_pgfence's privileges on the tables: %s, want TRIGGER alone", priv)
+	}
+	inst := s.serve(serveOptions{upstream: pfURL, discover: true, backstop: "install"})
+	for _, table := range []string{"public.lp_accounts", "public.lp_events", "public.lp_events_1"} {
+		if v := scrape(t, inst, `pgfence_backstop_installed{database="postgres",table="`+table+`"}`); v != "1" {
+			t.Errorf("pgfence_backstop_installed{table=%q} = %q, want 1", table, v)
+		}
+	}
+	if code, body := readyz(t, inst); code != 200 || !strings.Contains(body, "(owner lp_owner)") {
+		t.Fatalf("/readyz with the least privileges: %d %q", code, body)
+	}
+	app := func(tok string) *pgx.Conn { // lp_app through pgfence
+		c, err := pgx.Connect(bg, "postgres://lp_app@"+inst.Addr()+"/postgres?sslmode=disable")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close(bg) })
+		tag(t, c, "SET fence.token = '"+tok+"'")
+		return c
+	}
+	direct := s.roleConn("lp_app", "postgres")
+	tag(t, direct, "SET fence.token = '4'")
+	for _, c := range []struct {
+		conn *pgx.Conn
+		sql  string
+		want string
+	}{
+		{app("3"), "UPDATE lp_accounts SET val = 'stale' WHERE id = 1", "UPDATE 0"},
+		{app("6"), "UPDATE lp_accounts SET val = 'b' WHERE id = 1", "UPDATE 1"},
+		{direct, "UPDATE lp_accounts SET val = 'stale direct' WHERE id = 1", "UPDATE 0"},
+		{direct, "DELETE FROM lp_events WHERE id = 1", "DELETE 0"},
+		{app("7"), "INSERT INTO lp_events (id, val) VALUES (2, 'f')", "INSERT 0 1"},
+	} {
+		if got := tag(t, c.conn, c.sql); got != c.want {
+			t.Errorf("%s: %s, want %s", c.sql, got, c.want)
+		}
+	}
+	if v, e := s.epoch("lp_accounts", 1); v != "b" || e != 6 {
+		t.Fatalf("lp_accounts row 1: %q at %d, want b at 6", v, e)
+	}
+
+	// Without the event triggers the owner can switch the backstop off.
+	owner := s.roleConn("lp_owner", "postgres")
+	tag(t, owner, `ALTER TABLE lp_accounts DISABLE TRIGGER "~pgfence_backstop"`)
+	tag(t, owner, `ALTER TABLE lp_accounts ENABLE TRIGGER "~pgfence_backstop"`)
+	// A superuser runs init once, with the same flags; the owner's future
+	// tables get TRIGGER for pgfence's role by default privileges.
+	s.exec(`ALTER DEFAULT PRIVILEGES FOR ROLE lp_owner IN SCHEMA public GRANT TRIGGER ON TABLES TO lp_pgfence`)
+	out, err = runInit(t, "--config", cfg, "--upstream", s.pg.URL("postgres"))
+	if err != nil || !strings.Contains(out, "event triggers pgfence_guard_ddl and pgfence_guard_drop in place") {
+		t.Fatalf("init as a superuser: %v\n%s", err, out)
+	}
+	_, err = owner.Exec(bg, `ALTER TABLE lp_accounts DISABLE TRIGGER "~pgfence_backstop"`)
+	if pe := (*pgconn.PgError)(nil); !errors.As(err, &pe) || pe.Code != "42501" {
+		t.Fatalf("the owner disabling the backstop under the DDL guard: %v, want SQLSTATE 42501", err)
+	}
+	tag(t, owner, "CREATE TABLE lp_new (id int PRIMARY KEY, fence_epoch bigint NOT NULL DEFAULT 0)")
+	var triggers string
+	if err := s.db.QueryRow(bg, `SELECT string_agg(tgname, ',' ORDER BY tgname) FROM pg_catalog.pg_trigger WHERE tgrelid = 'lp_new'::regclass`).Scan(&triggers); err != nil {
+		t.Fatal(err)
+	}
+	if triggers != "~pgfence_backstop,~pgfence_backstop_truncate,~pgfence_epoch" {
+		t.Fatalf("a table the owner created got triggers %q, want the backstop's", triggers)
+	}
+	inst.reload(bg, inst.opts)
+	if code, body := readyz(t, inst); code != 200 || strings.Contains(body, "(owner lp_owner)") {
+		t.Fatalf("/readyz once the DDL guard is in place: %d %q", code, body)
+	}
+
+	// In another database, a schema created for pgfence's role instead of
+	// the CREATE privilege on the database.
+	s.exec("CREATE DATABASE lp_other")
+	other, err := pgx.Connect(bg, s.pg.URL("lp_other"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close(bg)
+	if _, err := other.Exec(bg, `CREATE TABLE lp_accounts (id int PRIMARY KEY, fence_epoch bigint NOT NULL DEFAULT 0);
+		ALTER TABLE lp_accounts OWNER TO lp_owner; GRANT TRIGGER ON lp_accounts TO lp_pgfence;
+		CREATE SCHEMA pgfence AUTHORIZATION lp_pgfence`); err != nil {
+		t.Fatal(err)
+	}
+	out, err = runInit(t, "--config", cfg, "--upstream", strings.Replace(pfURL, "/postgres", "/lp_other", 1))
+	if err != nil || !strings.Contains(out, "public.lp_accounts: backstop created") {
+		t.Fatalf("init with a schema made for pgfence's role: %v\n%s", err, out)
+	}
+
+	// A key neither serve nor init has is an error still.
+	if err := os.WriteFile(cfg, []byte("upstream: "+pfURL+"\nlisen: 127.0.0.1:0\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := runInit(t, "--config", cfg); err == nil || !strings.Contains(err.Error(), `unknown key "lisen"`) {
+		t.Fatalf("init with a misspelt key: %v\n%s", err, out)
+	}
+}
