@@ -89,13 +89,6 @@ type Report struct {
 	Grants []string
 }
 
-// Installed reports whether the backstop is OK on the table g names
-// (schema-qualified).
-func (r *Report) Installed(g sqlrewrite.Guard) bool {
-	t := r.table(g)
-	return t != nil && t.OK
-}
-
 // Covers reports whether the backstop on the table g names
 // (schema-qualified) is OK and this instance's configuration: writes the
 // rewrite leaves to it (MERGE, COPY FROM) are then fenced as configured.

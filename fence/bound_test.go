@@ -647,9 +647,15 @@ func TestBoundStringLiterals(t *testing.T) {
 	}
 }
 
+// planAll plans every template: BindLiterals then takes out every literal
+// it may.
+type planAll struct{}
+
+func (planAll) PlanTemplate(sqlrewrite.Parameterized) (bool, []int) { return true, nil }
+
 // TestIntervalValueRule checks, against Postgres, the rule that keeps a
 // string that an interval could be read from in the text: every value
-// Parameterize takes out of an assignment reads the same into an interval
+// BindLiterals takes out of an assignment reads the same into an interval
 // column declared with fields as the literal and as the untyped parameter
 // pgfence binds, or fails alike. The values are combinations of the
 // pieces interval input is made of.
@@ -690,7 +696,8 @@ func TestIntervalValueRule(t *testing.T) {
 	taken, differ := 0, 0
 	for _, v := range values {
 		lit := "'" + strings.ReplaceAll(v, "'", "''") + "'"
-		p, _ := sqlrewrite.Parameterize("UPDATE t SET a = " + lit + " WHERE b = 1")
+		sql := "UPDATE t SET a = " + lit + " WHERE b = 1"
+		p, _, _ := sqlrewrite.BindLiterals(sql, sqlrewrite.Classify(sql), planAll{})
 		isParam := p.Strings()
 		if isParam {
 			taken++

@@ -18,6 +18,7 @@ import (
 	"github.com/pgfence/pgfence/fence"
 	"github.com/pgfence/pgfence/internal/pgserver"
 	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/internal/poll"
 	"github.com/pgfence/pgfence/proxy"
 )
 
@@ -38,17 +39,6 @@ func backends(t *testing.T, prefix string) int {
 		t.Fatal(err)
 	}
 	return n
-}
-
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }
 
 func TestStartupTimeout(t *testing.T) {
@@ -83,11 +73,11 @@ func TestClientVanishes(t *testing.T) {
 	c2 := p.Connect(t, "application_name=vanish-tx")
 	pgtest.Exec(t, c2, "BEGIN")
 	pgtest.Exec(t, c2, "INSERT INTO vanish_t VALUES (1)")
-	eventually(t, "both sessions to show", func() bool { return backends(t, "vanish-") == 2 })
+	poll.Eventually(t, 10*time.Second, "both sessions showing", func() bool { return backends(t, "vanish-") == 2 })
 
 	conn.Close()
 	c2.PgConn().Conn().Close() // no Terminate: the socket just goes away
-	eventually(t, "backends to be released", func() bool { return backends(t, "vanish-") == 0 })
+	poll.Eventually(t, 10*time.Second, "the backends released", func() bool { return backends(t, "vanish-") == 0 })
 	var n int
 	pgtest.Direct(t).QueryRow(ctx, "SELECT count(*) FROM vanish_t").Scan(&n)
 	if n != 0 {
@@ -117,7 +107,7 @@ func TestMaxClientConns(t *testing.T) {
 		t.Fatalf("message %q", pe.Message)
 	}
 	a.Close(ctx)
-	eventually(t, "a freed slot", func() bool { return p.Server.Sessions() < 2 })
+	poll.Eventually(t, 10*time.Second, "a slot freed", func() bool { return p.Server.Sessions() < 2 })
 	pgtest.Exec(t, p.Connect(t), "SELECT 1")
 }
 
@@ -127,7 +117,7 @@ func TestNoLeaks(t *testing.T) {
 	warm := p.Connect(t)
 	pgtest.Exec(t, warm, "SELECT 1")
 	warm.Close(ctx)
-	eventually(t, "the warm-up session to end", func() bool { return p.Server.Sessions() == 0 })
+	poll.Eventually(t, 10*time.Second, "the warm-up session ending", func() bool { return p.Server.Sessions() == 0 })
 	base := runtime.NumGoroutine()
 	var wg sync.WaitGroup
 	for i := 0; i < 40; i++ {
@@ -148,9 +138,9 @@ func TestNoLeaks(t *testing.T) {
 		}(i)
 	}
 	wg.Wait()
-	eventually(t, "sessions to end", func() bool { return p.Server.Sessions() == 0 })
-	eventually(t, "server connections to close", func() bool { return backends(t, "leak-") == 0 })
-	eventually(t, "goroutines to return", func() bool { return runtime.NumGoroutine() <= base+2 })
+	poll.Eventually(t, 10*time.Second, "the sessions ending", func() bool { return p.Server.Sessions() == 0 })
+	poll.Eventually(t, 10*time.Second, "the server connections closing", func() bool { return backends(t, "leak-") == 0 })
+	poll.Eventually(t, 10*time.Second, "the goroutines returning", func() bool { return runtime.NumGoroutine() <= base+2 })
 }
 
 // Postgres restarts under load: sessions in flight get an error, the proxy
@@ -232,7 +222,7 @@ func TestShutdownDrains(t *testing.T) {
 		defer cancel()
 		done <- p.Server.Shutdown(sctx)
 	}()
-	eventually(t, "the idle session to end", func() bool { return p.Server.Sessions() == 1 })
+	poll.Eventually(t, 10*time.Second, "the idle session ending", func() bool { return p.Server.Sessions() == 1 })
 	_, err := idle.Exec(ctx, "SELECT 1")
 	if err == nil {
 		t.Fatal("idle session still works during a drain")

@@ -208,9 +208,3 @@ func (r *Rewriter) nameAt(sql string, i int) bool {
 
 // MayWrite reports Classify(sql).Has(Writes).
 func MayWrite(sql string) bool { return Classify(sql).Has(Writes) }
-
-// MayInvalidate reports Classify(sql).Has(Invalidates).
-func MayInvalidate(sql string) bool { return Classify(sql).Has(Invalidates) }
-
-// EndsTransaction reports Classify(sql).Has(EndsTx).
-func EndsTransaction(sql string) bool { return Classify(sql).Has(EndsTx) }

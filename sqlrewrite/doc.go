@@ -88,7 +88,7 @@
 //
 // A simple-protocol write carries its values as literals, so its text, and
 // with it the fenced rewrite Postgres must parse and plan, changes with
-// every execution. Parameterize takes the literals out: what is left is the
+// every execution. BindLiterals takes the literals out: what is left is the
 // same for every execution, so the proxy can prepare its rewrite once per
 // session and bind each execution's values to it, as a driver using the
 // extended protocol would.
@@ -103,7 +103,7 @@
 // "unknown", pg_typeof($1) an error), so a template with strings taken out
 // is used only where each is compared with a column, assigned to one, or
 // cast (see stringParamsSafe); the strings elsewhere stay in the text
-// (StringsToKeep, ParameterizeKeeping). One more difference is in the value: Postgres
+// (StringsToKeep, then BindLiterals). One more difference is in the value: Postgres
 // reads a literal assigned to an interval column declared with fields
 // (interval hour) with those fields, so that '5' is 5 hours where a
 // parameter is 5 seconds; a string that an interval could be read from

@@ -2,8 +2,8 @@ package sqlrewrite
 
 import "strings"
 
-// scanLiterals is Parameterize's scanner: it reads sql the way Postgres's
-// lexer does, as far as Parameterize needs (where the numeric and plain
+// scanLiterals is parameterize's scanner: it reads sql the way Postgres's
+// lexer does, as far as parameterize needs (where the numeric and plain
 // string literals are, see lexed.plainString, and which keywords occur),
 // without pg_query's cgo call and token
 // allocations, which cost several times the rest of a simple-protocol
@@ -125,7 +125,7 @@ const operatorChars = "+-*/%^<>=~!@#&|`?"
 
 func isDigit(c byte) bool { return '0' <= c && c <= '9' }
 
-// keyword notes a word Parameterize looks for. Postgres folds only ASCII
+// keyword notes a word parameterize looks for. Postgres folds only ASCII
 // letters when it looks a word up as a keyword.
 func (lx *lexed) keyword(word string) {
 	if len(word) < 4 || len(word) > 8 {

@@ -42,53 +42,33 @@ type Parameterized struct {
 // protocol allows 65535; a long multi-row VALUES list gains little).
 const maxParams = 1000
 
-// Parameterize scans sql, the text of a simple-protocol Query. writes
-// reports whether it holds a write keyword outside literals and comments,
-// or does not scan: a text without one is one Rewrite passes unchanged.
-// p.SQL is set when sql is a candidate for running as a prepared statement
-// bound to p.Values: one statement that inserts, updates or deletes, with
-// no parameters of its own, whose numeric literals all have plain decimal
-// forms (plain strings are taken out too, where plainStringValue allows),
-// and without the clauses where a parameter does not mean what a literal
-// does: ORDER BY and GROUP BY (a literal there is a column
-// position), DISTINCT ON (likewise), and ON CONFLICT (an arbiter index's
-// predicate cannot be proved from a parameter). RewriteTemplate makes the
-// final decision, on the parse tree.
-func Parameterize(sql string) (p Parameterized, writes bool) {
-	return parameterize(sql, nil)
-}
-
-// ParameterizeKeeping is Parameterize leaving in the text the string
-// literals whose parameters (by index in Parameterize's template) are in
-// keep: the ones StringsToKeep names.
-func ParameterizeKeeping(sql string, keep []int) Parameterized {
-	p, _ := parameterize(sql, keeping(keep))
-	return p
-}
-
 // keeping keeps the strings whose indexes are in keep (see parameterize).
 func keeping(keep []int) func(int) bool {
 	return func(i int) bool { return slices.Contains(keep, i) }
 }
 
-// numbersOnly keeps every string (see ParameterizeNumbers).
+// numbersOnly keeps every string: the template for a text whose template
+// with strings RewriteTemplate refused for another reason than a string's
+// place (one it does not parse, say).
 func numbersOnly(int) bool { return true }
-
-// ParameterizeNumbers is Parameterize taking out numeric literals only: the
-// template for a text whose template with strings RewriteTemplate refused
-// for another reason than a string's place (one it does not parse, say).
-func ParameterizeNumbers(sql string) Parameterized {
-	p, _ := parameterize(sql, numbersOnly)
-	return p
-}
 
 // Strings reports whether p has a string literal taken out.
 func (p Parameterized) Strings() bool {
 	return slices.Contains(p.Types, 0)
 }
 
-// parameterize is Parameterize leaving in the text the strings whose
-// parameters (by index in Parameterize's template) keep reports (nil: none).
+// parameterize scans sql, the text of a simple-protocol Query. writes
+// reports whether it holds a write keyword outside literals and comments,
+// or does not scan: a text without one is one Rewrite passes unchanged.
+// p.SQL is set when sql is a candidate for running as a prepared statement
+// bound to p.Values: one statement that inserts, updates or deletes, with
+// no parameters of its own, whose numeric literals all have plain decimal
+// forms (plain strings are taken out too, where plainStringValue allows,
+// and keep does not report their index), and without the clauses where a
+// parameter does not mean what a literal does: ORDER BY and GROUP BY (a
+// literal there is a column position), DISTINCT ON (likewise), and ON
+// CONFLICT (an arbiter index's predicate cannot be proved from a
+// parameter). RewriteTemplate makes the final decision, on the parse tree.
 func parameterize(sql string, keep func(i int) bool) (p Parameterized, writes bool) {
 	if !MayWrite(sql) {
 		return p, false
@@ -149,11 +129,11 @@ func (lx *lexed) outsideTarget() []textRange {
 // textRange is where a token is in a text: sql[start:end].
 type textRange struct{ start, end int }
 
-// lexed is what Parameterize needs to know of a text's tokens.
+// lexed is what parameterize needs to know of a text's tokens.
 type lexed struct {
 	writes   bool        // a write keyword (see writeKeywords)
 	dml      bool        // INSERT, UPDATE or DELETE
-	refuse   bool        // a token that rules a template out: see Parameterize
+	refuse   bool        // a token that rules a template out: see parameterize
 	literals []textRange // the numeric and plain string literals to take out, in text order
 	// target is the ON CONFLICT target (from CONFLICT to DO, or to the end
 	// of the text), whose literals stay in the text: an arbiter index's
@@ -217,7 +197,7 @@ func parameterized(sql string, literals []textRange, keep func(i int) bool) Para
 	p := Parameterized{Types: make([]uint32, 0, n), Values: make([]string, 0, n)}
 	var b strings.Builder
 	b.Grow(len(sql) + 2*n)
-	last, full := 0, -1 // full: the index in Parameterize's template
+	last, full := 0, -1 // full: the index in parameterize's template
 	for _, l := range literals {
 		lit := sql[l.start:l.end]
 		var oid uint32

@@ -398,17 +398,3 @@ func strictCheck(setting, table, domain string) (cast, gate string) {
 		" ELSE " + cast + " END IS NOT NULL"
 	return cast, gate
 }
-
-// MayTouch is a conservative, allocation-free prefilter: it returns false
-// only when sql cannot name one of r's guarded tables (see Touches).
-func (r *Rewriter) MayTouch(sql string) bool {
-	if len(r.needles) == 0 {
-		return false
-	}
-	for i := range len(sql) {
-		if r.nameAt(sql, i) {
-			return true
-		}
-	}
-	return false
-}
