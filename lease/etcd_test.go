@@ -10,6 +10,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/pgfence/pgfence/internal/netfault"
 	"github.com/pgfence/pgfence/lease"
 	"github.com/pgfence/pgfence/lease/leasetest"
 )
@@ -149,7 +150,7 @@ func TestEtcd(t *testing.T) {
 	// A holder cut off from etcd stops counting its lease as valid before
 	// etcd expires it and hands the lock to the next holder.
 	t.Run("SafetyMarginBeatsServerExpiry", func(t *testing.T) {
-		relay, err := leasetest.NewRelay(srv.ClientAddr)
+		relay, err := netfault.NewRelay(srv.ClientAddr)
 		if err != nil {
 			t.Fatal(err)
 		}

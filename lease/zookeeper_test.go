@@ -10,6 +10,7 @@ import (
 
 	"github.com/go-zookeeper/zk"
 
+	"github.com/pgfence/pgfence/internal/netfault"
 	"github.com/pgfence/pgfence/lease"
 	"github.com/pgfence/pgfence/lease/leasetest"
 )
@@ -163,7 +164,7 @@ func TestZooKeeper(t *testing.T) {
 	// before the server expires its session (deleting the lock znode) and
 	// the next holder gets the lock.
 	t.Run("SafetyMarginBeatsSessionExpiry", func(t *testing.T) {
-		relay, err := leasetest.NewRelay(srv.Addr)
+		relay, err := netfault.NewRelay(srv.Addr)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -13,8 +13,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgfence/pgfence/fence"
+	"github.com/pgfence/pgfence/internal/netfault"
 	"github.com/pgfence/pgfence/internal/pgtest"
-	"github.com/pgfence/pgfence/lease/leasetest"
 	"github.com/pgfence/pgfence/proxy"
 )
 
@@ -29,7 +29,7 @@ import (
 // reading one side while the other waits on it.
 func TestRandomSpeeds(t *testing.T) {
 	pgtest.Need(t)
-	up, err := leasetest.NewRelay(pgtest.Server().Addr())
+	up, err := netfault.NewRelay(pgtest.Server().Addr())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,7 +41,7 @@ func TestRandomSpeeds(t *testing.T) {
 	// speeds; the others reach one straight in front of Postgres
 	// directly, and read their replies at random speeds.
 	direct := pgtest.StartProxy(t, nil)
-	down, err := leasetest.NewRelay(p.Addr)
+	down, err := netfault.NewRelay(p.Addr)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgfence/pgfence/internal/netfault"
 	"github.com/pgfence/pgfence/internal/patroni"
 	"github.com/pgfence/pgfence/internal/pgserver"
 	"github.com/pgfence/pgfence/lease/leasetest"
@@ -165,9 +166,9 @@ type run struct {
 	mode    mode
 	table   string
 	prefix  string
-	pfs     []*pgfence         // the pgfence run's instances, each in front of the same Postgres
-	cluster *patroni.Cluster   // a failover run's Postgres
-	relays  []*leasetest.Relay // one per instance (or one to Postgres): the slow link
+	pfs     []*pgfence        // the pgfence run's instances, each in front of the same Postgres
+	cluster *patroni.Cluster  // a failover run's Postgres
+	relays  []*netfault.Relay // one per instance (or one to Postgres): the slow link
 	procs   []*writerProc
 	rng     *rand.Rand
 	armed   atomic.Bool
@@ -220,7 +221,7 @@ func (e *env) run(ctx context.Context, m mode, d time.Duration) (*result, error)
 		}
 	}
 	for _, target := range targets {
-		relay, err := leasetest.NewRelay(target)
+		relay, err := netfault.NewRelay(target)
 		if err != nil {
 			return nil, err
 		}

@@ -37,6 +37,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/pgfence/pgfence/internal/netfault"
 	"github.com/pgfence/pgfence/internal/pgserver"
 	"github.com/pgfence/pgfence/internal/pgtest"
 	"github.com/pgfence/pgfence/lease"
@@ -171,7 +172,7 @@ func TestAlertsEndToEnd(t *testing.T) {
 	appSrv := &http.Server{Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
 	go appSrv.Serve(appLn)
 	t.Cleanup(func() { appSrv.Close() })
-	relay, err := leasetest.NewRelay(etcd.ClientAddr)
+	relay, err := netfault.NewRelay(etcd.ClientAddr)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -45,8 +45,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"gopkg.in/yaml.v3"
 
+	"github.com/pgfence/pgfence/internal/netfault"
 	"github.com/pgfence/pgfence/internal/pgserver"
-	"github.com/pgfence/pgfence/lease/leasetest"
 )
 
 // InstallHint says how to install Patroni.
@@ -97,7 +97,7 @@ type Options struct {
 	// the defaults (fsync=off, max_connections=200,
 	// wal_retrieve_retry_interval=500ms).
 	Settings map[string]string
-	// ReplicationLink puts a relay (leasetest.Relay) in front of each
+	// ReplicationLink puts a relay (netfault.Relay) in front of each
 	// node's Postgres and gives Patroni its address as the node's
 	// connect_address, which the standby streams from: PartitionReplication
 	// can then hold the WAL the standby would get.
@@ -139,7 +139,7 @@ type Node struct {
 	ConfigFile string // Patroni config (Dir/patroni.yml), for patronictl -c
 
 	c       *Cluster
-	link    *leasetest.Relay // with Options.ReplicationLink
+	link    *netfault.Relay // with Options.ReplicationLink
 	logPath string
 	log     *os.File
 	proc    *process // the running Patroni, or nil; guarded by c.mu
@@ -329,7 +329,7 @@ func (c *Cluster) start(ctx context.Context, etcdHosts []string, etcdProtocol st
 		}
 		c.nodes = append(c.nodes, n)
 		if c.opt.ReplicationLink {
-			if n.link, err = leasetest.NewRelay(n.Addr()); err != nil {
+			if n.link, err = netfault.NewRelay(n.Addr()); err != nil {
 				return err
 			}
 		}

@@ -1,4 +1,7 @@
-package leasetest
+// Package netfault puts faults on a TCP link for tests: a relay that
+// delays, partitions or cuts what goes through it, between a client and
+// Postgres, pgfence, etcd or a replica.
+package netfault
 
 import (
 	"errors"
