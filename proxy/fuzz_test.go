@@ -12,20 +12,6 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 )
 
-// passthrough is an Interceptor that changes nothing.
-type passthrough struct{}
-
-func (passthrough) SessionStart(*Client)                                           {}
-func (passthrough) SessionEnd(*Client, error)                                      {}
-func (passthrough) Query(*Client, string) Plan                                     { return Plan{} }
-func (passthrough) Parse(*Client, string) Plan                                     { return Plan{} }
-func (passthrough) Error(*Client, *pgproto3.ErrorResponse) *pgproto3.ErrorResponse { return nil }
-func (passthrough) SettingAnswered(*Client, *Setting)                              {}
-func (passthrough) Notice(*Client, *pgproto3.NoticeResponse) bool                  { return true }
-func (passthrough) Generation() uint64                                             { return 0 }
-func (passthrough) DependsOnReading(*Client, string) bool                          { return false }
-func (passthrough) ReadingProbe() *Probe                                           { return nil }
-
 func FuzzHeader(f *testing.F) {
 	for _, s := range [][]byte{{'Q', 0, 0, 0, 4}, {'Q', 0, 0, 0, 3}, {'Q', 0x7f, 0xff, 0xff, 0xff}, {'X'}, {}} {
 		f.Add(s)
@@ -65,7 +51,7 @@ func FuzzClientBytes(f *testing.F) {
 			go func() { io.Copy(io.Discard, c); c.Close() }()
 		}
 	}()
-	srv, err := New(Config{Upstream: sink.Addr().String(), Interceptor: passthrough{}, StartupTimeout: 2 * time.Second, MaxMessageSize: 1 << 16})
+	srv, err := New(Config{Upstream: sink.Addr().String(), Interceptor: NopInterceptor{}, StartupTimeout: 2 * time.Second, MaxMessageSize: 1 << 16})
 	if err != nil {
 		f.Fatal(err)
 	}

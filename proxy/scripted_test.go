@@ -31,6 +31,7 @@ import (
 // scriptIC is the Interceptor of a scripted sequence: plans by text, and a
 // record of what it was asked.
 type scriptIC struct {
+	proxy.NopInterceptor
 	mu sync.Mutex
 	// query and parse are the Plans for a Query's or a Parse's text, and
 	// batch for a Query's sent InExtendedBatch; a text not in them gets
@@ -76,7 +77,6 @@ func (ic *scriptIC) takeCalls() []string {
 	return calls
 }
 
-func (ic *scriptIC) SessionStart(*proxy.Client)            {}
 func (ic *scriptIC) SessionEnd(_ *proxy.Client, err error) { ic.ended <- err }
 
 // hold asks for the hold ic.holds gives sql, if any; ic.mu is held.
