@@ -52,7 +52,7 @@ var guardSQL = []string{
 	`INSERT INTO pgfence.secret (key) VALUES (pg_catalog.gen_random_uuid()::text || pg_catalog.gen_random_uuid()::text) ON CONFLICT DO NOTHING`,
 	// The configuration a table found by its epoch column gets, for the
 	// event trigger that installs the backstop as DDL creates one (see
-	// ddl.go): one row, kept by Reconcile.
+	// eventtrigger.go): one row, kept by Reconcile.
 	`CREATE TABLE IF NOT EXISTS pgfence.ddl_backstop (
 		one boolean PRIMARY KEY DEFAULT true CHECK (one),
 		epoch_column name NOT NULL,

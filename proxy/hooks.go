@@ -106,7 +106,7 @@ type Plan struct {
 	// NeedsToken says that, under Config.TransactionPooling, the text may
 	// need the session's token settings in its transaction: it may write,
 	// or it reads or sets a token setting itself. The proxy then sets them
-	// ahead of it (see pooled.go). Ignored otherwise.
+	// ahead of it (see txpooling.go). Ignored otherwise.
 	NeedsToken bool
 	// TxStarts, for a Query with NeedsToken, are the statements of SQL
 	// (or of the client's text, if SQL is "") that start a transaction of

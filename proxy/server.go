@@ -72,7 +72,7 @@ type Config struct {
 	// the server connection behind a session may serve other clients
 	// between its transactions: the proxy then leaves nothing on it past
 	// a transaction, and sets the session's token settings, TokenSetting
-	// among them, in each transaction that may need them (see pooled.go).
+	// among them, in each transaction that may need them (see txpooling.go).
 	// It needs the event loop and answered settings (not GoroutineRelay
 	// or ForwardSettings).
 	TransactionPooling bool

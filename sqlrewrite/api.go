@@ -109,7 +109,7 @@ type Config struct {
 	// DDLGuard says the database's DDL guard is in place (see the
 	// backstop package): DETACH PARTITION of a guarded table may then run,
 	// as the guard gives the detached table a backstop of its own at once
-	// (see ddl.go).
+	// (see backstop/guard.go).
 	DDLGuard bool
 }
 

@@ -29,7 +29,7 @@ type Rewriter struct {
 	unfenceable bool
 	// needles are the lower-cased table names as they must appear in SQL
 	// text, and "pgfence", the schema of the backstop's objects (see
-	// ddl.go).
+	// weaken.go).
 	needles []string
 	// firsts are the bytes a needle, or a Unicode escape (u&), may start
 	// with, either case.

@@ -9,7 +9,7 @@ import (
 
 // pooledPlan is plan behind a transaction pooler (Config.TransactionPooling),
 // where the proxy keeps the session's token settings and sets them for
-// each transaction that may need them (see proxy/pooled.go). It only knows
+// each transaction that may need them (see proxy/txpooling.go). It only knows
 // them from a plain SET or RESET outside a transaction block, which the
 // proxy answers; every other way to change one for the session is refused
 // here, as the server connection would keep that change for the next
