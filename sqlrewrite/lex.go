@@ -31,7 +31,7 @@ func scanLiterals(sql string, literals []textRange) (lx lexed, ok bool) {
 			return lx, false // Postgres rejects an operator that long
 		}
 		switch {
-		case c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f':
+		case isSpace(c):
 			i++
 			continue
 		case c == '-' && i+1 < len(sql) && sql[i+1] == '-':
@@ -324,4 +324,67 @@ func (lx *lexed) plainString(literals []textRange, sql string, start, end int, s
 	}
 	lx.prev, lx.prevTaken = tokString, take
 	return literals
+}
+
+// The blanks between tokens, one reading for every scan of the package:
+// Postgres's white space (PostgreSQL 16's scanner, and pg_query's, read
+// \v as one too; to 15's a \v outside a literal is a syntax error either
+// way), "--" comments to the end of the line, and "/* */" comments, which
+// nest.
+
+// isSpace reports whether c is white space to Postgres's scanner.
+func isSpace(c byte) bool {
+	switch c {
+	case ' ', '\t', '\n', '\r', '\f', '\v':
+		return true
+	}
+	return false
+}
+
+// space returns the offset of the first byte at or after sql[i] that is
+// not white space (comments are not skipped: a text with one is not
+// plain to the callers that read only plain texts).
+func space(sql string, i int) int {
+	for i < len(sql) && isSpace(sql[i]) {
+		i++
+	}
+	return i
+}
+
+// blank returns the offset of the first byte at or after sql[i] that is
+// neither white space nor in a comment. closed is false when a /* comment
+// there is not closed (end is then len(sql)); a "--" comment may end the
+// text.
+func blank(sql string, i int) (end int, closed bool) {
+	for {
+		i = space(sql, i)
+		switch {
+		case strings.HasPrefix(sql[i:], "--"):
+			j := strings.IndexAny(sql[i:], "\n\r")
+			if j < 0 {
+				return len(sql), true
+			}
+			i += j
+		case strings.HasPrefix(sql[i:], "/*"):
+			j, ok := blockComment(sql, i)
+			if !ok {
+				return len(sql), false
+			}
+			i = j
+		default:
+			return i, true
+		}
+	}
+}
+
+// skipSpace is blank's offset: an unclosed comment runs to the end.
+func skipSpace(sql string, i int) int {
+	end, _ := blank(sql, i)
+	return end
+}
+
+// castFollows reports whether "::" is the next token at sql[i:].
+func castFollows(sql string, i int) bool {
+	end, closed := blank(sql, i)
+	return closed && strings.HasPrefix(sql[end:], "::")
 }

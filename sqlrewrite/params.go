@@ -320,31 +320,6 @@ func intervalWord(w string) bool {
 	return false
 }
 
-// castFollows reports whether "::" is the next token at sql[i:].
-func castFollows(sql string, i int) bool {
-	for i < len(sql) {
-		switch c := sql[i]; {
-		case c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f':
-			i++
-		case strings.HasPrefix(sql[i:], "--"):
-			j := strings.IndexAny(sql[i:], "\n\r")
-			if j < 0 {
-				return false
-			}
-			i += j
-		case strings.HasPrefix(sql[i:], "/*"):
-			end, ok := blockComment(sql, i)
-			if !ok {
-				return false
-			}
-			i = end
-		default:
-			return strings.HasPrefix(sql[i:], "::")
-		}
-	}
-	return false
-}
-
 // onlyTrailing reports whether semicolon t ends the text: nothing but more
 // semicolons and comments follow it.
 func onlyTrailing(toks []*pg_query.ScanToken, t *pg_query.ScanToken) bool {

@@ -93,36 +93,6 @@ func spellsWord(sql, kw string) bool {
 	return false
 }
 
-// skipSpace returns the offset of the first byte at or after sql[i] that
-// is neither white space nor in a comment (an unterminated comment runs to
-// the end).
-func skipSpace(sql string, i int) int {
-	for i = space(sql, i); i < len(sql); i = space(sql, i) {
-		switch {
-		case strings.HasPrefix(sql[i:], "--"):
-			j := strings.IndexAny(sql[i:], "\n\r")
-			if j < 0 {
-				return len(sql)
-			}
-			i += j
-		case strings.HasPrefix(sql[i:], "/*"):
-			i = commentEnd(sql, i)
-		default:
-			return i
-		}
-	}
-	return i
-}
-
-// commentEnd returns the offset right after the /* comment at sql[i],
-// which may nest, or len(sql) if it is not closed.
-func commentEnd(sql string, i int) int {
-	if end, ok := blockComment(sql, i); ok {
-		return end
-	}
-	return len(sql)
-}
-
 // spellsKeyword reports whether keyword kw (lower case) is spelled at
 // sql[i:], ignoring ASCII case, as a word of its own: the scanner reads
 // letters, digits, "_", "$" and non-ASCII bytes after a letter as one

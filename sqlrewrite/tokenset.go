@@ -291,19 +291,6 @@ func constant(sql string, i int) (value string, end int, ok bool) {
 	return sql[i:j], j, true
 }
 
-// space skips white space (not comments: a text with one is not plain).
-func space(sql string, i int) int {
-	for i < len(sql) {
-		switch sql[i] {
-		case ' ', '\t', '\n', '\r', '\f', '\v':
-			i++
-		default:
-			return i
-		}
-	}
-	return i
-}
-
 // word reports whether sql spells the keyword kw at i, as a word of its own.
 func word(sql string, i int, kw string) bool {
 	return i < len(sql) && spellsKeyword(sql, i, kw)

@@ -188,12 +188,12 @@ func mayChangeSession(sql, token string) bool {
 // make fail. It looks at the first words only, after comments, and says
 // false for anything it does not know or for more than one statement.
 func WritesNothing(sql string) bool {
-	i := skipLeading(sql)
+	i := skipSpace(sql, 0)
 	first := leadWord(sql, i)
 	if first == "" || !oneStatement(sql) {
 		return false
 	}
-	second := leadWord(sql, skipLeading2(sql, i+len(first)))
+	second := leadWord(sql, skipSpace(sql, i+len(first)))
 	switch first {
 	case "begin", "start", "commit", "end", "rollback", "abort", "savepoint", "release",
 		"show", "reset", "discard", "deallocate", "listen", "unlisten", "notify",
@@ -209,31 +209,6 @@ func WritesNothing(sql string) bool {
 		return ContainsFold(sql, "concurrently") && (second == "index" || second == "unique")
 	}
 	return false
-}
-
-// skipLeading skips white space and comments from i.
-func skipLeading(sql string) int { return skipLeading2(sql, 0) }
-
-func skipLeading2(sql string, i int) int {
-	for {
-		i = space(sql, i)
-		switch {
-		case strings.HasPrefix(sql[i:], "--"):
-			j := strings.IndexByte(sql[i:], '\n')
-			if j < 0 {
-				return len(sql)
-			}
-			i += j + 1
-		case strings.HasPrefix(sql[i:], "/*"):
-			j := strings.Index(sql[i+2:], "*/") // nested comments: then not known, which is safe
-			if j < 0 || strings.Contains(sql[i+2:i+2+j], "/*") {
-				return len(sql)
-			}
-			i += j + 4
-		default:
-			return i
-		}
-	}
 }
 
 // leadWord returns the ASCII word at sql[i:], lower case.
@@ -262,7 +237,7 @@ func oneStatement(sql string) bool {
 // escape. Behind a transaction pooler its transaction then needs the
 // session's token settings too.
 func ShowsToken(sql, token string) bool {
-	switch leadWord(sql, skipLeading(sql)) {
+	switch leadWord(sql, skipSpace(sql, 0)) {
 	case "show", "set", "reset":
 		first, _, _ := strings.Cut(token, ".")
 		return ContainsFold(sql, asciiLower(first)) || ContainsFold(sql, "u&")

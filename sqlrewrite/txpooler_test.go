@@ -38,7 +38,10 @@ func TestWritesNothing(t *testing.T) {
 		{"begins", false},
 		{"", false},
 		{"/* unclosed", false},
-		{"/* nested /* */ */ VACUUM", false},
+		{"/* nested /* */ */ VACUUM", true}, // Postgres's comments nest
+		{"/* nested /* */ VACUUM", false},   // still in the comment: nothing
+		{"-- x\rVACUUM", true},              // \r ends a line comment too
+		{"\vVACUUM", true},
 	} {
 		if got := WritesNothing(tc.sql); got != tc.want {
 			t.Errorf("WritesNothing(%q) = %v, want %v", tc.sql, got, tc.want)

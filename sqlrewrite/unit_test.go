@@ -554,3 +554,31 @@ func TestMayInvalidate(t *testing.T) {
 
 // mayWriteSink keeps the compiler from dropping a measured call.
 var mayWriteSink bool
+
+// blank, the one reading of white space and comments that every scan of
+// the package uses, reads them as Postgres's scanner does.
+func TestBlank(t *testing.T) {
+	for _, tc := range []struct {
+		sql    string
+		end    int
+		closed bool
+	}{
+		{"x", 0, true},
+		{" \t\n\r\f\vx", 6, true},
+		{"-- c\nx", 5, true},
+		{"-- c\rx", 5, true},
+		{"-- to the end", 13, true},
+		{"/* a */x", 7, true},
+		{"/* a /* b */ c */ x", 18, true},
+		{"/* a /* b */ x", 14, false},
+		{"/* a */ -- b\n /* c */ x", 22, true},
+		{"/*/ x", 5, false},
+	} {
+		if end, closed := blank(tc.sql, 0); end != tc.end || closed != tc.closed {
+			t.Errorf("blank(%q) = %d, %v; want %d, %v", tc.sql, end, closed, tc.end, tc.closed)
+		}
+	}
+	if !castFollows("'5' /* x */ ::interval", 3) || castFollows("'5' /* x ::interval", 3) || castFollows("'5' + 1", 3) {
+		t.Error("castFollows does not read the blanks before :: as blank does")
+	}
+}
