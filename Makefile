@@ -44,8 +44,6 @@ test: ensure-postgres
 	$(GO) test -count=1 -timeout 20m ./...
 	# The Kubernetes manifests, decoded strictly against the API types (a module of their own).
 	cd deploy/kubernetes && $(GO) vet ./... && $(GO) test -count=1 ./...
-	# The same protocol tests again on the goroutine relay (the event loop's fallback).
-	PGFENCE_TEST_RELAY=goroutines $(GO) test -count=1 -timeout 10m ./proxy ./fence ./backstop ./compat
 	# And on TLS, both legs (clients with sslmode=require and the test CA; Postgres with ssl on).
 	PGFENCE_TEST_TLS=1 $(GO) test -count=1 -timeout 10m ./proxy ./fence ./backstop ./compat
 

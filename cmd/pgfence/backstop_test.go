@@ -345,14 +345,12 @@ func TestServeBackstop(t *testing.T) {
 		}
 	})
 
-	for _, relay := range []string{"event loop", "goroutines"} {
-		t.Run("rediscovery after DDL/"+relay, func(t *testing.T) { ddlRediscovery(t, s, relay == "goroutines") })
-	}
+	t.Run("rediscovery after DDL", func(t *testing.T) { ddlRediscovery(t, s) })
 }
 
-func ddlRediscovery(t *testing.T, s *serveTest, goroutines bool) {
+func ddlRediscovery(t *testing.T, s *serveTest) {
 	{
-		inst := s.serve(serveOptions{discover: true, backstop: "install", goroutineRelay: goroutines})
+		inst := s.serve(serveOptions{discover: true, backstop: "install"})
 		c := s.client(inst, "7")
 		tag(t, c, "CREATE TABLE bs_new (id int PRIMARY KEY, val text, fence_epoch bigint NOT NULL DEFAULT 0)")
 		t.Cleanup(func() { s.exec("DROP TABLE IF EXISTS bs_new, bs_renamed, bs_tx") })

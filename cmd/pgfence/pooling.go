@@ -25,8 +25,8 @@ func (o serveOptions) transactionPooling() (bool, error) {
 	case "", poolingNone, poolingSession:
 		return false, nil
 	case poolingTransaction:
-		if o.goroutineRelay || o.forwardTokenSets {
-			return false, errors.New("--upstream-pooling=transaction cannot go with --goroutine-relay or --forward-token-sets: pgfence must answer the token's SET itself to keep it off the shared server connection")
+		if o.forwardTokenSets {
+			return false, errors.New("--upstream-pooling=transaction cannot go with --forward-token-sets: pgfence must answer the token's SET itself to keep it off the shared server connection")
 		}
 		return true, nil
 	}

@@ -43,7 +43,6 @@ type serveOptions struct {
 	maxMessageSize   int
 	startupTimeout   time.Duration
 	maxClientConns   int
-	goroutineRelay   bool
 	eventLoops       int
 	forwardTokenSets bool
 	upstreamPooling  string
@@ -78,7 +77,6 @@ func (o *serveOptions) addFlags(cmd *cobra.Command) {
 	f.IntVar(&o.maxMessageSize, "max-message-size", 256<<20, "largest client message in bytes; a larger one ends that client's session")
 	f.DurationVar(&o.startupTimeout, "startup-timeout", 30*time.Second, "how long a new client may take to send its startup packet")
 	f.IntVar(&o.maxClientConns, "max-client-conns", 1000, "client sessions open at once; more are refused with SQLSTATE 53300 (0: no limit)")
-	f.BoolVar(&o.goroutineRelay, "goroutine-relay", false, "relay every session with goroutines of its own instead of the event loops (slower; the event loops are Linux-only)")
 	f.IntVar(&o.eventLoops, "event-loops", 0, "event loops relaying the sessions, each on a core of its own at most; each new session goes to the loop holding the fewest (0: one per usable core, GOMAXPROCS)")
 	f.BoolVar(&o.forwardTokenSets, "forward-token-sets", false, "send every SET of the fencing token to Postgres as the client sent it; by default pgfence answers a plain one at once and sets the token ahead of the next statement, in the same transaction when that is a fenced write (saves a round trip per transaction)")
 	f.StringVar(&o.upstreamPooling, "upstream-pooling", "none", "what stands at --upstream: none (Postgres itself; pgfence checks, and refuses clients if a pooler answers), session (a pooler that gives each session a server connection of its own, such as PgBouncer with pool_mode = session), or transaction (a pooler that shares server connections between transactions, such as PgBouncer with pool_mode = transaction: pgfence then sets the token in each transaction and leaves nothing on the server connection)")
@@ -362,7 +360,6 @@ func start(o serveOptions, log *slog.Logger) (*instance, error) {
 		MaxMessageSize:      o.maxMessageSize,
 		StartupTimeout:      o.startupTimeout,
 		MaxClientConns:      o.maxClientConns,
-		GoroutineRelay:      o.goroutineRelay,
 		EventLoops:          o.eventLoops,
 		ForwardSettings:     o.forwardTokenSets,
 		TransactionPooling:  txPool,

@@ -92,7 +92,7 @@ type loopCollector struct{ srv *proxy.Server }
 
 var (
 	eventLoopsDesc = prometheus.NewDesc("pgfence_event_loops",
-		"Event loops relaying client sessions (--event-loops; 0 with --goroutine-relay).", nil, nil)
+		"Event loops relaying client sessions (--event-loops; 0 off Linux, where goroutines relay them).", nil, nil)
 	loopSessionsDesc = prometheus.NewDesc("pgfence_loop_sessions",
 		"Client sessions each event loop holds now, past startup: each new one goes to the loop that holds the fewest.", []string{"loop"}, nil)
 )
@@ -127,7 +127,7 @@ func newRelayMetrics(reg prometheus.Registerer) *relayMetrics {
 		// rewrite, or a machine short of CPU).
 	}
 	latency := loopstat.NewHistogramVec(prometheus.HistogramOpts{Name: "pgfence_added_latency_seconds",
-		Help:    "Per round trip (a client's messages up to the ReadyForQuery that answers them), the time pgfence spent handling its bytes both ways, from reading them to writing them on: what it adds to the time Postgres takes, apart from waiting for sockets. Measured on the event loops (not with --goroutine-relay).",
+		Help:    "Per round trip (a client's messages up to the ReadyForQuery that answers them), the time pgfence spent handling its bytes both ways, from reading them to writing them on: what it adds to the time Postgres takes, apart from waiting for sockets. Measured on the event loops (Linux).",
 		Buckets: []float64{5e-6, 10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 10e-3, 50e-3}})
 	m.latency = latency.With()
 	for _, c := range proxy.UpstreamFailures {
