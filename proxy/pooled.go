@@ -105,7 +105,7 @@ func (s *session) writePooled(out msgWriter, w *wait) error {
 	set := s.pooledSet()
 	name := s.apply.stmtName(s.tag)
 	b := s.out[:0]
-	b, _ = (&pgproto3.Close{ObjectType: 'S', Name: name}).Encode(b)
+	b, _ = (&pgproto3.Close{ObjectType: byte(targetStatement), Name: name}).Encode(b)
 	types := make([]uint32, len(set.names)+1)
 	for i := range types {
 		types[i] = 25 // text
@@ -118,7 +118,7 @@ func (s *session) writePooled(out msgWriter, w *wait) error {
 	}
 	b, _ = (&pgproto3.Bind{DestinationPortal: setStmt, PreparedStatement: name, Parameters: values}).Encode(b)
 	// Closed before its portal runs, so that no error can leave it behind.
-	b, _ = (&pgproto3.Close{ObjectType: 'S', Name: name}).Encode(b)
+	b, _ = (&pgproto3.Close{ObjectType: byte(targetStatement), Name: name}).Encode(b)
 	b = append(b, setRunTail...)
 	s.out = b
 	w.want = pooledSetReplies

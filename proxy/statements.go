@@ -180,12 +180,12 @@ func (s *session) describe(n int) error {
 	if err != nil {
 		return err
 	}
-	if b[0] == 'P' && b[1] == 0 && s.book.portalGone {
+	if target(b[0]) == targetPortal && b[1] == 0 && s.book.portalGone {
 		if err := s.closeUnnamedPortal(); err != nil {
 			return err
 		}
 	}
-	if b[0] != 'S' || b[1] != 0 {
+	if target(b[0]) != targetStatement || b[1] != 0 {
 		return forward(s.sw, s.cr, n)
 	}
 	s.reusedUnnamed() // first: its Parse may have failed
@@ -205,8 +205,8 @@ func (s *session) describe(n int) error {
 	if _, err := s.cr.Discard(5 + n); err != nil {
 		return err
 	}
-	s.out = append(append(append(s.out[:0], 'S'), s.reuse.unnamed.name...), 0)
-	return writeMessage(s.sw, 'D', s.out)
+	s.out = append(append(append(s.out[:0], byte(targetStatement)), s.reuse.unnamed.name...), 0)
+	return writeMessage(s.sw, clientMsgDescribe, s.out)
 }
 
 func (s *session) execute(n int) error {
@@ -248,8 +248,8 @@ func (s *session) close(n int) error {
 	}
 	if len(b) > 1 {
 		if name, _, err := cstring(b[1:]); err == nil {
-			switch b[0] {
-			case 'S':
+			switch target(b[0]) {
+			case targetStatement:
 				delete(s.book.stmts, string(name))
 				if len(name) == 0 && (s.reuse.unnamed != nil || s.reuse.unnamedSeq != 0) {
 					// If Postgres skips this Close (after an error in its
@@ -258,7 +258,7 @@ func (s *session) close(n int) error {
 					// Bind of it rather than run that.
 					s.unnamedGoneNow()
 				}
-			case 'P':
+			case targetPortal:
 				delete(s.book.portals, string(name))
 			}
 		}
@@ -280,8 +280,8 @@ func (s *session) pushSwallow(w *wait) {
 
 // Closes of the unnamed statement and portal.
 var (
-	closeUnnamedMessage       = []byte{'C', 0, 0, 0, 6, 'S', 0}
-	closeUnnamedPortalMessage = []byte{'C', 0, 0, 0, 6, 'P', 0}
+	closeUnnamedMessage       = []byte{byte(clientMsgClose), 0, 0, 0, 6, byte(targetStatement), 0}
+	closeUnnamedPortalMessage = []byte{byte(clientMsgClose), 0, 0, 0, 6, byte(targetPortal), 0}
 )
 
 // closeUnnamed closes the server's unnamed statement, which the client's
@@ -375,12 +375,12 @@ func (s *session) replan(stmt []byte, st *prepared) error {
 	w := s.pipe.get(waitSwallow)
 	w.want, w.origin, w.reuse = 2, plan.Origin, st.again
 	s.pushSwallow(w)
-	out, _ := (&pgproto3.Close{ObjectType: 'S', Name: name}).Encode(s.out[:0])
+	out, _ := (&pgproto3.Close{ObjectType: byte(targetStatement), Name: name}).Encode(s.out[:0])
 	s.out = out
 	if _, err := s.sw.Write(out); err != nil {
 		return err
 	}
-	s.out = append(append(append(s.out[:0], 'P', 0, 0, 0, 0), name...), 0)
+	s.out = append(append(append(s.out[:0], byte(clientMsgParse), 0, 0, 0, 0), name...), 0)
 	s.out = append(append(append(s.out, sql...), 0), st.params...)
 	binary.BigEndian.PutUint32(s.out[1:5], uint32(len(s.out)-1))
 	_, err := s.sw.Write(s.out)
