@@ -167,20 +167,14 @@ func (t *setState) keepPooled(set *Setting) {
 	t.deferred = append(t.deferred, Setting{Name: set.Name, Value: value})
 }
 
-// pooledBind sets the token settings ahead of the client's Bind (n bytes)
-// of a statement that may need them (or one the proxy does not know:
-// prepared with SQL PREPARE, say).
-func (s *session) pooledBind(n int) error {
-	b, err := s.peek(n)
-	if err != nil {
-		return err
-	}
-	_, rest, err1 := cstring(b)
-	stmt, _, err2 := cstring(rest)
-	if err1 != nil || err2 != nil {
+// pooledBind sets the token settings ahead of the client's Bind m (ok
+// says it was decoded whole) of a statement that may need them (or one
+// the proxy does not know: prepared with SQL PREPARE, say).
+func (s *session) pooledBind(m bindMsg, ok bool) error {
+	if !ok {
 		return nil // the server refuses it
 	}
-	if st := s.book.stmts[string(stmt)]; st != nil && !st.token {
+	if st := s.book.stmts[string(m.stmt)]; st != nil && !st.token {
 		return nil
 	}
 	return s.sendDeferred(false)

@@ -374,15 +374,15 @@ func (s *session) replanText(typ clientMsg, n int) (text string, ok bool) {
 	var name []byte
 	switch typ {
 	case clientMsgBind:
-		if _, b, err = cstring(b); err != nil {
+		m, ok := decodeBind(b)
+		if !ok {
 			return "", false
 		}
-		if name, _, err = cstring(b); err != nil {
-			return "", false
-		}
+		name = m.stmt
 	case clientMsgDescribe:
-		if n != 2 || target(b[0]) != targetStatement || b[1] != 0 {
-			return "", false // only a Describe of the unnamed statement plans it again
+		// Only a Describe of the unnamed statement plans it again.
+		if m, ok := decodeDescribe(b); !ok || !m.exact() || !m.unnamed(targetStatement) {
+			return "", false
 		}
 	}
 	st := s.book.stmts[string(name)]

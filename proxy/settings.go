@@ -318,21 +318,24 @@ func (s *session) unit(off int) (u unitMessages, ok bool) {
 	if typ != clientMsgBind {
 		return u, false
 	}
-	portal, rest, err1 := cstring(body)
-	stmt, rest, err2 := cstring(rest)
-	if err1 != nil || err2 != nil {
+	bind, ok := decodeBind(body)
+	if !ok {
 		return u, false
 	}
-	u.stmt, u.noParams, u.namedPortal = stmt, noParams(rest), len(portal) > 0
-	named := func(body []byte) bool { // portal's name, NUL-terminated, first
-		return len(body) > len(portal) && bytes.Equal(body[:len(portal)], portal) && body[len(portal)] == 0
-	}
+	u.stmt, u.noParams, u.namedPortal = bind.stmt, bind.noParams(), len(bind.portal) > 0
 	typ, body = next()
-	if typ == clientMsgDescribe && len(body) == len(portal)+2 && target(body[0]) == targetPortal && named(body[1:]) {
+	if typ == clientMsgDescribe {
+		d, ok := decodeDescribe(body)
+		if !ok || !d.exact() || d.target != targetPortal || !bytes.Equal(d.name, bind.portal) {
+			return u, false
+		}
 		u.describe = true
 		typ, body = next()
 	}
-	if typ != clientMsgExecute || len(body) != len(portal)+5 || !named(body) {
+	if typ != clientMsgExecute {
+		return u, false
+	}
+	if e, ok := decodeExecute(body); !ok || !e.exact() || !e.runs(bind.portal) {
 		return u, false
 	}
 	if typ, body = next(); typ != clientMsgSync || len(body) != 0 {
@@ -346,14 +349,4 @@ func (s *session) unit(off int) (u unitMessages, ok bool) {
 // declares no parameters (a Bind of the statement must then bind none).
 func noParamTypes(b []byte) bool {
 	return len(b) == 2 && b[0] == 0 && b[1] == 0
-}
-
-// noParams reports whether b, a Bind's body after its names, binds no
-// parameter values.
-func noParams(b []byte) bool {
-	if len(b) < 2 {
-		return false
-	}
-	k := 2 + 2*int(binary.BigEndian.Uint16(b))
-	return len(b) >= k+2 && binary.BigEndian.Uint16(b[k:]) == 0
 }
