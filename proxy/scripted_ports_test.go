@@ -564,7 +564,7 @@ func TestScriptedDeferred(t *testing.T) {
 				setTokens(x, "7", "8")
 				fencedWrite(x)
 				x.ic.parse[write] = proxy.Plan{SQL: fenced, Probes: x.ic.query[w1].Probes}
-				return append(append(answered("7", false, 'I'),
+				return append(append(answered("7", false, ps.Idle),
 					ps.ClientSends(ps.Query(w1)),
 					ps.BackendGets(ps.Front(setPrepare, setRun(tokenName, "7", false),
 						ps.ParseNamed(reused1, boundSQL, 25, 20), ps.Bind(reused1, "x", "1"), ps.Execute(""), probePrepare(probeSQL), probeRun, ps.Sync)...),
@@ -574,7 +574,7 @@ func TestScriptedDeferred(t *testing.T) {
 					ps.BackendGets(ps.Query("SELECT 1")),
 					ps.BackendSends(selectOne...),
 					ps.ClientGets(selectOne...),
-				), append(answered("8", false, 'I'),
+				), append(answered("8", false, ps.Idle),
 					ps.ClientSends(ps.Parse(write, 25, 20), ps.Bind("", "y", "1"), ps.Execute(""), ps.Sync),
 					ps.BackendGets(ps.Front(setRun(tokenName, "8", false), ps.Parse(fenced, 25, 20), ps.Bind("", "y", "1"), ps.Execute(""), probeRun, ps.Sync)...),
 					ps.BackendSends(ps.Back(setRan("8"), ps.ParseComplete, ps.BindComplete, ps.Complete("UPDATE 1"), probeRan("1"), ps.Ready(ps.Idle))...),
@@ -675,13 +675,13 @@ func TestScriptedDeferred(t *testing.T) {
 			script: func(x *scriptEnv) []ps.Step {
 				setTokens(x, "6", "7", "8")
 				fencedWrite(x)
-				return append(append(append(answered("6", false, 'I'),
+				return append(append(append(answered("6", false, ps.Idle),
 					ps.ClientSends(ps.Query(w1)),
 					ps.BackendGets(ps.Front(setPrepare, setRun(tokenName, "6", false),
 						ps.ParseNamed(reused1, boundSQL, 25, 20), ps.Bind(reused1, "x", "1"), ps.Execute(""), probePrepare(probeSQL), probeRun, ps.Sync)...),
 					ps.BackendSends(ps.Back(setPrepared, setRan("6"), ps.ParseComplete, ps.BindComplete, ps.Complete("UPDATE 1"), probePrepared, probeRan("1"), ps.Ready(ps.Idle))...),
 					ps.ClientGets(done...),
-				), answered("7", false, 'I')...), append(append([]ps.Step{
+				), answered("7", false, ps.Idle)...), append(append([]ps.Step{
 					ps.ClientSends(ps.Query(w1)),
 					ps.BackendGets(ps.Front(setRun(tokenName, "7", false), ps.Bind(reused1, "x", "1"), ps.Execute(""), probeRun, ps.Sync)...),
 					ps.BackendSends(missing, ps.Ready(ps.Idle)),
@@ -691,7 +691,7 @@ func TestScriptedDeferred(t *testing.T) {
 						ps.ParseNamed(reused2, boundSQL, 25, 20), ps.Bind(reused2, "x", "1"), ps.Execute(""), probePrepare(probeSQL), probeRun, ps.Sync)...),
 					ps.BackendSends(ps.Back(setPrepared, setRan("7"), ps.ParseComplete, ps.BindComplete, ps.Complete("UPDATE 1"), probePrepared, probeRan("1"), ps.Ready(ps.Idle))...),
 					ps.ClientGets(done...),
-				}, answered("8", false, 'I')...),
+				}, answered("8", false, ps.Idle)...),
 					ps.ClientSends(ps.Query("SELECT 1")),
 					ps.BackendGets(ps.Front(setRun(tokenName, "8", false), ps.Sync)...),
 					ps.BackendSends(missing, ps.Ready(ps.Idle)),
@@ -716,7 +716,7 @@ func TestScriptedDeferred(t *testing.T) {
 			script: func(x *scriptEnv) []ps.Step {
 				setTokens(x, "5")
 				fencedWrite(x)
-				return append(answered("5", false, 'I'),
+				return append(answered("5", false, ps.Idle),
 					ps.ClientSends(ps.Query(w1)),
 					ps.BackendGets(ps.Front(setPrepare, setRun(tokenName, "5", false),
 						ps.ParseNamed(reused1, boundSQL, 25, 20), ps.Bind(reused1, "x", "1"), ps.Execute(""), probePrepare(probeSQL), probeRun, ps.Sync)...),
@@ -754,7 +754,7 @@ func TestScriptedDeferred(t *testing.T) {
 					ps.BackendSends(ps.Complete("BEGIN"), ps.Ready(ps.InBlock)),
 					ps.ClientGets(ps.Complete("BEGIN"), ps.Ready(ps.InBlock)),
 				}
-				steps = append(steps, answered("9", false, 'T')...)
+				steps = append(steps, answered("9", false, ps.InBlock)...)
 				steps = append(steps,
 					ps.ClientSends(ps.Query("SELECT 1")),
 					ps.BackendGets(ps.Front(setPrepare, setRun(tokenName, "9", false), ps.Sync)...),
@@ -764,7 +764,7 @@ func TestScriptedDeferred(t *testing.T) {
 					ps.BackendSends(inBlock...),
 					ps.ClientGets(inBlock...),
 				)
-				steps = append(steps, answered("10", true, 'T')...)
+				steps = append(steps, answered("10", true, ps.InBlock)...)
 				steps = append(steps,
 					ps.ClientSends(ps.Query("ROLLBACK")),
 					ps.BackendGets(ps.Front(setRun(tokenName, "10", true), ps.Sync)...),
@@ -825,7 +825,7 @@ func TestScriptedDeferred(t *testing.T) {
 					ps.BackendSends(ps.Complete("BEGIN"), ps.Ready(ps.InBlock)),
 					ps.ClientGets(ps.Complete("BEGIN"), ps.Ready(ps.InBlock)),
 				}
-				steps := answered("5", false, 'I')
+				steps := answered("5", false, ps.Idle)
 				steps = append(steps,
 					ps.ClientSends(ps.Query(w1)),
 					ps.BackendGets(ps.Front(setPrepare, setRun(tokenName, "5", false),
@@ -833,7 +833,7 @@ func TestScriptedDeferred(t *testing.T) {
 					ps.BackendSends(ps.Back(setPrepared, setRan("5"), ps.ParseComplete, ps.BindComplete, ps.Complete("UPDATE 1"), probePrepared, probeRan("1"), ps.Ready(ps.Idle))...),
 					ps.ClientGets(done...),
 				)
-				steps = append(append(steps, begin...), answered("6", false, 'T')...)
+				steps = append(append(steps, begin...), answered("6", false, ps.InBlock)...)
 				steps = append(steps,
 					ps.ClientSends(ps.Query(w1)),
 					ps.BackendGets(ps.Front(setRun(tokenName, "6", false), ps.Bind(reused1, "x", "1"), ps.Execute(""), probeRun, ps.Sync)...),
@@ -844,7 +844,7 @@ func TestScriptedDeferred(t *testing.T) {
 					ps.BackendSends(ps.Complete("ROLLBACK"), ps.Ready(ps.Idle)),
 					ps.ClientGets(ps.Complete("ROLLBACK"), ps.Ready(ps.Idle)),
 				)
-				steps = append(append(steps, begin...), answered("7", true, 'T')...)
+				steps = append(append(steps, begin...), answered("7", true, ps.InBlock)...)
 				return append(steps,
 					ps.ClientSends(ps.Query("SELECT 1")),
 					ps.BackendGets(ps.Front(setPrepare, setRun(tokenName, "7", true), ps.Sync)...),
@@ -929,14 +929,14 @@ func TestScriptedDeferred(t *testing.T) {
 			script: func(x *scriptEnv) []ps.Step {
 				setTokens(x, "5", "6")
 				x.ic.query["DEALLOCATE ALL"] = proxy.Plan{Forget: true}
-				return append(append(answered("5", false, 'I'),
+				return append(append(answered("5", false, ps.Idle),
 					ps.ClientSends(ps.Query("DEALLOCATE ALL")),
 					ps.BackendGets(ps.Front(setPrepare, setRun(tokenName, "5", false), ps.Sync)...),
 					ps.BackendSends(ps.Back(setPrepared, setRan("5"), ps.Ready(ps.Idle))...),
 					ps.BackendGets(ps.Query("DEALLOCATE ALL")),
 					ps.BackendSends(ps.Complete("DEALLOCATE ALL"), ps.Ready(ps.Idle)),
 					ps.ClientGets(ps.Complete("DEALLOCATE ALL"), ps.Ready(ps.Idle)),
-				), append(answered("6", false, 'I'),
+				), append(answered("6", false, ps.Idle),
 					ps.ClientSends(ps.Query("SELECT 1")),
 					ps.BackendGets(ps.Front(setPrepare, setRun(tokenName, "6", false), ps.Sync)...),
 					ps.BackendSends(ps.Back(setPrepared, setRan("6"), ps.Ready(ps.Idle))...),
@@ -957,14 +957,14 @@ func TestScriptedDeferred(t *testing.T) {
 			config: func(c *proxy.Config) { c.Hints.Pooler = "declare the pooler (scripted)" },
 			script: func(x *scriptEnv) []ps.Step {
 				setTokens(x, "5", "6")
-				return append(append(answered("5", false, 'I'),
+				return append(append(answered("5", false, ps.Idle),
 					ps.ClientSends(ps.Query("SELECT 1")),
 					ps.BackendGets(ps.Front(setPrepare, setRun(tokenName, "5", false), ps.Sync)...),
 					ps.BackendSends(ps.Back(setPrepared, setRan("5"), ps.Ready(ps.Idle))...),
 					ps.BackendGets(ps.Query("SELECT 1")),
 					ps.BackendSends(selectOne...),
 					ps.ClientGets(selectOne...),
-				), append(answered("6", false, 'I'),
+				), append(answered("6", false, ps.Idle),
 					ps.ClientSends(ps.Query("SELECT 1")),
 					ps.BackendGets(ps.Front(setRun(tokenName, "6", false), ps.Sync)...),
 					ps.BackendSends(ps.BindComplete, ps.Row("6", "9999")),
