@@ -919,6 +919,31 @@ func TestScriptedDeferred(t *testing.T) {
 				"Parse: " + tokenSQL("41", false), "Error: 08P01 bind message supplies 0 parameters, but prepared statement \"\" requires 1"},
 		},
 		{
+			// A SET's unit whose Execute, or Describe, is of another
+			// portal than its Bind's is not one statement's unit (see
+			// session.unit): it is forwarded, and the client gets
+			// Postgres's error, not the proxy's answer.
+			name:   "SET unit of another portal forwarded",
+			relays: onLoop,
+			script: func(x *scriptEnv) []ps.Step {
+				setTokens(x, "42")
+				set := tokenSQL("42", false)
+				noPortal := ps.Error("34000", `portal "x" does not exist`)
+				return []ps.Step{
+					ps.ClientSends(ps.Parse(set), ps.Bind(""), ps.Execute("x"), ps.Sync),
+					ps.BackendGets(ps.Parse(set), ps.Bind(""), ps.Execute("x"), ps.Sync),
+					ps.BackendSends(ps.ParseComplete, ps.BindComplete, noPortal, ps.Ready(ps.Idle)),
+					ps.ClientGets(ps.ParseComplete, ps.BindComplete, noPortal, ps.Ready(ps.Idle)),
+					ps.ClientSends(ps.Parse(set), ps.Bind(""), ps.DescribePortal("x"), ps.Execute(""), ps.Sync),
+					ps.BackendGets(ps.Parse(set), ps.Bind(""), ps.DescribePortal("x"), ps.Execute(""), ps.Sync),
+					ps.BackendSends(ps.ParseComplete, ps.BindComplete, noPortal, ps.Ready(ps.Idle)),
+					ps.ClientGets(ps.ParseComplete, ps.BindComplete, noPortal, ps.Ready(ps.Idle)),
+				}
+			},
+			calls: []string{"Parse: SET fence.token = '42'", `Error: 34000 portal "x" does not exist`,
+				"Parse: SET fence.token = '42'", `Error: 34000 portal "x" does not exist`},
+		},
+		{
 			// TestDeferredTokenAfterDeallocateAll: a text that deallocates
 			// every statement, right behind an answered SET (so the
 			// proxy's statement is prepared ahead of it, and Postgres
