@@ -62,7 +62,7 @@ func (a *applyState) stmtName(tag string) string {
 // have deallocated it does not fail on a statement that still exists.
 func (a *applyState) prepare(tag string) []byte {
 	if a.prep == nil {
-		b, _ := (&pgproto3.Close{ObjectType: 'S', Name: a.stmtName(tag)}).Encode(nil)
+		b, _ := (&pgproto3.Close{ObjectType: byte(targetStatement), Name: a.stmtName(tag)}).Encode(nil)
 		a.prep, _ = (&pgproto3.Parse{Name: a.stmtName(tag), Query: "SELECT pg_catalog.set_config($1, $2, $3), pg_catalog.pg_backend_pid()",
 			ParameterOIDs: []uint32{25, 25, 16}}).Encode(b)
 	}
@@ -92,7 +92,7 @@ var (
 	// setRunTail executes and closes setStmt's portal, after its Bind.
 	setRunTail = func() []byte {
 		b, _ := (&pgproto3.Execute{Portal: setStmt}).Encode(nil)
-		b, _ = (&pgproto3.Close{ObjectType: 'P', Name: setStmt}).Encode(b)
+		b, _ = (&pgproto3.Close{ObjectType: byte(targetPortal), Name: setStmt}).Encode(b)
 		return b
 	}()
 )
@@ -113,20 +113,20 @@ const (
 // batch), until Postgres keeps them. While they are held (see
 // applyState.held) they
 // are ahead of everything already.
-func (s *session) applyNow(typ byte, start bool) bool {
-	return start && typ != 'S' && typ != 'X' && !s.apply.held && s.deferredPending()
+func (s *session) applyNow(typ clientMsg, start bool) bool {
+	return start && typ != clientMsgSync && typ != clientMsgTerminate && !s.apply.held && s.deferredPending()
 }
 
 // applyDeferred sets the deferred settings on the server ahead of a batch
 // whose first message is typ (n bytes): joined to it when the batch is a
 // unit of one fenced write, else on their own. A Query or Parse is left
 // to applyPlanned, once it is planned.
-func (s *session) applyDeferred(typ byte, n int) error {
+func (s *session) applyDeferred(typ clientMsg, n int) error {
 	switch typ {
-	case 'Q', 'P':
+	case clientMsgQuery, clientMsgParse:
 		s.apply.afterPlan = true
 		return nil
-	case 'B':
+	case clientMsgBind:
 		if u, ok := s.unit(0); ok {
 			if st := s.book.stmts[string(u.stmt)]; st != nil && st.probe != nil {
 				return s.sendDeferred(false)
@@ -206,7 +206,7 @@ func (s *session) writeDeferred(out msgWriter, w *wait) error {
 	}
 	for _, set := range s.sets.deferred {
 		// Bind setStmt to its portal: the values in text, results in text.
-		s.out = append(append(s.out[:0], 'B', 0, 0, 0, 0), setStmt...)
+		s.out = append(append(s.out[:0], byte(clientMsgBind), 0, 0, 0, 0), setStmt...)
 		s.out = append(append(s.out, 0), s.apply.stmtName(s.tag)...)
 		s.out = append(s.out, 0, 0, 0, 0, 3)
 		for _, v := range [3]string{set.Name, set.Value, boolText(set.Local)} {
@@ -232,12 +232,12 @@ func boolText(b bool) string {
 }
 
 // setReply handles a reply to sendDeferred's messages.
-func (s *session) setReply(w *wait, typ byte, n int) error {
+func (s *session) setReply(w *wait, typ serverMsg, n int) error {
 	switch typ {
-	case '1': // ParseComplete: the backend has setStmt now
+	case serverMsgParseComplete: // the backend has setStmt now
 		s.apply.ready = true
-	case '2', 'C', '3':
-	case 'D':
+	case serverMsgBindComplete, serverMsgCommandComplete, serverMsgCloseComplete:
+	case serverMsgDataRow:
 		if !s.txPool() {
 			if err := s.checkBackend(n); err != nil {
 				return err
@@ -245,7 +245,7 @@ func (s *session) setReply(w *wait, typ byte, n int) error {
 			s.setSeen(w)
 			return nil
 		}
-	case 'E':
+	case serverMsgErrorResponse:
 		s.apply.ready = false // prepare it again next time, whatever went wrong
 		if w.held {
 			return s.heldFailed(n)
@@ -321,10 +321,10 @@ func (s *session) checkBackend(n int) error {
 
 // heldReady handles the ReadyForQuery of the proxy's own Sync after
 // deferred settings: they are set, and what was held back goes out.
-func (s *session) heldReady(n int, status byte) error {
-	want := byte('I')
+func (s *session) heldReady(n int, status txStatus) error {
+	want := txIdle
 	if s.sets.block {
-		want = 'T'
+		want = txInBlock
 	}
 	if s.apply.retry == retryOwed && s.sets.ran == 0 && status == want {
 		return s.retryHeld(n)

@@ -266,4 +266,17 @@
 // let it stick). What tls.Conn writes goes to a buffer the loop sends. So a
 // TLS side costs the loop a decryption and an encryption more than a plain
 // one, and no goroutine or system call more.
+//
+// # Messages
+//
+// A message's type byte means different messages in each direction ('C'
+// is the client's Close and the server's CommandComplete; 'D', 'E' and
+// 'S' likewise), so the types are named per direction (msgtype.go), as
+// distinct Go types: comparing a client's message with a server's constant
+// does not compile. A header's byte becomes one or the other only where
+// the relay knows which side it read it from. The client messages whose
+// fields the proxy tracks (Bind, Execute, Close, Describe) are decoded in
+// place (decode.go), as flyweights over the bytes in the reader: no copy,
+// no allocation, and only when the session tracks something they may
+// name; a message the proxy only forwards is not decoded.
 package proxy

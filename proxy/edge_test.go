@@ -517,3 +517,30 @@ func TestAsyncMessagesAfterCopyIn(t *testing.T) {
 		t.Fatalf("%d notifications, want 1000", n)
 	}
 }
+
+// A SET of the token whose Execute, or Describe, is of another portal
+// than its Bind's is not one statement's unit, which the proxy may answer
+// itself: it is forwarded, and the client gets Postgres's error for the
+// missing portal, as without pgfence.
+func TestSetUnitOfAnotherPortalForwarded(t *testing.T) {
+	p := pgtest.StartProxy(t, nil)
+	_, fe := pgtest.RawSession(t, p.Addr)
+	for _, describe := range []bool{false, true} {
+		fe.Send(&pgproto3.Parse{Query: "SET fence.token = '5'"})
+		fe.Send(&pgproto3.Bind{})
+		portal := "x"
+		if describe {
+			fe.Send(&pgproto3.Describe{ObjectType: 'P', Name: "x"})
+			portal = ""
+		}
+		fe.Send(&pgproto3.Execute{Portal: portal})
+		fe.Send(&pgproto3.Sync{})
+		if err := fe.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		tags, errs := pgtest.Replies(t, fe, 1)
+		if len(tags) != 0 || len(errs) != 1 || errs[0].Code != "34000" {
+			t.Errorf("describe %v: got tags %q, errors %v; want only Postgres's 34000 (portal \"x\" does not exist)", describe, tags, errs)
+		}
+	}
+}

@@ -129,7 +129,7 @@ func (s *session) serverError(w *wait, n int) error {
 		_, err = s.cw.Write(out)
 		return err
 	}
-	return writeMessage(s.cw, 'E', b)
+	return writeMessage(s.cw, serverMsgErrorResponse, b)
 }
 
 // readError consumes the server's ErrorResponse of n bytes and returns

@@ -40,9 +40,9 @@ func (f *forgetState) lostNow() bool {
 // prepared again then too. changed says the unit of work that a
 // ReadyForQuery ends had such a text, status is the transaction status
 // that ReadyForQuery gives.
-func (f *forgetState) settled(changed bool, status byte) {
+func (f *forgetState) settled(changed bool, status txStatus) {
 	switch {
-	case status != 'I':
+	case status != txIdle:
 		f.reverting = true
 	case changed || f.reverting:
 		// A block ended, or may have ended inside the unit itself

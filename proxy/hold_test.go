@@ -56,8 +56,8 @@ func TestScriptedHolds(t *testing.T) {
 					ps.BackendSends(noRowsDescribed...),
 					ps.ClientGets(noRowsDescribed...),
 					ps.BackendGets(ps.Parse(nextText), ps.DescribeStatement(""), ps.Sync),
-					ps.BackendSends(ps.Back(noRowsDescribed, ps.Ready('I'))...),
-					ps.ClientGets(ps.Back(noRowsDescribed, ps.Ready('I'))...),
+					ps.BackendSends(ps.Back(noRowsDescribed, ps.Ready(ps.Idle))...),
+					ps.ClientGets(ps.Back(noRowsDescribed, ps.Ready(ps.Idle))...),
 					ps.ClientSends(ps.Query("SELECT 1")),
 					ps.BackendGets(ps.Query("SELECT 1")),
 					ps.BackendSends(selectOne...),
@@ -80,8 +80,8 @@ func TestScriptedHolds(t *testing.T) {
 					ps.BackendSends(refused),
 					ps.ClientGets(refused),
 					ps.BackendGets(ps.Parse(nextText), ps.Bind(""), ps.Execute(""), ps.Sync),
-					ps.BackendSends(ps.Ready('I')),
-					ps.ClientGets(ps.Ready('I')),
+					ps.BackendSends(ps.Ready(ps.Idle)),
+					ps.ClientGets(ps.Ready(ps.Idle)),
 				}
 			},
 			calls: []string{"Parse: " + ddlText, "Error: 42601 syntax error", "catalog read", "Parse: " + nextText},
@@ -92,7 +92,7 @@ func TestScriptedHolds(t *testing.T) {
 			name: "a hold after a Query",
 			script: func(x *scriptEnv) []ps.Step {
 				x.ic.holds[ddlText] = catalogRead(x.ic)
-				created := []pgproto3.BackendMessage{ps.Complete("CREATE TABLE"), ps.Ready('I')}
+				created := []pgproto3.BackendMessage{ps.Complete("CREATE TABLE"), ps.Ready(ps.Idle)}
 				return []ps.Step{
 					ps.ClientSends(ps.Query(ddlText), ps.Query("SELECT 1")),
 					ps.BackendGets(ps.Query(ddlText)),
@@ -160,14 +160,14 @@ func TestScriptedReadingHolds(t *testing.T) {
 			name: "a Query waits for the ReadyForQuery before it",
 			script: func(x *scriptEnv) []ps.Step {
 				readingIC(x)
-				one := []pgproto3.BackendMessage{ps.Complete("SELECT 1"), ps.Ready('I')}
+				one := []pgproto3.BackendMessage{ps.Complete("SELECT 1"), ps.Ready(ps.Idle)}
 				reportOff := &pgproto3.ParameterStatus{Name: "standard_conforming_strings", Value: "off"}
 				return []ps.Step{
 					ps.ClientSends(ps.Query(changeText), ps.Query(plainText), ps.Query(heldText)),
 					ps.BackendGets(ps.Query(changeText), ps.Query(plainText)),
 					ps.BackendQuiet(),
-					ps.BackendSends(ps.Complete("SELECT 1"), reportOff, ps.Ready('I')),
-					ps.ClientGets(ps.Complete("SELECT 1"), reportOff, ps.Ready('I')),
+					ps.BackendSends(ps.Complete("SELECT 1"), reportOff, ps.Ready(ps.Idle)),
+					ps.ClientGets(ps.Complete("SELECT 1"), reportOff, ps.Ready(ps.Idle)),
 					ps.BackendQuiet(),
 					ps.BackendSends(one...),
 					ps.ClientGets(one...),
@@ -200,8 +200,8 @@ func TestScriptedReadingHolds(t *testing.T) {
 					ps.BackendSends(ps.Back(ran, probePrepared, probeRan("off", "SJIS"))...),
 					ps.ClientGets(ran...),
 					ps.BackendGets(ps.Parse(heldText), ps.Bind(""), ps.Execute(""), ps.Sync),
-					ps.BackendSends(ps.Back(ran, ps.Ready('I'))...),
-					ps.ClientGets(ps.Back(ran, ps.Ready('I'))...),
+					ps.BackendSends(ps.Back(ran, ps.Ready(ps.Idle))...),
+					ps.ClientGets(ps.Back(ran, ps.Ready(ps.Idle))...),
 					ps.ClientSends(ps.Query(plainText)),
 					ps.BackendGets(ps.Query(plainText)),
 					ps.BackendSends(selectOne...),
@@ -227,8 +227,8 @@ func TestScriptedReadingHolds(t *testing.T) {
 					ps.BackendSends(ps.Back(ps.ParseComplete, ps.BindComplete, probePrepared, probeRan("on", "UTF8"))...),
 					ps.ClientGets(ps.ParseComplete, ps.BindComplete),
 					ps.BackendGets(ps.Parse(heldText), ps.Sync),
-					ps.BackendSends(ps.ParseComplete, ps.Ready('I')),
-					ps.ClientGets(ps.ParseComplete, ps.Ready('I')),
+					ps.BackendSends(ps.ParseComplete, ps.Ready(ps.Idle)),
+					ps.ClientGets(ps.ParseComplete, ps.Ready(ps.Idle)),
 				}
 			},
 			calls: []string{
@@ -252,8 +252,8 @@ func TestScriptedReadingHolds(t *testing.T) {
 					ps.ClientGets(missing),
 					ps.ClientSends(ps.Parse(heldText), ps.Sync),
 					ps.BackendGets(ps.Front(probePrepare(readingSQL), probeRun, ps.Flush, ps.Parse(heldText), ps.Sync)...),
-					ps.BackendSends(ps.Ready('I')),
-					ps.ClientGets(ps.Ready('I')),
+					ps.BackendSends(ps.Ready(ps.Idle)),
+					ps.ClientGets(ps.Ready(ps.Idle)),
 				}
 			},
 			calls: []string{
@@ -273,12 +273,12 @@ func TestScriptedReadingHolds(t *testing.T) {
 				readingIC(x)
 				x.ic.holds[ddlText] = catalogRead(x.ic)
 				exists := ps.Error("42P07", `relation "held" already exists`)
-				rolledBack := []pgproto3.BackendMessage{ps.ParseComplete, ps.BindComplete, ps.Complete("ROLLBACK"), ps.Ready('I')}
+				rolledBack := []pgproto3.BackendMessage{ps.ParseComplete, ps.BindComplete, ps.Complete("ROLLBACK"), ps.Ready(ps.Idle)}
 				return []ps.Step{
 					ps.ClientSends(ps.Query(ddlText)),
 					ps.BackendGets(ps.Query(ddlText)),
-					ps.BackendSends(exists, ps.Ready('E')),
-					ps.ClientGets(exists, ps.Ready('E')),
+					ps.BackendSends(exists, ps.Ready(ps.Failed)),
+					ps.ClientGets(exists, ps.Ready(ps.Failed)),
 					ps.ClientSends(ps.ClosePortal("x"), ps.Parse("ROLLBACK"), ps.Bind(""), ps.Execute(""), ps.Sync),
 					ps.BackendGets(ps.ClosePortal("x"), ps.Flush),
 					ps.BackendSends(ps.CloseComplete),

@@ -187,13 +187,13 @@ func NewProbe(sql string, done ProbeFunc) *Probe {
 	var prep, run []byte
 	// Close first: re-preparing after the client may have deallocated it
 	// must not fail on a statement that still exists.
-	prep, _ = (&pgproto3.Close{ObjectType: 'S', Name: name}).Encode(prep)
+	prep, _ = (&pgproto3.Close{ObjectType: byte(targetStatement), Name: name}).Encode(prep)
 	prep, _ = (&pgproto3.Parse{Name: name, Query: sql}).Encode(prep)
 	run, _ = (&pgproto3.Bind{DestinationPortal: name, PreparedStatement: name}).Encode(run)
 	bindLen := len(run)
 	run, _ = (&pgproto3.Execute{Portal: name}).Encode(run)
-	run, _ = (&pgproto3.Close{ObjectType: 'P', Name: name}).Encode(run)
-	closeStmt, _ := (&pgproto3.Close{ObjectType: 'S', Name: name}).Encode(nil)
+	run, _ = (&pgproto3.Close{ObjectType: byte(targetPortal), Name: name}).Encode(run)
+	closeStmt, _ := (&pgproto3.Close{ObjectType: byte(targetStatement), Name: name}).Encode(nil)
 	return &Probe{sql: sql, prepare: prep, run: run, bindLen: bindLen, closeStmt: closeStmt, done: done}
 }
 

@@ -144,12 +144,16 @@ func cstring(b []byte) (s, rest []byte, err error) {
 	return b[:i], b[i+1:], nil
 }
 
-// writeMessage writes a message of type typ with body b.
-func writeMessage(w msgWriter, typ byte, b []byte) error {
+// msgType is a message type of either direction.
+type msgType interface{ clientMsg | serverMsg }
+
+// writeMessage writes a message of type typ with body b: a clientMsg to
+// the server, a serverMsg to the client.
+func writeMessage[T msgType](w msgWriter, typ T, b []byte) error {
 	// Byte by byte: a header array handed to an interface's Write would
 	// be allocated on the heap, once per message.
 	n := uint32(len(b) + 4)
-	w.WriteByte(typ)
+	w.WriteByte(byte(typ))
 	w.WriteByte(byte(n >> 24))
 	w.WriteByte(byte(n >> 16))
 	w.WriteByte(byte(n >> 8))

@@ -94,18 +94,18 @@ func (s *session) injectProbe(p *Probe) error {
 }
 
 // probeReply handles a reply to an injected extended-protocol probe.
-func (s *session) probeReply(w *wait, typ byte, n int) error {
+func (s *session) probeReply(w *wait, typ serverMsg, n int) error {
 	switch typ {
-	case '1': // ParseComplete: the backend has the statement now
+	case serverMsgParseComplete: // the backend has the statement now
 		w.ready.Store(true)
-	case '2', 'C', '3': // BindComplete, CommandComplete, CloseComplete
-	case 'D':
+	case serverMsgBindComplete, serverMsgCommandComplete, serverMsgCloseComplete:
+	case serverMsgDataRow:
 		if err := s.captureRow(w, n); err != nil {
 			return err
 		}
 		w.seen++
 		return nil
-	case 'E':
+	case serverMsgErrorResponse:
 		s.log.Warn("probe failed; the client's transaction is aborted", "client", s.c.RemoteAddr)
 		w.ready.Store(false) // prepare it again next time, whatever went wrong
 		return s.serverError(w, n)
@@ -130,13 +130,13 @@ func (w *wait) inProbe() bool {
 }
 
 // queryProbeReply handles a reply to a probe statement inside a simple Query.
-func (s *session) queryProbeReply(w *wait, typ byte, n int) error {
+func (s *session) queryProbeReply(w *wait, typ serverMsg, n int) error {
 	switch typ {
-	case 'T':
+	case serverMsgRowDescription:
 		return skip(s.sr, n)
-	case 'D':
+	case serverMsgDataRow:
 		return s.captureRow(w, n)
-	case 'C':
+	case serverMsgCommandComplete:
 		p, row := w.probes[0].Probe, w.row
 		w.probes = w.probes[1:]
 		w.stmt++

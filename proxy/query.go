@@ -74,7 +74,7 @@ func (s *session) query(n int) error {
 		return err
 	}
 	s.out = append(append(s.out[:0], plan.SQL...), 0)
-	return writeMessage(s.sw, 'Q', s.out)
+	return writeMessage(s.sw, clientMsgQuery, s.out)
 }
 
 func (s *session) parse(n int) error {
@@ -167,7 +167,7 @@ func (s *session) parse(n int) error {
 	s.out = append(s.out, plan.SQL...)
 	s.out = append(s.out, 0)
 	s.out = append(s.out, params...)
-	return writeMessage(s.sw, 'P', s.out)
+	return writeMessage(s.sw, clientMsgParse, s.out)
 }
 
 // parseWaitFor is the wait for the reply to a Parse of plan.SQL.
@@ -183,7 +183,7 @@ func (s *session) parseWaitFor(plan Plan) *wait {
 // Bound Queries: see the package documentation.
 
 // syncMessage is a Sync.
-var syncMessage = []byte{'S', 0, 0, 0, 4}
+var syncMessage = []byte{byte(clientMsgSync), 0, 0, 0, 4}
 
 // queryBound sends a Query's Plan.SQL as a prepared statement bound to
 // Plan.Params.
@@ -225,7 +225,7 @@ func (s *session) queryBound(plan Plan) error {
 		s.pipe.push(swallow)
 	}
 	// Bind the unnamed portal, all values in text, all results in text.
-	s.out = append(append(s.out[:0], 'B', 0, 0, 0, 0, 0), name...)
+	s.out = append(append(s.out[:0], byte(clientMsgBind), 0, 0, 0, 0, 0), name...)
 	s.out = append(s.out, 0, 0, 0)
 	s.out = binary.BigEndian.AppendUint16(s.out, uint16(len(plan.Params)))
 	for _, v := range plan.Params {
@@ -234,7 +234,7 @@ func (s *session) queryBound(plan Plan) error {
 	}
 	s.out = append(s.out, 0, 0)
 	binary.BigEndian.PutUint32(s.out[1:5], uint32(len(s.out)-1))
-	s.out = append(s.out, 'E', 0, 0, 0, 9, 0, 0, 0, 0, 0) // Execute the unnamed portal, all rows
+	s.out = append(s.out, byte(clientMsgExecute), 0, 0, 0, 9, 0, 0, 0, 0, 0) // Execute the unnamed portal, all rows
 	if _, err := s.sw.Write(s.out); err != nil {
 		return err
 	}

@@ -11,9 +11,9 @@ import (
 // answers (w is the wait at the head of the pipeline, nil if none) and,
 // unless it answers the proxy's own Sync after deferred settings, relays
 // it to the client.
-func (s *session) reply(w *wait, typ byte, n int) error {
+func (s *session) reply(w *wait, typ serverMsg, n int) error {
 	switch typ {
-	case '1': // ParseComplete
+	case serverMsgParseComplete:
 		if w != nil && w.kind == waitParse {
 			if w.reuse != nil {
 				w.reuse.state.Store(stmtReady)
@@ -23,7 +23,7 @@ func (s *session) reply(w *wait, typ byte, n int) error {
 			}
 			s.pipe.pop()
 		}
-	case 'C', 'I', 's': // CommandComplete, EmptyQueryResponse, PortalSuspended
+	case serverMsgCommandComplete, serverMsgEmptyQuery, serverMsgPortalSuspended:
 		if !s.ranSinceReady.Load() { // a load is cheaper than a store
 			s.ranSinceReady.Store(true)
 		}
@@ -37,10 +37,10 @@ func (s *session) reply(w *wait, typ byte, n int) error {
 				}
 			}
 		}
-	case 'Z':
-		var status byte
+	case serverMsgReadyForQuery:
+		var status txStatus // 0: unknown
 		if b, err := s.sr.Peek(6); err == nil && n == 1 {
-			status = b[5]
+			status = txStatus(b[5])
 		}
 		s.started, s.rt.ended = true, true
 		s.c.readyForQuery()
@@ -51,15 +51,15 @@ func (s *session) reply(w *wait, typ byte, n int) error {
 			return s.heldReady(n, status)
 		}
 		s.sets.atReady(status)
-		s.failed.Store(status == 'E')
+		s.failed.Store(status == txFailed)
 		if changed := s.pipe.ready(); (changed || s.forget.reverting) && status != 0 {
 			s.forget.settled(changed, status)
 		}
 		if status != 0 && s.pipe.head() == nil {
-			if status == 'T' && s.pipe.single {
+			if status == txInBlock && s.pipe.single {
 				s.sets.quietBlock = true
 			}
-			if status == 'I' {
+			if status == txIdle {
 				s.idle.Store(true)
 				if s.srv.draining.Load() {
 					if err := forward(s.cw, s.sr, n); err != nil {
@@ -69,18 +69,18 @@ func (s *session) reply(w *wait, typ byte, n int) error {
 				}
 			}
 		}
-	case 'E':
+	case serverMsgErrorResponse:
 		if w != nil && w.held {
 			return s.setFailed(n) // committing the settings failed
 		}
 		return s.serverError(w, n)
-	case 'S':
+	case serverMsgParameterStatus:
 		return s.parameterStatus(n)
-	case 'N':
+	case serverMsgNoticeResponse:
 		return s.serverNotice(n)
-	case 'K':
+	case serverMsgBackendKeyData:
 		s.keyData(n)
-	case 'R':
+	case serverMsgAuthentication:
 		s.noteAuth(n)
 	}
 	return forward(s.cw, s.sr, n)
@@ -88,14 +88,14 @@ func (s *session) reply(w *wait, typ byte, n int) error {
 
 // swallowReply keeps the replies to messages the proxy sent on its own
 // (a re-prepare, or the Parse and Bind of a bound Query) from the client.
-func (s *session) swallowReply(w *wait, typ byte, n int) error {
+func (s *session) swallowReply(w *wait, typ serverMsg, n int) error {
 	switch typ {
-	case '1': // ParseComplete
+	case serverMsgParseComplete:
 		if w.reuse != nil {
 			w.reuse.state.Store(stmtReady)
 			w.reuse = nil // an error now is the Bind's: the statement stays
 		}
-	case '2', '3': // BindComplete, CloseComplete
+	case serverMsgBindComplete, serverMsgCloseComplete:
 	default:
 		return s.reply(w, typ, n)
 	}
@@ -122,7 +122,7 @@ func (s *session) serverNotice(n int) error {
 	if !s.srv.cfg.Interceptor.Notice(s.c, &nr) {
 		return nil
 	}
-	return writeMessage(s.cw, 'N', b)
+	return writeMessage(s.cw, serverMsgNoticeResponse, b)
 }
 
 func (s *session) parameterStatus(n int) error {
@@ -138,7 +138,7 @@ func (s *session) parameterStatus(n int) error {
 			s.c.serverParam(string(name), string(v))
 		}
 	}
-	return writeMessage(s.cw, 'S', b)
+	return writeMessage(s.cw, serverMsgParameterStatus, b)
 }
 
 // standby ends a session whose server is a standby (see

@@ -170,7 +170,7 @@ func (s *session) parseReused(plan Plan, params []byte) error {
 	case ss != nil && ss.state.Load() == stmtReady:
 		s.reuse.unnamed = ss
 		s.pipe.push(s.unnamedParseWait(plan))
-		return writeMessage(s.sw, 'P', standInParse)
+		return writeMessage(s.sw, clientMsgParse, standInParse)
 	case ss != nil && ss.state.Load() == stmtPending:
 		// Its Parse may yet fail: parse this one as sent.
 		return s.parseAs("", sql, params, s.unnamedParseWait(plan))
@@ -220,7 +220,7 @@ func (s *session) failedNow() bool {
 // parseAs sends a Parse of sql named name, answered by w.
 func (s *session) parseAs(name, sql string, params []byte, w *wait) error {
 	s.pipe.push(w)
-	s.out = append(append(s.out[:0], 'P', 0, 0, 0, 0), name...)
+	s.out = append(append(s.out[:0], byte(clientMsgParse), 0, 0, 0, 0), name...)
 	s.out = append(append(append(s.out, 0), sql...), 0)
 	s.out = append(s.out, params...)
 	binary.BigEndian.PutUint32(s.out[1:5], uint32(len(s.out)-1))
@@ -232,7 +232,7 @@ func (s *session) parseAs(name, sql string, params []byte, w *wait) error {
 // whose body is n bytes, as a Bind of ss.
 func (s *session) bindReused(ss *serverStmt, portal []byte, n int) error {
 	prefix := len(portal) + 2
-	s.out = append(append(s.out[:0], 'B', 0, 0, 0, 0), portal...)
+	s.out = append(append(s.out[:0], byte(clientMsgBind), 0, 0, 0, 0), portal...)
 	s.out = append(append(append(s.out, 0), ss.name...), 0)
 	binary.BigEndian.PutUint32(s.out[1:5], uint32(4+n+len(ss.name)))
 	if _, err := s.sw.Write(s.out); err != nil {

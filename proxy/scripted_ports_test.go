@@ -32,7 +32,7 @@ func writeUnit(vals ...string) []pgproto3.FrontendMessage {
 	return []pgproto3.FrontendMessage{ps.Parse(write, 25, 20), ps.Bind("", vals...), ps.Execute(""), ps.Sync}
 }
 
-var ranUnit = []pgproto3.BackendMessage{ps.ParseComplete, ps.BindComplete, ps.Complete("UPDATE 1"), ps.Ready('I')}
+var ranUnit = []pgproto3.BackendMessage{ps.ParseComplete, ps.BindComplete, ps.Complete("UPDATE 1"), ps.Ready(ps.Idle)}
 
 // reuseFirst is the first unit of write with Plan.Reuse: it prepares
 // reused1.
@@ -78,8 +78,8 @@ func TestScriptedReuse(t *testing.T) {
 					ps.ClientGets(described, ps.NoData),
 					ps.ClientSends(ps.Bind("", "c", "1"), ps.Execute(""), ps.Sync),
 					ps.BackendGets(ps.Bind(reused1, "c", "1"), ps.Execute(""), ps.Sync),
-					ps.BackendSends(ps.BindComplete, ps.Complete("UPDATE 1"), ps.Ready('I')),
-					ps.ClientGets(ps.BindComplete, ps.Complete("UPDATE 1"), ps.Ready('I')),
+					ps.BackendSends(ps.BindComplete, ps.Complete("UPDATE 1"), ps.Ready(ps.Idle)),
+					ps.ClientGets(ps.BindComplete, ps.Complete("UPDATE 1"), ps.Ready(ps.Idle)),
 				)
 			},
 			calls: []string{"Parse: " + write, "Parse: " + write},
@@ -94,16 +94,16 @@ func TestScriptedReuse(t *testing.T) {
 				return append(reuseFirst("a", "1"),
 					ps.ClientSends(ps.Parse(write, 25, 20), ps.Sync),
 					ps.BackendGets(standIn, ps.Sync),
-					ps.BackendSends(ps.ParseComplete, ps.Ready('I')),
-					ps.ClientGets(ps.ParseComplete, ps.Ready('I')),
+					ps.BackendSends(ps.ParseComplete, ps.Ready(ps.Idle)),
+					ps.ClientGets(ps.ParseComplete, ps.Ready(ps.Idle)),
 					ps.ClientSends(ps.Query("SELECT 1")),
 					ps.BackendGets(ps.Query("SELECT 1")),
 					ps.BackendSends(selectOne...),
 					ps.ClientGets(selectOne...),
 					ps.ClientSends(ps.Bind("", "nope", "1"), ps.Execute(""), ps.Sync),
 					ps.BackendGets(ps.Bind("", "nope", "1"), ps.Execute(""), ps.Sync),
-					ps.BackendSends(gone, ps.Ready('I')),
-					ps.ClientGets(gone, ps.Ready('I')),
+					ps.BackendSends(gone, ps.Ready(ps.Idle)),
+					ps.ClientGets(gone, ps.Ready(ps.Idle)),
 					// The session goes on. A 26000 may mean the proxy's own
 					// statements were deallocated: it prepares them again.
 					ps.ClientSends(writeUnit("d", "1")...),
@@ -124,16 +124,16 @@ func TestScriptedReuse(t *testing.T) {
 				return append(reuseFirst("a", "1"),
 					ps.ClientSends(ps.Parse(write, 25, 20), ps.Sync),
 					ps.BackendGets(standIn, ps.Sync),
-					ps.BackendSends(ps.ParseComplete, ps.Ready('I')),
-					ps.ClientGets(ps.ParseComplete, ps.Ready('I')),
+					ps.BackendSends(ps.ParseComplete, ps.Ready(ps.Idle)),
+					ps.ClientGets(ps.ParseComplete, ps.Ready(ps.Idle)),
 					ps.ClientSends(ps.CloseStatement(""), ps.Sync),
 					ps.BackendGets(ps.CloseStatement(""), ps.Sync),
-					ps.BackendSends(ps.CloseComplete, ps.Ready('I')),
-					ps.ClientGets(ps.CloseComplete, ps.Ready('I')),
+					ps.BackendSends(ps.CloseComplete, ps.Ready(ps.Idle)),
+					ps.ClientGets(ps.CloseComplete, ps.Ready(ps.Idle)),
 					ps.ClientSends(ps.Bind("", "nope", "1"), ps.Execute(""), ps.Sync),
 					ps.BackendGets(ps.CloseStatement(""), ps.Bind("", "nope", "1"), ps.Execute(""), ps.Sync),
-					ps.BackendSends(ps.CloseComplete, gone, ps.Ready('I')),
-					ps.ClientGets(gone, ps.Ready('I')),
+					ps.BackendSends(ps.CloseComplete, gone, ps.Ready(ps.Idle)),
+					ps.ClientGets(gone, ps.Ready(ps.Idle)),
 				)
 			},
 			calls: []string{"Parse: " + write, "Parse: " + write, "Error: 26000 unnamed prepared statement does not exist"},
@@ -149,18 +149,18 @@ func TestScriptedReuse(t *testing.T) {
 				return append(reuseFirst("a", "1"),
 					ps.ClientSends(ps.Parse(write, 25, 20), ps.Sync),
 					ps.BackendGets(standIn, ps.Sync),
-					ps.BackendSends(ps.ParseComplete, ps.Ready('I')),
-					ps.ClientGets(ps.ParseComplete, ps.Ready('I')),
+					ps.BackendSends(ps.ParseComplete, ps.Ready(ps.Idle)),
+					ps.ClientGets(ps.ParseComplete, ps.Ready(ps.Idle)),
 					x.ic.reload(func() { x.ic.parse[write] = proxy.Plan{} }),
 					ps.ClientSends(ps.Bind("", "unfenced", "1"), ps.Execute(""), ps.Sync),
 					ps.BackendGets(ps.CloseStatement(""), ps.Parse(write, 25, 20), ps.Bind("", "unfenced", "1"), ps.Execute(""), ps.Sync),
-					ps.BackendSends(ps.CloseComplete, ps.ParseComplete, ps.BindComplete, ps.Complete("UPDATE 1"), ps.Ready('I')),
-					ps.ClientGets(ps.BindComplete, ps.Complete("UPDATE 1"), ps.Ready('I')),
+					ps.BackendSends(ps.CloseComplete, ps.ParseComplete, ps.BindComplete, ps.Complete("UPDATE 1"), ps.Ready(ps.Idle)),
+					ps.ClientGets(ps.BindComplete, ps.Complete("UPDATE 1"), ps.Ready(ps.Idle)),
 					x.ic.reload(func() { reuse(x) }),
 					ps.ClientSends(writeUnit("stale", "1")...),
 					ps.BackendGets(standIn, ps.Bind(reused1, "stale", "1"), ps.Execute(""), ps.Sync),
-					ps.BackendSends(ps.ParseComplete, ps.BindComplete, ps.Complete("UPDATE 0"), ps.Ready('I')),
-					ps.ClientGets(ps.ParseComplete, ps.BindComplete, ps.Complete("UPDATE 0"), ps.Ready('I')),
+					ps.BackendSends(ps.ParseComplete, ps.BindComplete, ps.Complete("UPDATE 0"), ps.Ready(ps.Idle)),
+					ps.ClientGets(ps.ParseComplete, ps.BindComplete, ps.Complete("UPDATE 0"), ps.Ready(ps.Idle)),
 				)
 			},
 			calls: []string{"Parse: " + write, "Parse: " + write, "Parse: " + write, "Parse: " + write},
@@ -177,37 +177,37 @@ func TestScriptedReuse(t *testing.T) {
 				return []ps.Step{
 					ps.ClientSends(ps.Parse(plainWrite), ps.Sync),
 					ps.BackendGets(ps.Parse(plainWrite), ps.Sync),
-					ps.BackendSends(ps.ParseComplete, ps.Ready('I')),
-					ps.ClientGets(ps.ParseComplete, ps.Ready('I')),
+					ps.BackendSends(ps.ParseComplete, ps.Ready(ps.Idle)),
+					ps.ClientGets(ps.ParseComplete, ps.Ready(ps.Idle)),
 					ps.ClientSends(ps.Parse(badWrite, 25), ps.Sync),
 					ps.BackendGets(ps.CloseStatement(""), ps.ParseNamed(reused1, badFenced, 25), ps.Sync),
-					ps.BackendSends(ps.CloseComplete, bad, ps.Ready('I')),
-					ps.ClientGets(bad, ps.Ready('I')),
+					ps.BackendSends(ps.CloseComplete, bad, ps.Ready(ps.Idle)),
+					ps.ClientGets(bad, ps.Ready(ps.Idle)),
 					ps.ClientSends(ps.DescribeStatement(""), ps.Sync),
 					ps.BackendGets(ps.CloseStatement(""), ps.DescribeStatement(""), ps.Sync),
-					ps.BackendSends(ps.CloseComplete, gone, ps.Ready('I')),
-					ps.ClientGets(gone, ps.Ready('I')),
+					ps.BackendSends(ps.CloseComplete, gone, ps.Ready(ps.Idle)),
+					ps.ClientGets(gone, ps.Ready(ps.Idle)),
 
 					ps.ClientSends(ps.Parse(plainWrite), ps.Sync),
 					ps.BackendGets(ps.Parse(plainWrite), ps.Sync),
-					ps.BackendSends(ps.ParseComplete, ps.Ready('I')),
-					ps.ClientGets(ps.ParseComplete, ps.Ready('I')),
+					ps.BackendSends(ps.ParseComplete, ps.Ready(ps.Idle)),
+					ps.ClientGets(ps.ParseComplete, ps.Ready(ps.Idle)),
 					// Prepared again under a new name: the 26000 made the
 					// proxy forget its statements.
 					ps.ClientSends(ps.Parse(badWrite, 25), ps.Sync),
 					ps.BackendGets(ps.CloseStatement(""), ps.ParseNamed(reused2, badFenced, 25), ps.Sync),
-					ps.BackendSends(ps.CloseComplete, bad, ps.Ready('I')),
-					ps.ClientGets(bad, ps.Ready('I')),
+					ps.BackendSends(ps.CloseComplete, bad, ps.Ready(ps.Idle)),
+					ps.ClientGets(bad, ps.Ready(ps.Idle)),
 					ps.ClientSends(ps.Bind("", "x"), ps.Execute(""), ps.Sync),
 					ps.BackendGets(ps.CloseStatement(""), ps.Bind("", "x"), ps.Execute(""), ps.Sync),
-					ps.BackendSends(ps.CloseComplete, gone, ps.Ready('I')),
-					ps.ClientGets(gone, ps.Ready('I')),
+					ps.BackendSends(ps.CloseComplete, gone, ps.Ready(ps.Idle)),
+					ps.ClientGets(gone, ps.Ready(ps.Idle)),
 
 					// The session goes on.
 					ps.ClientSends(ps.Parse("SELECT 1"), ps.Bind(""), ps.Execute(""), ps.Sync),
 					ps.BackendGets(ps.Parse("SELECT 1"), ps.Bind(""), ps.Execute(""), ps.Sync),
-					ps.BackendSends(ps.ParseComplete, ps.BindComplete, ps.Row("1"), ps.Complete("SELECT 1"), ps.Ready('I')),
-					ps.ClientGets(ps.ParseComplete, ps.BindComplete, ps.Row("1"), ps.Complete("SELECT 1"), ps.Ready('I')),
+					ps.BackendSends(ps.ParseComplete, ps.BindComplete, ps.Row("1"), ps.Complete("SELECT 1"), ps.Ready(ps.Idle)),
+					ps.ClientGets(ps.ParseComplete, ps.BindComplete, ps.Row("1"), ps.Complete("SELECT 1"), ps.Ready(ps.Idle)),
 				}
 			},
 			calls: []string{
@@ -231,16 +231,16 @@ func TestScriptedReuse(t *testing.T) {
 				return append([]ps.Step{
 					ps.ClientSends(ps.Query("BEGIN"), ps.Query("DISCARD ALL"), ps.Parse(write, 25, 20), ps.Sync, ps.Execute(""), ps.Sync),
 					ps.BackendGets(ps.Query("BEGIN"), ps.Query("DISCARD ALL"), ps.Parse(fenced, 25, 20), ps.Sync, ps.Execute(""), ps.Sync),
-					ps.BackendSends(ps.Complete("BEGIN"), ps.Ready('T'),
-						ps.Error("25001", "DISCARD ALL cannot run inside a transaction block"), ps.Ready('E'),
-						aborted, ps.Ready('E'), aborted, ps.Ready('E')),
-					ps.ClientGets(ps.Complete("BEGIN"), ps.Ready('T'),
-						ps.Error("25001", "DISCARD ALL cannot run inside a transaction block"), ps.Ready('E'),
-						aborted, ps.Ready('E'), aborted, ps.Ready('E')),
+					ps.BackendSends(ps.Complete("BEGIN"), ps.Ready(ps.InBlock),
+						ps.Error("25001", "DISCARD ALL cannot run inside a transaction block"), ps.Ready(ps.Failed),
+						aborted, ps.Ready(ps.Failed), aborted, ps.Ready(ps.Failed)),
+					ps.ClientGets(ps.Complete("BEGIN"), ps.Ready(ps.InBlock),
+						ps.Error("25001", "DISCARD ALL cannot run inside a transaction block"), ps.Ready(ps.Failed),
+						aborted, ps.Ready(ps.Failed), aborted, ps.Ready(ps.Failed)),
 					ps.ClientSends(ps.Query("ROLLBACK")),
 					ps.BackendGets(ps.Query("ROLLBACK")),
-					ps.BackendSends(ps.Complete("ROLLBACK"), ps.Ready('I')),
-					ps.ClientGets(ps.Complete("ROLLBACK"), ps.Ready('I')),
+					ps.BackendSends(ps.Complete("ROLLBACK"), ps.Ready(ps.Idle)),
+					ps.ClientGets(ps.Complete("ROLLBACK"), ps.Ready(ps.Idle)),
 				}, reuseFirst("a", "1")...)
 			},
 			calls: []string{"Query: BEGIN", "Query: DISCARD ALL", "Parse: " + write,
@@ -261,8 +261,8 @@ func TestScriptedReuse(t *testing.T) {
 				return append(reuseFirst("a", "1"),
 					ps.ClientSends(writeUnit("b", "1")...),
 					ps.BackendGets(standIn, ps.Bind(reused1, "b", "1"), ps.Execute(""), ps.Sync),
-					ps.BackendSends(ps.ParseComplete, deallocated, ps.Ready('I')),
-					ps.ClientGets(ps.ParseComplete, deallocated, ps.Ready('I')),
+					ps.BackendSends(ps.ParseComplete, deallocated, ps.Ready(ps.Idle)),
+					ps.ClientGets(ps.ParseComplete, deallocated, ps.Ready(ps.Idle)),
 					ps.ClientSends(writeUnit("c", "1")...),
 					ps.BackendGets(ps.CloseStatement(""), ps.ParseNamed(reused2, fenced, 25, 20), ps.Bind(reused2, "c", "1"), ps.Execute(""), ps.Sync),
 					ps.BackendSends(ps.Back(ps.CloseComplete, ranUnit)...),
@@ -293,7 +293,7 @@ func TestScriptedBound(t *testing.T) {
 		x.ic.query[w0] = proxy.Plan{SQL: w0SQL, ParamTypes: paramTypes(25), Params: []string{"x"}}
 		x.ic.query[wBad] = proxy.Plan{SQL: wBadSQL, ParamTypes: paramTypes(20, 20), Params: []string{"1", "1"}}
 	}
-	done := []pgproto3.BackendMessage{ps.Complete("UPDATE 1"), ps.Ready('I')}
+	done := []pgproto3.BackendMessage{ps.Complete("UPDATE 1"), ps.Ready(ps.Idle)}
 	nope := ps.Error("42703", `column "nope" of relation "t" does not exist`)
 	playSequences(t, []sequence{
 		{
@@ -314,23 +314,23 @@ func TestScriptedBound(t *testing.T) {
 					ps.ClientGets(done...),
 					ps.ClientSends(ps.Query(w0)),
 					ps.BackendGets(ps.ParseNamed(reused2, w0SQL, 25), ps.Bind(reused2, "x"), ps.Execute(""), ps.Sync),
-					ps.BackendSends(ps.ParseComplete, ps.BindComplete, divide(), ps.Ready('I')),
-					ps.ClientGets(divide(), ps.Ready('I')),
+					ps.BackendSends(ps.ParseComplete, ps.BindComplete, divide(), ps.Ready(ps.Idle)),
+					ps.ClientGets(divide(), ps.Ready(ps.Idle)),
 					ps.ClientSends(ps.Query(wBad)),
 					ps.BackendGets(ps.ParseNamed(reused3, wBadSQL, 20, 20), ps.Bind(reused3, "1", "1"), ps.Execute(""), ps.Sync),
-					ps.BackendSends(nope, ps.Ready('I')),
-					ps.ClientGets(nope, ps.Ready('I')),
+					ps.BackendSends(nope, ps.Ready(ps.Idle)),
+					ps.ClientGets(nope, ps.Ready(ps.Idle)),
 					ps.ClientSends(ps.Query(wBad)),
 					ps.BackendGets(ps.ParseNamed(reused3, wBadSQL, 20, 20), ps.Bind(reused3, "1", "1"), ps.Execute(""), ps.Sync),
-					ps.BackendSends(nope, ps.Ready('I')),
-					ps.ClientGets(nope, ps.Ready('I')),
+					ps.BackendSends(nope, ps.Ready(ps.Idle)),
+					ps.ClientGets(nope, ps.Ready(ps.Idle)),
 					// Pipelined.
 					ps.ClientSends(ps.Query(w1), ps.Query(w0), ps.Query(w2)),
 					ps.BackendGets(ps.Bind(reused1, "x", "1"), ps.Execute(""), ps.Sync,
 						ps.Bind(reused2, "x"), ps.Execute(""), ps.Sync,
 						ps.Bind(reused1, "x", "2"), ps.Execute(""), ps.Sync),
-					ps.BackendSends(ps.Back(ps.BindComplete, done, ps.BindComplete, divide(), ps.Ready('I'), ps.BindComplete, done)...),
-					ps.ClientGets(ps.Back(done, divide(), ps.Ready('I'), done)...),
+					ps.BackendSends(ps.Back(ps.BindComplete, done, ps.BindComplete, divide(), ps.Ready(ps.Idle), ps.BindComplete, done)...),
+					ps.ClientGets(ps.Back(done, divide(), ps.Ready(ps.Idle), done)...),
 				}
 			},
 			calls: []string{"Query: " + w1, "Query: " + w2, "Query: " + w0, "Error: 22012 division by zero",
@@ -349,21 +349,21 @@ func TestScriptedBound(t *testing.T) {
 				return []ps.Step{
 					ps.ClientSends(ps.Parse(plainWrite), ps.Sync),
 					ps.BackendGets(ps.Parse(plainWrite), ps.Sync),
-					ps.BackendSends(ps.ParseComplete, ps.Ready('I')),
-					ps.ClientGets(ps.ParseComplete, ps.Ready('I')),
+					ps.BackendSends(ps.ParseComplete, ps.Ready(ps.Idle)),
+					ps.ClientGets(ps.ParseComplete, ps.Ready(ps.Idle)),
 					ps.ClientSends(ps.Query(w1)),
 					ps.BackendGets(ps.ParseNamed(reused1, boundSQL, 25, 20), ps.Bind(reused1, "x", "1"), ps.Execute(""), ps.Sync),
 					ps.BackendSends(ps.Back(ps.ParseComplete, ps.BindComplete, done)...),
 					ps.ClientGets(done...),
 					ps.ClientSends(ps.Bind(""), ps.Execute(""), ps.Sync),
 					ps.BackendGets(ps.ClosePortal(""), ps.CloseStatement(""), ps.Bind(""), ps.Execute(""), ps.Sync),
-					ps.BackendSends(ps.CloseComplete, ps.CloseComplete, gone, ps.Ready('I')),
-					ps.ClientGets(gone, ps.Ready('I')),
+					ps.BackendSends(ps.CloseComplete, ps.CloseComplete, gone, ps.Ready(ps.Idle)),
+					ps.ClientGets(gone, ps.Ready(ps.Idle)),
 
 					ps.ClientSends(ps.Parse("SELECT 1"), ps.Sync),
 					ps.BackendGets(ps.Parse("SELECT 1"), ps.Sync),
-					ps.BackendSends(ps.ParseComplete, ps.Ready('I')),
-					ps.ClientGets(ps.ParseComplete, ps.Ready('I')),
+					ps.BackendSends(ps.ParseComplete, ps.Ready(ps.Idle)),
+					ps.ClientGets(ps.ParseComplete, ps.Ready(ps.Idle)),
 					// Prepared again: the 26000 made the proxy forget it.
 					ps.ClientSends(ps.Query(w2)),
 					ps.BackendGets(ps.ParseNamed(reused2, boundSQL, 25, 20), ps.Bind(reused2, "x", "2"), ps.Execute(""), ps.Sync),
@@ -371,15 +371,15 @@ func TestScriptedBound(t *testing.T) {
 					ps.ClientGets(done...),
 					ps.ClientSends(ps.DescribeStatement(""), ps.Sync),
 					ps.BackendGets(ps.CloseStatement(""), ps.DescribeStatement(""), ps.Sync),
-					ps.BackendSends(ps.CloseComplete, gone, ps.Ready('I')),
-					ps.ClientGets(gone, ps.Ready('I')),
+					ps.BackendSends(ps.CloseComplete, gone, ps.Ready(ps.Idle)),
+					ps.ClientGets(gone, ps.Ready(ps.Idle)),
 
 					// The session goes on; the portal the bound Query left
 					// is closed before the client's Bind.
 					ps.ClientSends(ps.Parse("SELECT 1"), ps.Bind(""), ps.Execute(""), ps.Sync),
 					ps.BackendGets(ps.Parse("SELECT 1"), ps.ClosePortal(""), ps.Bind(""), ps.Execute(""), ps.Sync),
-					ps.BackendSends(ps.ParseComplete, ps.CloseComplete, ps.BindComplete, ps.Row("1"), ps.Complete("SELECT 1"), ps.Ready('I')),
-					ps.ClientGets(ps.ParseComplete, ps.BindComplete, ps.Row("1"), ps.Complete("SELECT 1"), ps.Ready('I')),
+					ps.BackendSends(ps.ParseComplete, ps.CloseComplete, ps.BindComplete, ps.Row("1"), ps.Complete("SELECT 1"), ps.Ready(ps.Idle)),
+					ps.ClientGets(ps.ParseComplete, ps.BindComplete, ps.Row("1"), ps.Complete("SELECT 1"), ps.Ready(ps.Idle)),
 				}
 			},
 			calls: []string{"Parse: " + plainWrite, "Query: " + w1, "Error: 26000 unnamed prepared statement does not exist",
@@ -399,24 +399,24 @@ func TestScriptedBound(t *testing.T) {
 				return []ps.Step{
 					ps.ClientSends(ps.Query("BEGIN")),
 					ps.BackendGets(ps.Query("BEGIN")),
-					ps.BackendSends(ps.Complete("BEGIN"), ps.Ready('T')),
-					ps.ClientGets(ps.Complete("BEGIN"), ps.Ready('T')),
+					ps.BackendSends(ps.Complete("BEGIN"), ps.Ready(ps.InBlock)),
+					ps.ClientGets(ps.Complete("BEGIN"), ps.Ready(ps.InBlock)),
 					ps.ClientSends(ps.Query("DISCARD ALL")),
 					ps.BackendGets(ps.Query("DISCARD ALL")),
-					ps.BackendSends(discard, ps.Ready('E')),
-					ps.ClientGets(discard, ps.Ready('E')),
+					ps.BackendSends(discard, ps.Ready(ps.Failed)),
+					ps.ClientGets(discard, ps.Ready(ps.Failed)),
 					ps.ClientSends(ps.Query(w1)),
 					ps.BackendGets(ps.Parse(boundSQL, 25, 20), ps.Bind("", "x", "1"), ps.Execute(""), ps.Sync),
-					ps.BackendSends(aborted, ps.Ready('E')),
-					ps.ClientGets(aborted, ps.Ready('E')),
+					ps.BackendSends(aborted, ps.Ready(ps.Failed)),
+					ps.ClientGets(aborted, ps.Ready(ps.Failed)),
 					ps.ClientSends(ps.Execute(""), ps.Sync),
 					ps.BackendGets(ps.Execute(""), ps.Sync),
-					ps.BackendSends(aborted, ps.Ready('E')),
-					ps.ClientGets(aborted, ps.Ready('E')),
+					ps.BackendSends(aborted, ps.Ready(ps.Failed)),
+					ps.ClientGets(aborted, ps.Ready(ps.Failed)),
 					ps.ClientSends(ps.Query("ROLLBACK")),
 					ps.BackendGets(ps.Query("ROLLBACK")),
-					ps.BackendSends(ps.Complete("ROLLBACK"), ps.Ready('I')),
-					ps.ClientGets(ps.Complete("ROLLBACK"), ps.Ready('I')),
+					ps.BackendSends(ps.Complete("ROLLBACK"), ps.Ready(ps.Idle)),
+					ps.ClientGets(ps.Complete("ROLLBACK"), ps.Ready(ps.Idle)),
 					ps.ClientSends(ps.Query(w1)),
 					ps.BackendGets(ps.ParseNamed(reused1, boundSQL, 25, 20), ps.Bind(reused1, "x", "1"), ps.Execute(""), ps.Sync),
 					ps.BackendSends(ps.Back(ps.ParseComplete, ps.BindComplete, done)...),
@@ -445,13 +445,13 @@ func TestScriptedBound(t *testing.T) {
 					ps.ClientSends(ps.Parse("SELECT 1"), ps.Bind(""), ps.Execute(""), ps.Query(w1), ps.Sync),
 					ps.BackendGets(ps.Parse("SELECT 1"), ps.ClosePortal(""), ps.Bind(""), ps.Execute(""), ps.Query(simpleRW), ps.Sync),
 					ps.BackendSends(ps.ParseComplete, ps.CloseComplete, ps.BindComplete, ps.Row("1"), ps.Complete("SELECT 1"),
-						ps.Complete("UPDATE 1"), ps.Ready('I'), ps.Ready('I')),
+						ps.Complete("UPDATE 1"), ps.Ready(ps.Idle), ps.Ready(ps.Idle)),
 					ps.ClientGets(ps.ParseComplete, ps.BindComplete, ps.Row("1"), ps.Complete("SELECT 1"),
-						ps.Complete("UPDATE 1"), ps.Ready('I'), ps.Ready('I')),
+						ps.Complete("UPDATE 1"), ps.Ready(ps.Idle), ps.Ready(ps.Idle)),
 					ps.ClientSends(ps.Parse("SELECT 1/0"), ps.Bind(""), ps.Execute(""), ps.Query(w1), ps.Sync),
 					ps.BackendGets(ps.Parse("SELECT 1/0"), ps.Bind(""), ps.Execute(""), ps.Query(simpleRW), ps.Sync),
-					ps.BackendSends(ps.ParseComplete, ps.BindComplete, divide(), ps.Ready('I')),
-					ps.ClientGets(ps.ParseComplete, ps.BindComplete, divide(), ps.Ready('I')),
+					ps.BackendSends(ps.ParseComplete, ps.BindComplete, divide(), ps.Ready(ps.Idle)),
+					ps.ClientGets(ps.ParseComplete, ps.BindComplete, divide(), ps.Ready(ps.Idle)),
 					// The session goes on.
 					ps.ClientSends(ps.Query(w1)),
 					ps.BackendGets(ps.Bind(reused1, "x", "1"), ps.Execute(""), ps.Sync),
@@ -475,8 +475,8 @@ func TestScriptedBound(t *testing.T) {
 					ps.ClientGets(done...),
 					ps.ClientSends(ps.Query(w1)),
 					ps.BackendGets(ps.Bind(reused1, "x", "1"), ps.Execute(""), ps.Sync),
-					ps.BackendSends(deallocated, ps.Ready('I')),
-					ps.ClientGets(deallocated, ps.Ready('I')),
+					ps.BackendSends(deallocated, ps.Ready(ps.Idle)),
+					ps.ClientGets(deallocated, ps.Ready(ps.Idle)),
 					ps.ClientSends(ps.Query(w1)),
 					ps.BackendGets(ps.ParseNamed(reused2, boundSQL, 25, 20), ps.Bind(reused2, "x", "1"), ps.Execute(""), ps.Sync),
 					ps.BackendSends(ps.Back(ps.ParseComplete, ps.BindComplete, done)...),
@@ -552,7 +552,7 @@ func calls(parts ...any) []string {
 func TestScriptedDeferred(t *testing.T) {
 	probed := "probe " + probeSQL + ": 1"
 	missing := ps.Error("26000", "prepared statement does not exist")
-	done := []pgproto3.BackendMessage{ps.Complete("UPDATE 1"), ps.Ready('I')}
+	done := []pgproto3.BackendMessage{ps.Complete("UPDATE 1"), ps.Ready(ps.Idle)}
 	playSequences(t, []sequence{
 		{
 			// TestTokenSetAnsweredByProxy: the write after an answered SET
@@ -564,20 +564,20 @@ func TestScriptedDeferred(t *testing.T) {
 				setTokens(x, "7", "8")
 				fencedWrite(x)
 				x.ic.parse[write] = proxy.Plan{SQL: fenced, Probes: x.ic.query[w1].Probes}
-				return append(append(answered("7", false, 'I'),
+				return append(append(answered("7", false, ps.Idle),
 					ps.ClientSends(ps.Query(w1)),
 					ps.BackendGets(ps.Front(setPrepare, setRun(tokenName, "7", false),
 						ps.ParseNamed(reused1, boundSQL, 25, 20), ps.Bind(reused1, "x", "1"), ps.Execute(""), probePrepare(probeSQL), probeRun, ps.Sync)...),
-					ps.BackendSends(ps.Back(setPrepared, setRan("7"), ps.ParseComplete, ps.BindComplete, ps.Complete("UPDATE 1"), probePrepared, probeRan("1"), ps.Ready('I'))...),
+					ps.BackendSends(ps.Back(setPrepared, setRan("7"), ps.ParseComplete, ps.BindComplete, ps.Complete("UPDATE 1"), probePrepared, probeRan("1"), ps.Ready(ps.Idle))...),
 					ps.ClientGets(done...),
 					ps.ClientSends(ps.Query("SELECT 1")),
 					ps.BackendGets(ps.Query("SELECT 1")),
 					ps.BackendSends(selectOne...),
 					ps.ClientGets(selectOne...),
-				), append(answered("8", false, 'I'),
+				), append(answered("8", false, ps.Idle),
 					ps.ClientSends(ps.Parse(write, 25, 20), ps.Bind("", "y", "1"), ps.Execute(""), ps.Sync),
 					ps.BackendGets(ps.Front(setRun(tokenName, "8", false), ps.Parse(fenced, 25, 20), ps.Bind("", "y", "1"), ps.Execute(""), probeRun, ps.Sync)...),
-					ps.BackendSends(ps.Back(setRan("8"), ps.ParseComplete, ps.BindComplete, ps.Complete("UPDATE 1"), probeRan("1"), ps.Ready('I'))...),
+					ps.BackendSends(ps.Back(setRan("8"), ps.ParseComplete, ps.BindComplete, ps.Complete("UPDATE 1"), probeRan("1"), ps.Ready(ps.Idle))...),
 					ps.ClientGets(ranUnit...),
 				)...)
 			},
@@ -599,14 +599,14 @@ func TestScriptedDeferred(t *testing.T) {
 					// A named statement, for later.
 					ps.ClientSends(ps.ParseNamed("b", "SELECT 2"), ps.Sync),
 					ps.BackendGets(ps.ParseNamed("b", "SELECT 2"), ps.Sync),
-					ps.BackendSends(ps.ParseComplete, ps.Ready('I')),
-					ps.ClientGets(ps.ParseComplete, ps.Ready('I')),
+					ps.BackendSends(ps.ParseComplete, ps.Ready(ps.Idle)),
+					ps.ClientGets(ps.ParseComplete, ps.Ready(ps.Idle)),
 
 					ps.ClientSends(ps.Parse(set), ps.Bind(""), ps.DescribePortal(""), ps.Execute(""), ps.Sync),
-					ps.ClientGets(ps.ParseComplete, ps.BindComplete, ps.NoData, ps.Complete("SET"), ps.Ready('I')),
+					ps.ClientGets(ps.ParseComplete, ps.BindComplete, ps.NoData, ps.Complete("SET"), ps.Ready(ps.Idle)),
 					ps.BackendQuiet(),
 					ps.ClientSends(ps.Bind(""), ps.Execute(""), ps.Sync),
-					ps.ClientGets(ps.BindComplete, ps.Complete("SET"), ps.Ready('I')),
+					ps.ClientGets(ps.BindComplete, ps.Complete("SET"), ps.Ready(ps.Idle)),
 					ps.BackendQuiet(),
 					// The named statement bound with the unnamed SET behind
 					// it, which is then not answered. (Not a Query: that
@@ -614,12 +614,12 @@ func TestScriptedDeferred(t *testing.T) {
 					ps.ClientSends(ps.Bind("b"), ps.Execute(""), ps.Sync, ps.Bind(""), ps.Execute(""), ps.Sync),
 					ps.BackendGets(ps.Front(setPrepare, setRun(tokenName, "31", false), ps.Sync)...),
 					ps.BackendQuiet(),
-					ps.BackendSends(ps.Back(setPrepared, setRan("31"), ps.Ready('I'))...),
+					ps.BackendSends(ps.Back(setPrepared, setRan("31"), ps.Ready(ps.Idle))...),
 					ps.BackendGets(ps.Bind("b"), ps.Execute(""), ps.Sync, ps.CloseStatement(""), ps.Parse(set), ps.Bind(""), ps.Execute(""), ps.Sync),
-					ps.BackendSends(ps.BindComplete, ps.Row("2"), ps.Complete("SELECT 1"), ps.Ready('I'),
-						ps.CloseComplete, ps.ParseComplete, ps.BindComplete, ps.Complete("SET"), ps.Ready('I')),
-					ps.ClientGets(ps.BindComplete, ps.Row("2"), ps.Complete("SELECT 1"), ps.Ready('I'),
-						ps.BindComplete, ps.Complete("SET"), ps.Ready('I')),
+					ps.BackendSends(ps.BindComplete, ps.Row("2"), ps.Complete("SELECT 1"), ps.Ready(ps.Idle),
+						ps.CloseComplete, ps.ParseComplete, ps.BindComplete, ps.Complete("SET"), ps.Ready(ps.Idle)),
+					ps.ClientGets(ps.BindComplete, ps.Row("2"), ps.Complete("SELECT 1"), ps.Ready(ps.Idle),
+						ps.BindComplete, ps.Complete("SET"), ps.Ready(ps.Idle)),
 				}
 			},
 			calls: []string{"Parse: SELECT 2", "Parse: SET fence.token = '31'", "SettingAnswered: fence.token = 31",
@@ -636,28 +636,28 @@ func TestScriptedDeferred(t *testing.T) {
 				setTokens(x, "31", "32")
 				return []ps.Step{
 					ps.ClientSends(ps.Parse(tokenSQL("31", false)), ps.Bind(""), ps.Execute(""), ps.Sync),
-					ps.ClientGets(ps.ParseComplete, ps.BindComplete, ps.Complete("SET"), ps.Ready('I')),
+					ps.ClientGets(ps.ParseComplete, ps.BindComplete, ps.Complete("SET"), ps.Ready(ps.Idle)),
 					// BEGIN as a named statement: a Query would destroy the
 					// unnamed statement.
 					ps.ClientSends(ps.ParseNamed("b", "BEGIN"), ps.Bind("b"), ps.Execute(""), ps.Sync),
 					ps.BackendGets(ps.Front(setPrepare, setRun(tokenName, "31", false), ps.Sync)...),
-					ps.BackendSends(ps.Back(setPrepared, setRan("31"), ps.Ready('I'))...),
+					ps.BackendSends(ps.Back(setPrepared, setRan("31"), ps.Ready(ps.Idle))...),
 					ps.BackendGets(ps.ParseNamed("b", "BEGIN"), ps.Bind("b"), ps.Execute(""), ps.Sync),
-					ps.BackendSends(ps.ParseComplete, ps.BindComplete, ps.Complete("BEGIN"), ps.Ready('T')),
-					ps.ClientGets(ps.ParseComplete, ps.BindComplete, ps.Complete("BEGIN"), ps.Ready('T')),
+					ps.BackendSends(ps.ParseComplete, ps.BindComplete, ps.Complete("BEGIN"), ps.Ready(ps.InBlock)),
+					ps.ClientGets(ps.ParseComplete, ps.BindComplete, ps.Complete("BEGIN"), ps.Ready(ps.InBlock)),
 					ps.ClientSends(ps.ParseNamed("s", tokenSQL("32", false)), ps.Bind("s"), ps.Execute(""), ps.Sync),
 					ps.BackendGets(ps.ParseNamed("s", tokenSQL("32", false)), ps.Bind("s"), ps.Execute(""), ps.Sync),
-					ps.BackendSends(ps.ParseComplete, ps.BindComplete, ps.Complete("SET"), ps.Ready('T')),
-					ps.ClientGets(ps.ParseComplete, ps.BindComplete, ps.Complete("SET"), ps.Ready('T')),
+					ps.BackendSends(ps.ParseComplete, ps.BindComplete, ps.Complete("SET"), ps.Ready(ps.InBlock)),
+					ps.ClientGets(ps.ParseComplete, ps.BindComplete, ps.Complete("SET"), ps.Ready(ps.InBlock)),
 					ps.ClientSends(ps.Bind(""), ps.Execute(""), ps.Sync),
-					ps.ClientGets(ps.BindComplete, ps.Complete("SET"), ps.Ready('T')),
+					ps.ClientGets(ps.BindComplete, ps.Complete("SET"), ps.Ready(ps.InBlock)),
 					ps.BackendQuiet(),
 					ps.ClientSends(ps.Query("COMMIT")),
 					ps.BackendGets(ps.Front(setRun(tokenName, "31", false), ps.Sync)...),
-					ps.BackendSends(ps.Back(setRan("31"), ps.Ready('T'))...),
+					ps.BackendSends(ps.Back(setRan("31"), ps.Ready(ps.InBlock))...),
 					ps.BackendGets(ps.Query("COMMIT")),
-					ps.BackendSends(ps.Complete("COMMIT"), ps.Ready('I')),
-					ps.ClientGets(ps.Complete("COMMIT"), ps.Ready('I')),
+					ps.BackendSends(ps.Complete("COMMIT"), ps.Ready(ps.Idle)),
+					ps.ClientGets(ps.Complete("COMMIT"), ps.Ready(ps.Idle)),
 				}
 			},
 			calls: []string{"Parse: SET fence.token = '31'", "SettingAnswered: fence.token = 31", "Parse: BEGIN",
@@ -675,29 +675,29 @@ func TestScriptedDeferred(t *testing.T) {
 			script: func(x *scriptEnv) []ps.Step {
 				setTokens(x, "6", "7", "8")
 				fencedWrite(x)
-				return append(append(append(answered("6", false, 'I'),
+				return append(append(append(answered("6", false, ps.Idle),
 					ps.ClientSends(ps.Query(w1)),
 					ps.BackendGets(ps.Front(setPrepare, setRun(tokenName, "6", false),
 						ps.ParseNamed(reused1, boundSQL, 25, 20), ps.Bind(reused1, "x", "1"), ps.Execute(""), probePrepare(probeSQL), probeRun, ps.Sync)...),
-					ps.BackendSends(ps.Back(setPrepared, setRan("6"), ps.ParseComplete, ps.BindComplete, ps.Complete("UPDATE 1"), probePrepared, probeRan("1"), ps.Ready('I'))...),
+					ps.BackendSends(ps.Back(setPrepared, setRan("6"), ps.ParseComplete, ps.BindComplete, ps.Complete("UPDATE 1"), probePrepared, probeRan("1"), ps.Ready(ps.Idle))...),
 					ps.ClientGets(done...),
-				), answered("7", false, 'I')...), append(append([]ps.Step{
+				), answered("7", false, ps.Idle)...), append(append([]ps.Step{
 					ps.ClientSends(ps.Query(w1)),
 					ps.BackendGets(ps.Front(setRun(tokenName, "7", false), ps.Bind(reused1, "x", "1"), ps.Execute(""), probeRun, ps.Sync)...),
-					ps.BackendSends(missing, ps.Ready('I')),
-					ps.ClientGets(missing, ps.Ready('I')),
+					ps.BackendSends(missing, ps.Ready(ps.Idle)),
+					ps.ClientGets(missing, ps.Ready(ps.Idle)),
 					ps.ClientSends(ps.Query(w1)),
 					ps.BackendGets(ps.Front(setPrepare, setRun(tokenName, "7", false),
 						ps.ParseNamed(reused2, boundSQL, 25, 20), ps.Bind(reused2, "x", "1"), ps.Execute(""), probePrepare(probeSQL), probeRun, ps.Sync)...),
-					ps.BackendSends(ps.Back(setPrepared, setRan("7"), ps.ParseComplete, ps.BindComplete, ps.Complete("UPDATE 1"), probePrepared, probeRan("1"), ps.Ready('I'))...),
+					ps.BackendSends(ps.Back(setPrepared, setRan("7"), ps.ParseComplete, ps.BindComplete, ps.Complete("UPDATE 1"), probePrepared, probeRan("1"), ps.Ready(ps.Idle))...),
 					ps.ClientGets(done...),
-				}, answered("8", false, 'I')...),
+				}, answered("8", false, ps.Idle)...),
 					ps.ClientSends(ps.Query("SELECT 1")),
 					ps.BackendGets(ps.Front(setRun(tokenName, "8", false), ps.Sync)...),
-					ps.BackendSends(missing, ps.Ready('I')),
+					ps.BackendSends(missing, ps.Ready(ps.Idle)),
 					ps.BackendGets(ps.Front(setPrepare, setRun(tokenName, "8", false), ps.Sync)...),
 					ps.BackendQuiet(),
-					ps.BackendSends(ps.Back(setPrepared, setRan("8"), ps.Ready('I'))...),
+					ps.BackendSends(ps.Back(setPrepared, setRan("8"), ps.Ready(ps.Idle))...),
 					ps.BackendGets(ps.Query("SELECT 1")),
 					ps.BackendSends(selectOne...),
 					ps.ClientGets(selectOne...),
@@ -716,15 +716,15 @@ func TestScriptedDeferred(t *testing.T) {
 			script: func(x *scriptEnv) []ps.Step {
 				setTokens(x, "5")
 				fencedWrite(x)
-				return append(answered("5", false, 'I'),
+				return append(answered("5", false, ps.Idle),
 					ps.ClientSends(ps.Query(w1)),
 					ps.BackendGets(ps.Front(setPrepare, setRun(tokenName, "5", false),
 						ps.ParseNamed(reused1, boundSQL, 25, 20), ps.Bind(reused1, "x", "1"), ps.Execute(""), probePrepare(probeSQL), probeRun, ps.Sync)...),
-					ps.BackendSends(ps.Back(setPrepared, setRan("5"), ps.ParseComplete, ps.BindComplete, divide(), ps.Ready('I'))...),
-					ps.ClientGets(divide(), ps.Ready('I')),
+					ps.BackendSends(ps.Back(setPrepared, setRan("5"), ps.ParseComplete, ps.BindComplete, divide(), ps.Ready(ps.Idle))...),
+					ps.ClientGets(divide(), ps.Ready(ps.Idle)),
 					ps.ClientSends(ps.Query("SELECT 1")),
 					ps.BackendGets(ps.Front(setRun(tokenName, "5", false), ps.Sync)...),
-					ps.BackendSends(ps.Back(setRan("5"), ps.Ready('I'))...),
+					ps.BackendSends(ps.Back(setRan("5"), ps.Ready(ps.Idle))...),
 					ps.BackendGets(ps.Query("SELECT 1")),
 					ps.BackendSends(selectOne...),
 					ps.ClientGets(selectOne...),
@@ -745,33 +745,33 @@ func TestScriptedDeferred(t *testing.T) {
 			relays: onLoop,
 			script: func(x *scriptEnv) []ps.Step {
 				setTokens(x, "9", "10", "11", "40")
-				inBlock := []pgproto3.BackendMessage{ps.Columns("?column?"), ps.Row("1"), ps.Complete("SELECT 1"), ps.Ready('T')}
+				inBlock := []pgproto3.BackendMessage{ps.Columns("?column?"), ps.Row("1"), ps.Complete("SELECT 1"), ps.Ready(ps.InBlock)}
 				aborted := ps.Error("25P02", "current transaction is aborted, commands ignored until end of transaction block")
 				warning := ps.Notice("WARNING", "25P01", "SET LOCAL can only be used in transaction blocks")
 				steps := []ps.Step{
 					ps.ClientSends(ps.Query("BEGIN")),
 					ps.BackendGets(ps.Query("BEGIN")),
-					ps.BackendSends(ps.Complete("BEGIN"), ps.Ready('T')),
-					ps.ClientGets(ps.Complete("BEGIN"), ps.Ready('T')),
+					ps.BackendSends(ps.Complete("BEGIN"), ps.Ready(ps.InBlock)),
+					ps.ClientGets(ps.Complete("BEGIN"), ps.Ready(ps.InBlock)),
 				}
-				steps = append(steps, answered("9", false, 'T')...)
+				steps = append(steps, answered("9", false, ps.InBlock)...)
 				steps = append(steps,
 					ps.ClientSends(ps.Query("SELECT 1")),
 					ps.BackendGets(ps.Front(setPrepare, setRun(tokenName, "9", false), ps.Sync)...),
 					ps.BackendQuiet(),
-					ps.BackendSends(ps.Back(setPrepared, setRan("9"), ps.Ready('T'))...),
+					ps.BackendSends(ps.Back(setPrepared, setRan("9"), ps.Ready(ps.InBlock))...),
 					ps.BackendGets(ps.Query("SELECT 1")),
 					ps.BackendSends(inBlock...),
 					ps.ClientGets(inBlock...),
 				)
-				steps = append(steps, answered("10", true, 'T')...)
+				steps = append(steps, answered("10", true, ps.InBlock)...)
 				steps = append(steps,
 					ps.ClientSends(ps.Query("ROLLBACK")),
 					ps.BackendGets(ps.Front(setRun(tokenName, "10", true), ps.Sync)...),
-					ps.BackendSends(ps.Back(setRan("10"), ps.Ready('T'))...),
+					ps.BackendSends(ps.Back(setRan("10"), ps.Ready(ps.InBlock))...),
 					ps.BackendGets(ps.Query("ROLLBACK")),
-					ps.BackendSends(ps.Complete("ROLLBACK"), ps.Ready('I')),
-					ps.ClientGets(ps.Complete("ROLLBACK"), ps.Ready('I')),
+					ps.BackendSends(ps.Complete("ROLLBACK"), ps.Ready(ps.Idle)),
+					ps.ClientGets(ps.Complete("ROLLBACK"), ps.Ready(ps.Idle)),
 					// Nothing is left to set.
 					ps.ClientSends(ps.Query("SELECT 1")),
 					ps.BackendGets(ps.Query("SELECT 1")),
@@ -780,25 +780,25 @@ func TestScriptedDeferred(t *testing.T) {
 
 					ps.ClientSends(ps.Query("BEGIN")),
 					ps.BackendGets(ps.Query("BEGIN")),
-					ps.BackendSends(ps.Complete("BEGIN"), ps.Ready('T')),
-					ps.ClientGets(ps.Complete("BEGIN"), ps.Ready('T')),
+					ps.BackendSends(ps.Complete("BEGIN"), ps.Ready(ps.InBlock)),
+					ps.ClientGets(ps.Complete("BEGIN"), ps.Ready(ps.InBlock)),
 					ps.ClientSends(ps.Query("SELECT 1/0")),
 					ps.BackendGets(ps.Query("SELECT 1/0")),
-					ps.BackendSends(divide(), ps.Ready('E')),
-					ps.ClientGets(divide(), ps.Ready('E')),
+					ps.BackendSends(divide(), ps.Ready(ps.Failed)),
+					ps.ClientGets(divide(), ps.Ready(ps.Failed)),
 					ps.ClientSends(ps.Query(tokenSQL("11", false))),
 					ps.BackendGets(ps.Query(tokenSQL("11", false))),
-					ps.BackendSends(aborted, ps.Ready('E')),
-					ps.ClientGets(aborted, ps.Ready('E')),
+					ps.BackendSends(aborted, ps.Ready(ps.Failed)),
+					ps.ClientGets(aborted, ps.Ready(ps.Failed)),
 					ps.ClientSends(ps.Query("ROLLBACK")),
 					ps.BackendGets(ps.Query("ROLLBACK")),
-					ps.BackendSends(ps.Complete("ROLLBACK"), ps.Ready('I')),
-					ps.ClientGets(ps.Complete("ROLLBACK"), ps.Ready('I')),
+					ps.BackendSends(ps.Complete("ROLLBACK"), ps.Ready(ps.Idle)),
+					ps.ClientGets(ps.Complete("ROLLBACK"), ps.Ready(ps.Idle)),
 
 					ps.ClientSends(ps.Query(tokenSQL("40", true))),
 					ps.BackendGets(ps.Query(tokenSQL("40", true))),
-					ps.BackendSends(warning, ps.Complete("SET"), ps.Ready('I')),
-					ps.ClientGets(warning, ps.Complete("SET"), ps.Ready('I')),
+					ps.BackendSends(warning, ps.Complete("SET"), ps.Ready(ps.Idle)),
+					ps.ClientGets(warning, ps.Complete("SET"), ps.Ready(ps.Idle)),
 				)
 				return steps
 			},
@@ -822,33 +822,33 @@ func TestScriptedDeferred(t *testing.T) {
 				begin := []ps.Step{
 					ps.ClientSends(ps.Query("BEGIN")),
 					ps.BackendGets(ps.Query("BEGIN")),
-					ps.BackendSends(ps.Complete("BEGIN"), ps.Ready('T')),
-					ps.ClientGets(ps.Complete("BEGIN"), ps.Ready('T')),
+					ps.BackendSends(ps.Complete("BEGIN"), ps.Ready(ps.InBlock)),
+					ps.ClientGets(ps.Complete("BEGIN"), ps.Ready(ps.InBlock)),
 				}
-				steps := answered("5", false, 'I')
+				steps := answered("5", false, ps.Idle)
 				steps = append(steps,
 					ps.ClientSends(ps.Query(w1)),
 					ps.BackendGets(ps.Front(setPrepare, setRun(tokenName, "5", false),
 						ps.ParseNamed(reused1, boundSQL, 25, 20), ps.Bind(reused1, "x", "1"), ps.Execute(""), probePrepare(probeSQL), probeRun, ps.Sync)...),
-					ps.BackendSends(ps.Back(setPrepared, setRan("5"), ps.ParseComplete, ps.BindComplete, ps.Complete("UPDATE 1"), probePrepared, probeRan("1"), ps.Ready('I'))...),
+					ps.BackendSends(ps.Back(setPrepared, setRan("5"), ps.ParseComplete, ps.BindComplete, ps.Complete("UPDATE 1"), probePrepared, probeRan("1"), ps.Ready(ps.Idle))...),
 					ps.ClientGets(done...),
 				)
-				steps = append(append(steps, begin...), answered("6", false, 'T')...)
+				steps = append(append(steps, begin...), answered("6", false, ps.InBlock)...)
 				steps = append(steps,
 					ps.ClientSends(ps.Query(w1)),
 					ps.BackendGets(ps.Front(setRun(tokenName, "6", false), ps.Bind(reused1, "x", "1"), ps.Execute(""), probeRun, ps.Sync)...),
-					ps.BackendSends(missing, ps.Ready('E')),
-					ps.ClientGets(missing, ps.Ready('E')),
+					ps.BackendSends(missing, ps.Ready(ps.Failed)),
+					ps.ClientGets(missing, ps.Ready(ps.Failed)),
 					ps.ClientSends(ps.Query("ROLLBACK")),
 					ps.BackendGets(ps.Query("ROLLBACK")),
-					ps.BackendSends(ps.Complete("ROLLBACK"), ps.Ready('I')),
-					ps.ClientGets(ps.Complete("ROLLBACK"), ps.Ready('I')),
+					ps.BackendSends(ps.Complete("ROLLBACK"), ps.Ready(ps.Idle)),
+					ps.ClientGets(ps.Complete("ROLLBACK"), ps.Ready(ps.Idle)),
 				)
-				steps = append(append(steps, begin...), answered("7", true, 'T')...)
+				steps = append(append(steps, begin...), answered("7", true, ps.InBlock)...)
 				return append(steps,
 					ps.ClientSends(ps.Query("SELECT 1")),
 					ps.BackendGets(ps.Front(setPrepare, setRun(tokenName, "7", true), ps.Sync)...),
-					ps.BackendSends(missing, ps.Ready('E')),
+					ps.BackendSends(missing, ps.Ready(ps.Failed)),
 					ps.ClientGets(&pgproto3.ErrorResponse{Severity: "FATAL", Code: "26000",
 						Message: "pgfence: SET fence.token, which pgfence answered at once, failed when it ran on the server: prepared statement does not exist",
 						Hint:    "reconnect and set it again; pgfence ended the session so that nothing would run without it"}),
@@ -879,13 +879,13 @@ func TestScriptedDeferred(t *testing.T) {
 					ps.BackendGets(ps.Parse(set), ps.Bind(""), ps.DescribePortal(""), ps.Execute(""),
 						ps.Parse(fenced, 25, 20), ps.Bind("", "b", "1"), ps.DescribePortal(""), ps.Execute(""), ps.Sync),
 					ps.BackendSends(ps.ParseComplete, ps.BindComplete, ps.NoData, ps.Complete("SET"),
-						ps.ParseComplete, ps.BindComplete, ps.NoData, ps.Complete("UPDATE 1"), ps.Ready('I')),
+						ps.ParseComplete, ps.BindComplete, ps.NoData, ps.Complete("UPDATE 1"), ps.Ready(ps.Idle)),
 					ps.ClientGets(ps.ParseComplete, ps.BindComplete, ps.NoData, ps.Complete("SET"),
-						ps.ParseComplete, ps.BindComplete, ps.NoData, ps.Complete("UPDATE 1"), ps.Ready('I')),
+						ps.ParseComplete, ps.BindComplete, ps.NoData, ps.Complete("UPDATE 1"), ps.Ready(ps.Idle)),
 					ps.ClientSends(ps.Query("SELECT 1"), ps.Query(tokenSQL("12", false))),
 					ps.BackendGets(ps.Query("SELECT 1"), ps.Query(tokenSQL("12", false))),
-					ps.BackendSends(ps.Back(selectOne, ps.Complete("SET"), ps.Ready('I'))...),
-					ps.ClientGets(ps.Back(selectOne, ps.Complete("SET"), ps.Ready('I'))...),
+					ps.BackendSends(ps.Back(selectOne, ps.Complete("SET"), ps.Ready(ps.Idle))...),
+					ps.ClientGets(ps.Back(selectOne, ps.Complete("SET"), ps.Ready(ps.Idle))...),
 				}
 			},
 			calls: []string{"Parse: " + tokenSQL("11", false), "Parse: " + write, "Query: SELECT 1", "Query: " + tokenSQL("12", false)},
@@ -903,20 +903,45 @@ func TestScriptedDeferred(t *testing.T) {
 				return []ps.Step{
 					ps.ClientSends(ps.ParseNamed("p", tokenSQL("40", false), 23), ps.Sync),
 					ps.BackendGets(ps.ParseNamed("p", tokenSQL("40", false), 23), ps.Sync),
-					ps.BackendSends(ps.ParseComplete, ps.Ready('I')),
-					ps.ClientGets(ps.ParseComplete, ps.Ready('I')),
+					ps.BackendSends(ps.ParseComplete, ps.Ready(ps.Idle)),
+					ps.ClientGets(ps.ParseComplete, ps.Ready(ps.Idle)),
 					ps.ClientSends(ps.Bind("p"), ps.Execute(""), ps.Sync),
 					ps.BackendGets(ps.Bind("p"), ps.Execute(""), ps.Sync),
-					ps.BackendSends(refused, ps.Ready('I')),
-					ps.ClientGets(refused, ps.Ready('I')),
+					ps.BackendSends(refused, ps.Ready(ps.Idle)),
+					ps.ClientGets(refused, ps.Ready(ps.Idle)),
 					ps.ClientSends(ps.Parse(tokenSQL("41", false), 23), ps.Bind(""), ps.Execute(""), ps.Sync),
 					ps.BackendGets(ps.Parse(tokenSQL("41", false), 23), ps.Bind(""), ps.Execute(""), ps.Sync),
-					ps.BackendSends(ps.ParseComplete, refusedUnnamed, ps.Ready('I')),
-					ps.ClientGets(ps.ParseComplete, refusedUnnamed, ps.Ready('I')),
+					ps.BackendSends(ps.ParseComplete, refusedUnnamed, ps.Ready(ps.Idle)),
+					ps.ClientGets(ps.ParseComplete, refusedUnnamed, ps.Ready(ps.Idle)),
 				}
 			},
 			calls: []string{"Parse: " + tokenSQL("40", false), "Error: 08P01 bind message supplies 0 parameters, but prepared statement \"p\" requires 1",
 				"Parse: " + tokenSQL("41", false), "Error: 08P01 bind message supplies 0 parameters, but prepared statement \"\" requires 1"},
+		},
+		{
+			// A SET's unit whose Execute, or Describe, is of another
+			// portal than its Bind's is not one statement's unit (see
+			// session.unit): it is forwarded, and the client gets
+			// Postgres's error, not the proxy's answer.
+			name:   "SET unit of another portal forwarded",
+			relays: onLoop,
+			script: func(x *scriptEnv) []ps.Step {
+				setTokens(x, "42")
+				set := tokenSQL("42", false)
+				noPortal := ps.Error("34000", `portal "x" does not exist`)
+				return []ps.Step{
+					ps.ClientSends(ps.Parse(set), ps.Bind(""), ps.Execute("x"), ps.Sync),
+					ps.BackendGets(ps.Parse(set), ps.Bind(""), ps.Execute("x"), ps.Sync),
+					ps.BackendSends(ps.ParseComplete, ps.BindComplete, noPortal, ps.Ready(ps.Idle)),
+					ps.ClientGets(ps.ParseComplete, ps.BindComplete, noPortal, ps.Ready(ps.Idle)),
+					ps.ClientSends(ps.Parse(set), ps.Bind(""), ps.DescribePortal("x"), ps.Execute(""), ps.Sync),
+					ps.BackendGets(ps.Parse(set), ps.Bind(""), ps.DescribePortal("x"), ps.Execute(""), ps.Sync),
+					ps.BackendSends(ps.ParseComplete, ps.BindComplete, noPortal, ps.Ready(ps.Idle)),
+					ps.ClientGets(ps.ParseComplete, ps.BindComplete, noPortal, ps.Ready(ps.Idle)),
+				}
+			},
+			calls: []string{"Parse: SET fence.token = '42'", `Error: 34000 portal "x" does not exist`,
+				"Parse: SET fence.token = '42'", `Error: 34000 portal "x" does not exist`},
 		},
 		{
 			// TestDeferredTokenAfterDeallocateAll: a text that deallocates
@@ -929,17 +954,17 @@ func TestScriptedDeferred(t *testing.T) {
 			script: func(x *scriptEnv) []ps.Step {
 				setTokens(x, "5", "6")
 				x.ic.query["DEALLOCATE ALL"] = proxy.Plan{Forget: true}
-				return append(append(answered("5", false, 'I'),
+				return append(append(answered("5", false, ps.Idle),
 					ps.ClientSends(ps.Query("DEALLOCATE ALL")),
 					ps.BackendGets(ps.Front(setPrepare, setRun(tokenName, "5", false), ps.Sync)...),
-					ps.BackendSends(ps.Back(setPrepared, setRan("5"), ps.Ready('I'))...),
+					ps.BackendSends(ps.Back(setPrepared, setRan("5"), ps.Ready(ps.Idle))...),
 					ps.BackendGets(ps.Query("DEALLOCATE ALL")),
-					ps.BackendSends(ps.Complete("DEALLOCATE ALL"), ps.Ready('I')),
-					ps.ClientGets(ps.Complete("DEALLOCATE ALL"), ps.Ready('I')),
-				), append(answered("6", false, 'I'),
+					ps.BackendSends(ps.Complete("DEALLOCATE ALL"), ps.Ready(ps.Idle)),
+					ps.ClientGets(ps.Complete("DEALLOCATE ALL"), ps.Ready(ps.Idle)),
+				), append(answered("6", false, ps.Idle),
 					ps.ClientSends(ps.Query("SELECT 1")),
 					ps.BackendGets(ps.Front(setPrepare, setRun(tokenName, "6", false), ps.Sync)...),
-					ps.BackendSends(ps.Back(setPrepared, setRan("6"), ps.Ready('I'))...),
+					ps.BackendSends(ps.Back(setPrepared, setRan("6"), ps.Ready(ps.Idle))...),
 					ps.BackendGets(ps.Query("SELECT 1")),
 					ps.BackendSends(selectOne...),
 					ps.ClientGets(selectOne...),
@@ -957,14 +982,14 @@ func TestScriptedDeferred(t *testing.T) {
 			config: func(c *proxy.Config) { c.Hints.Pooler = "declare the pooler (scripted)" },
 			script: func(x *scriptEnv) []ps.Step {
 				setTokens(x, "5", "6")
-				return append(append(answered("5", false, 'I'),
+				return append(append(answered("5", false, ps.Idle),
 					ps.ClientSends(ps.Query("SELECT 1")),
 					ps.BackendGets(ps.Front(setPrepare, setRun(tokenName, "5", false), ps.Sync)...),
-					ps.BackendSends(ps.Back(setPrepared, setRan("5"), ps.Ready('I'))...),
+					ps.BackendSends(ps.Back(setPrepared, setRan("5"), ps.Ready(ps.Idle))...),
 					ps.BackendGets(ps.Query("SELECT 1")),
 					ps.BackendSends(selectOne...),
 					ps.ClientGets(selectOne...),
-				), append(answered("6", false, 'I'),
+				), append(answered("6", false, ps.Idle),
 					ps.ClientSends(ps.Query("SELECT 1")),
 					ps.BackendGets(ps.Front(setRun(tokenName, "6", false), ps.Sync)...),
 					ps.BackendSends(ps.BindComplete, ps.Row("6", "9999")),
@@ -992,14 +1017,14 @@ func TestScriptedDeferred(t *testing.T) {
 						ps.Query("DEALLOCATE ALL"), ps.ParseNamed("w2", write), ps.Sync),
 					ps.BackendGets(ps.Front(ps.ParseNamed("w", fenced), ps.Bind("w", "x", "1"), ps.Execute(""), probePrepare(probeSQL), probeRun, ps.Sync,
 						ps.Query("DEALLOCATE ALL"), ps.ParseNamed("w2", fenced), ps.Sync)...),
-					ps.BackendSends(ps.Back(ps.ParseComplete, ps.BindComplete, ps.Complete("UPDATE 1"), probePrepared, probeRan("1"), ps.Ready('I'),
-						ps.Complete("DEALLOCATE ALL"), ps.Ready('I'), ps.ParseComplete, ps.Ready('I'))...),
-					ps.ClientGets(ps.ParseComplete, ps.BindComplete, ps.Complete("UPDATE 1"), ps.Ready('I'),
-						ps.Complete("DEALLOCATE ALL"), ps.Ready('I'), ps.ParseComplete, ps.Ready('I')),
+					ps.BackendSends(ps.Back(ps.ParseComplete, ps.BindComplete, ps.Complete("UPDATE 1"), probePrepared, probeRan("1"), ps.Ready(ps.Idle),
+						ps.Complete("DEALLOCATE ALL"), ps.Ready(ps.Idle), ps.ParseComplete, ps.Ready(ps.Idle))...),
+					ps.ClientGets(ps.ParseComplete, ps.BindComplete, ps.Complete("UPDATE 1"), ps.Ready(ps.Idle),
+						ps.Complete("DEALLOCATE ALL"), ps.Ready(ps.Idle), ps.ParseComplete, ps.Ready(ps.Idle)),
 					ps.ClientSends(ps.Bind("w2", "y", "1"), ps.Execute(""), ps.Sync),
 					ps.BackendGets(ps.Front(ps.Bind("w2", "y", "1"), ps.Execute(""), probePrepare(probeSQL), probeRun, ps.Sync)...),
-					ps.BackendSends(ps.Back(ps.BindComplete, ps.Complete("UPDATE 1"), probePrepared, probeRan("1"), ps.Ready('I'))...),
-					ps.ClientGets(ps.BindComplete, ps.Complete("UPDATE 1"), ps.Ready('I')),
+					ps.BackendSends(ps.Back(ps.BindComplete, ps.Complete("UPDATE 1"), probePrepared, probeRan("1"), ps.Ready(ps.Idle))...),
+					ps.ClientGets(ps.BindComplete, ps.Complete("UPDATE 1"), ps.Ready(ps.Idle)),
 				}
 			},
 			calls: []string{"Parse: " + write, "Query: DEALLOCATE ALL", "Parse: " + write, "probe " + probeSQL + ": 1", "probe " + probeSQL + ": 1"},

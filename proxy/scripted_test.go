@@ -405,4 +405,4 @@ func probeRan(vals ...string) []pgproto3.BackendMessage {
 }
 
 // selectOne is Postgres's answer to a Query of SELECT 1.
-var selectOne = []pgproto3.BackendMessage{ps.Columns("?column?"), ps.Row("1"), ps.Complete("SELECT 1"), ps.Ready('I')}
+var selectOne = []pgproto3.BackendMessage{ps.Columns("?column?"), ps.Row("1"), ps.Complete("SELECT 1"), ps.Ready(ps.Idle)}

@@ -68,8 +68,8 @@ func TestScriptedSequences(t *testing.T) {
 				return []ps.Step{
 					ps.ClientSends(ps.Query(simpleSQL)),
 					ps.BackendGets(ps.Query(simpleRW)),
-					ps.BackendSends(ps.Complete("UPDATE 1"), ps.Ready('I')),
-					ps.ClientGets(ps.Complete("UPDATE 1"), ps.Ready('I')),
+					ps.BackendSends(ps.Complete("UPDATE 1"), ps.Ready(ps.Idle)),
+					ps.ClientGets(ps.Complete("UPDATE 1"), ps.Ready(ps.Idle)),
 				}
 			},
 			calls: []string{"Query: " + simpleSQL},
@@ -81,8 +81,8 @@ func TestScriptedSequences(t *testing.T) {
 				return []ps.Step{
 					ps.ClientSends(ps.Parse(write, 25, 20), ps.Bind("", "x", "1"), ps.DescribePortal(""), ps.Execute(""), ps.Sync),
 					ps.BackendGets(ps.Parse(fenced, 25, 20), ps.Bind("", "x", "1"), ps.DescribePortal(""), ps.Execute(""), ps.Sync),
-					ps.BackendSends(ps.ParseComplete, ps.BindComplete, ps.NoData, ps.Complete("UPDATE 1"), ps.Ready('I')),
-					ps.ClientGets(ps.ParseComplete, ps.BindComplete, ps.NoData, ps.Complete("UPDATE 1"), ps.Ready('I')),
+					ps.BackendSends(ps.ParseComplete, ps.BindComplete, ps.NoData, ps.Complete("UPDATE 1"), ps.Ready(ps.Idle)),
+					ps.ClientGets(ps.ParseComplete, ps.BindComplete, ps.NoData, ps.Complete("UPDATE 1"), ps.Ready(ps.Idle)),
 				}
 			},
 			calls: []string{"Parse: " + write},
@@ -105,13 +105,13 @@ func TestScriptedSequences(t *testing.T) {
 				return []ps.Step{
 					ps.ClientSends(unit...),
 					ps.BackendGets(ps.Front(ps.Parse(fenced, 25, 20), ps.Bind("", "x", "1"), ps.Execute(""), probePrepare(probeSQL), probeRun, ps.Sync)...),
-					ps.BackendSends(ps.Back(ps.ParseComplete, ps.BindComplete, ps.Complete("UPDATE 1"), probePrepared, probeRan("1", "t"), ps.Ready('I'))...),
-					ps.ClientGets(ps.ParseComplete, ps.BindComplete, ps.Complete("UPDATE 1"), ps.Ready('I')),
+					ps.BackendSends(ps.Back(ps.ParseComplete, ps.BindComplete, ps.Complete("UPDATE 1"), probePrepared, probeRan("1", "t"), ps.Ready(ps.Idle))...),
+					ps.ClientGets(ps.ParseComplete, ps.BindComplete, ps.Complete("UPDATE 1"), ps.Ready(ps.Idle)),
 					// Prepared once: now only run.
 					ps.ClientSends(unit...),
 					ps.BackendGets(ps.Front(ps.Parse(fenced, 25, 20), ps.Bind("", "x", "1"), ps.Execute(""), probeRun, ps.Sync)...),
-					ps.BackendSends(ps.Back(ps.ParseComplete, ps.BindComplete, ps.Complete("UPDATE 0"), probeRan("stale", "f"), ps.Ready('I'))...),
-					ps.ClientGets(ps.ParseComplete, ps.BindComplete, ps.Complete("UPDATE 0"), ps.Notice("WARNING", "01000", "stale write"), ps.Ready('I')),
+					ps.BackendSends(ps.Back(ps.ParseComplete, ps.BindComplete, ps.Complete("UPDATE 0"), probeRan("stale", "f"), ps.Ready(ps.Idle))...),
+					ps.ClientGets(ps.ParseComplete, ps.BindComplete, ps.Complete("UPDATE 0"), ps.Notice("WARNING", "01000", "stale write"), ps.Ready(ps.Idle)),
 				}
 			},
 			calls: []string{"Parse: " + write, "probe " + probeSQL + ": 1, t", "Parse: " + write, "probe " + probeSQL + ": stale, f"},
@@ -126,8 +126,8 @@ func TestScriptedSequences(t *testing.T) {
 				return []ps.Step{
 					ps.ClientSends(ps.Query(simpleSQL)),
 					ps.BackendGets(ps.Query(simpleRW + "; " + probeSQL)),
-					ps.BackendSends(ps.Complete("UPDATE 1"), ps.Columns("a", "b"), ps.Row("1", "t"), ps.Complete("SELECT 1"), ps.Ready('I')),
-					ps.ClientGets(ps.Complete("UPDATE 1"), ps.Ready('I')),
+					ps.BackendSends(ps.Complete("UPDATE 1"), ps.Columns("a", "b"), ps.Row("1", "t"), ps.Complete("SELECT 1"), ps.Ready(ps.Idle)),
+					ps.ClientGets(ps.Complete("UPDATE 1"), ps.Ready(ps.Idle)),
 				}
 			},
 			calls: []string{"Query: " + simpleSQL, "probe " + probeSQL + ": 1, t"},
@@ -145,26 +145,26 @@ func TestScriptedSequences(t *testing.T) {
 				return []ps.Step{
 					ps.ClientSends(ps.Parse(write, 25, 20), ps.Bind("", "a", "1"), ps.Execute(""), ps.Sync),
 					ps.BackendGets(ps.CloseStatement(""), ps.ParseNamed(reused1, fenced, 25, 20), ps.Bind(reused1, "a", "1"), ps.Execute(""), ps.Sync),
-					ps.BackendSends(ps.CloseComplete, ps.ParseComplete, ps.BindComplete, ps.Complete("UPDATE 1"), ps.Ready('I')),
-					ps.ClientGets(ps.ParseComplete, ps.BindComplete, ps.Complete("UPDATE 1"), ps.Ready('I')),
+					ps.BackendSends(ps.CloseComplete, ps.ParseComplete, ps.BindComplete, ps.Complete("UPDATE 1"), ps.Ready(ps.Idle)),
+					ps.ClientGets(ps.ParseComplete, ps.BindComplete, ps.Complete("UPDATE 1"), ps.Ready(ps.Idle)),
 
 					ps.ClientSends(ps.Parse(write, 25, 20), ps.Bind("", "b", "1"), ps.Execute(""), ps.Sync),
 					ps.BackendGets(standIn, ps.Bind(reused1, "b", "1"), ps.Execute(""), ps.Sync),
-					ps.BackendSends(ps.ParseComplete, ps.BindComplete, ps.Complete("UPDATE 1"), ps.Ready('I')),
-					ps.ClientGets(ps.ParseComplete, ps.BindComplete, ps.Complete("UPDATE 1"), ps.Ready('I')),
+					ps.BackendSends(ps.ParseComplete, ps.BindComplete, ps.Complete("UPDATE 1"), ps.Ready(ps.Idle)),
+					ps.ClientGets(ps.ParseComplete, ps.BindComplete, ps.Complete("UPDATE 1"), ps.Ready(ps.Idle)),
 
 					// Described, as pgx does to learn the parameter types.
 					ps.ClientSends(ps.Parse(write, 25, 20), ps.DescribeStatement(""), ps.Sync),
 					ps.BackendGets(standIn, ps.DescribeStatement(reused1), ps.Sync),
-					ps.BackendSends(ps.ParseComplete, described, ps.NoData, ps.Ready('I')),
-					ps.ClientGets(ps.ParseComplete, described, ps.NoData, ps.Ready('I')),
+					ps.BackendSends(ps.ParseComplete, described, ps.NoData, ps.Ready(ps.Idle)),
+					ps.ClientGets(ps.ParseComplete, described, ps.NoData, ps.Ready(ps.Idle)),
 
 					// The same text with other parameter types is another
 					// statement.
 					ps.ClientSends(ps.Parse(write), ps.DescribeStatement(""), ps.Sync),
 					ps.BackendGets(ps.CloseStatement(""), ps.ParseNamed(reused2, fenced), ps.DescribeStatement(reused2), ps.Sync),
-					ps.BackendSends(ps.CloseComplete, ps.ParseComplete, described, ps.NoData, ps.Ready('I')),
-					ps.ClientGets(ps.ParseComplete, described, ps.NoData, ps.Ready('I')),
+					ps.BackendSends(ps.CloseComplete, ps.ParseComplete, described, ps.NoData, ps.Ready(ps.Idle)),
+					ps.ClientGets(ps.ParseComplete, described, ps.NoData, ps.Ready(ps.Idle)),
 				}
 			},
 			calls: []string{"Parse: " + write, "Parse: " + write, "Parse: " + write, "Parse: " + write},
@@ -178,13 +178,13 @@ func TestScriptedSequences(t *testing.T) {
 				return []ps.Step{
 					ps.ClientSends(ps.Query(simpleSQL)),
 					ps.BackendGets(ps.ParseNamed(reused1, boundSQL, 25, 20), ps.Bind(reused1, "x", "1"), ps.Execute(""), ps.Sync),
-					ps.BackendSends(ps.ParseComplete, ps.BindComplete, ps.Complete("UPDATE 1"), ps.Ready('I')),
-					ps.ClientGets(ps.Complete("UPDATE 1"), ps.Ready('I')),
+					ps.BackendSends(ps.ParseComplete, ps.BindComplete, ps.Complete("UPDATE 1"), ps.Ready(ps.Idle)),
+					ps.ClientGets(ps.Complete("UPDATE 1"), ps.Ready(ps.Idle)),
 					// Prepared: bound at once.
 					ps.ClientSends(ps.Query(simpleSQL)),
 					ps.BackendGets(ps.Bind(reused1, "x", "1"), ps.Execute(""), ps.Sync),
-					ps.BackendSends(ps.BindComplete, ps.Complete("UPDATE 1"), ps.Ready('I')),
-					ps.ClientGets(ps.Complete("UPDATE 1"), ps.Ready('I')),
+					ps.BackendSends(ps.BindComplete, ps.Complete("UPDATE 1"), ps.Ready(ps.Idle)),
+					ps.ClientGets(ps.Complete("UPDATE 1"), ps.Ready(ps.Idle)),
 				}
 			},
 			calls: []string{"Query: " + simpleSQL, "Query: " + simpleSQL},
@@ -199,12 +199,12 @@ func TestScriptedSequences(t *testing.T) {
 				x.ic.query[tokenSet] = setPlan(tokenName, tokenValue, false)
 				return []ps.Step{
 					ps.ClientSends(ps.Query(tokenSet)),
-					ps.ClientGets(ps.Complete("SET"), ps.Ready('I')),
+					ps.ClientGets(ps.Complete("SET"), ps.Ready(ps.Idle)),
 					ps.BackendQuiet(),
 					ps.ClientSends(ps.Query("SELECT 1")),
 					ps.BackendGets(ps.Front(setPrepare, setRun(tokenName, tokenValue, false), ps.Sync)...),
 					ps.BackendQuiet(), // the Query waits for the setting
-					ps.BackendSends(ps.Back(setPrepared, setRan(tokenValue), ps.Ready('I'))...),
+					ps.BackendSends(ps.Back(setPrepared, setRan(tokenValue), ps.Ready(ps.Idle))...),
 					ps.BackendGets(ps.Query("SELECT 1")),
 					ps.BackendSends(selectOne...),
 					ps.ClientGets(selectOne...),
@@ -249,14 +249,14 @@ func TestScriptedSequences(t *testing.T) {
 						ps.Parse("SELECT 1/0"), ps.Bind(""), ps.Execute(""),
 						ps.Parse(fenced), ps.Bind("", "x", "1"), ps.Execute(""), probePrepare(probeSQL), probeRun, ps.Sync,
 						ps.Parse("SELECT 2"), ps.Bind(""), ps.Execute(""), ps.Sync)...),
-					ps.BackendSends(ps.ParseComplete, ps.BindComplete, ps.Error("22012", "division by zero"), ps.Ready('I'),
-						ps.ParseComplete, ps.BindComplete, ps.Row("2"), ps.Complete("SELECT 1"), ps.Ready('I')),
-					ps.ClientGets(ps.ParseComplete, ps.BindComplete, ps.Error("22012", "division by zero"), ps.Ready('I'),
-						ps.ParseComplete, ps.BindComplete, ps.Row("2"), ps.Complete("SELECT 1"), ps.Ready('I')),
+					ps.BackendSends(ps.ParseComplete, ps.BindComplete, ps.Error("22012", "division by zero"), ps.Ready(ps.Idle),
+						ps.ParseComplete, ps.BindComplete, ps.Row("2"), ps.Complete("SELECT 1"), ps.Ready(ps.Idle)),
+					ps.ClientGets(ps.ParseComplete, ps.BindComplete, ps.Error("22012", "division by zero"), ps.Ready(ps.Idle),
+						ps.ParseComplete, ps.BindComplete, ps.Row("2"), ps.Complete("SELECT 1"), ps.Ready(ps.Idle)),
 					ps.ClientSends(ps.Parse(write), ps.Bind("", "x", "1"), ps.Execute(""), ps.Sync),
 					ps.BackendGets(ps.Front(ps.Parse(fenced), ps.Bind("", "x", "1"), ps.Execute(""), probePrepare(probeSQL), probeRun, ps.Sync)...),
-					ps.BackendSends(ps.Back(ps.ParseComplete, ps.BindComplete, ps.Complete("UPDATE 1"), probePrepared, probeRan("1"), ps.Ready('I'))...),
-					ps.ClientGets(ps.ParseComplete, ps.BindComplete, ps.Complete("UPDATE 1"), ps.Ready('I')),
+					ps.BackendSends(ps.Back(ps.ParseComplete, ps.BindComplete, ps.Complete("UPDATE 1"), probePrepared, probeRan("1"), ps.Ready(ps.Idle))...),
+					ps.ClientGets(ps.ParseComplete, ps.BindComplete, ps.Complete("UPDATE 1"), ps.Ready(ps.Idle)),
 				}
 			},
 			calls: []string{"Parse: SELECT 1/0", "Parse: " + write, "Parse: SELECT 2", "Error: 22012 division by zero",
@@ -272,8 +272,8 @@ func TestScriptedSequences(t *testing.T) {
 				return []ps.Step{
 					ps.ClientSends(ps.Parse(write), ps.Bind("", "x", "1"), ps.Execute(""), ps.Sync),
 					ps.BackendGets(ps.Front(ps.Parse(fenced), ps.Bind("", "x", "1"), ps.Execute(""), probePrepare(probeSQL), probeRun, ps.Sync)...),
-					ps.BackendSends(ps.ParseComplete, ps.BindComplete, ps.Complete("UPDATE 1"), ps.CloseComplete, ps.Error("42P01", "relation does not exist"), ps.Ready('I')),
-					ps.ClientGets(ps.ParseComplete, ps.BindComplete, ps.Complete("UPDATE 1"), ps.Error("42P01", "relation does not exist"), ps.Ready('I')),
+					ps.BackendSends(ps.ParseComplete, ps.BindComplete, ps.Complete("UPDATE 1"), ps.CloseComplete, ps.Error("42P01", "relation does not exist"), ps.Ready(ps.Idle)),
+					ps.ClientGets(ps.ParseComplete, ps.BindComplete, ps.Complete("UPDATE 1"), ps.Error("42P01", "relation does not exist"), ps.Ready(ps.Idle)),
 					ps.ClientSends(ps.Query("SELECT 1")),
 					ps.BackendGets(ps.Query("SELECT 1")),
 					ps.BackendSends(selectOne...),
@@ -293,17 +293,17 @@ func TestScriptedSequences(t *testing.T) {
 				return []ps.Step{
 					ps.ClientSends(ps.Query("SELECT boom()")),
 					ps.BackendGets(ps.Query("SELECT boom()")),
-					ps.BackendSends(ps.Notice("NOTICE", "00000", "hidden"), ps.Notice("NOTICE", "00000", "shown"), ps.Error("P0001", "boom"), ps.Ready('I')),
-					ps.ClientGets(ps.Notice("NOTICE", "00000", "shown"), &pgproto3.ErrorResponse{Severity: "ERROR", Code: "40001", Message: "pgfence: replaced", Hint: "retry"}, ps.Ready('I')),
+					ps.BackendSends(ps.Notice("NOTICE", "00000", "hidden"), ps.Notice("NOTICE", "00000", "shown"), ps.Error("P0001", "boom"), ps.Ready(ps.Idle)),
+					ps.ClientGets(ps.Notice("NOTICE", "00000", "shown"), &pgproto3.ErrorResponse{Severity: "ERROR", Code: "40001", Message: "pgfence: replaced", Hint: "retry"}, ps.Ready(ps.Idle)),
 					ps.ClientSends(ps.Parse("SELECT boom()"), ps.Bind(""), ps.Execute(""), ps.Sync),
 					ps.BackendGets(ps.Parse("SELECT boom()"), ps.Bind(""), ps.Execute(""), ps.Sync),
-					ps.BackendSends(ps.ParseComplete, ps.BindComplete, ps.Error("P0001", "boom"), ps.Ready('I')),
-					ps.ClientGets(ps.ParseComplete, ps.BindComplete, &pgproto3.ErrorResponse{Severity: "ERROR", Code: "40001", Message: "pgfence: replaced", Hint: "retry"}, ps.Ready('I')),
+					ps.BackendSends(ps.ParseComplete, ps.BindComplete, ps.Error("P0001", "boom"), ps.Ready(ps.Idle)),
+					ps.ClientGets(ps.ParseComplete, ps.BindComplete, &pgproto3.ErrorResponse{Severity: "ERROR", Code: "40001", Message: "pgfence: replaced", Hint: "retry"}, ps.Ready(ps.Idle)),
 					// Other errors pass as they are.
 					ps.ClientSends(ps.Query("SELECT 1/0")),
 					ps.BackendGets(ps.Query("SELECT 1/0")),
-					ps.BackendSends(ps.Error("22012", "division by zero"), ps.Ready('I')),
-					ps.ClientGets(ps.Error("22012", "division by zero"), ps.Ready('I')),
+					ps.BackendSends(ps.Error("22012", "division by zero"), ps.Ready(ps.Idle)),
+					ps.ClientGets(ps.Error("22012", "division by zero"), ps.Ready(ps.Idle)),
 				}
 			},
 			calls: []string{"Query: SELECT boom()", "Notice: hidden", "Notice: shown", "Error: P0001 boom",
@@ -323,8 +323,8 @@ func TestScriptedSequences(t *testing.T) {
 				return []ps.Step{
 					ps.ClientSends(ps.Query("SELECT nosuch")),
 					ps.BackendGets(ps.Query("/* x */ SELECT nosuch")),
-					ps.BackendSends(at(16), ps.Ready('I')),
-					ps.ClientGets(at(8), ps.Ready('I')),
+					ps.BackendSends(at(16), ps.Ready(ps.Idle)),
+					ps.ClientGets(at(8), ps.Ready(ps.Idle)),
 				}
 			},
 			calls: []string{"Query: SELECT nosuch", `Error: 42703 column "nosuch" does not exist`},
@@ -344,8 +344,8 @@ func TestScriptedSequences(t *testing.T) {
 						ps.Play(t, c2, b2,
 							ps.ClientSends(ps.Query("BEGIN")),
 							ps.BackendGets(ps.Query("BEGIN")),
-							ps.BackendSends(ps.Complete("BEGIN"), ps.Ready('T')),
-							ps.ClientGets(ps.Complete("BEGIN"), ps.Ready('T')))
+							ps.BackendSends(ps.Complete("BEGIN"), ps.Ready(ps.InBlock)),
+							ps.ClientGets(ps.Complete("BEGIN"), ps.Ready(ps.InBlock)))
 					}),
 					ps.ClientSendsBytes([]byte{'Q', 0, 0, 0, 3}),
 					ps.ClientGets(&pgproto3.ErrorResponse{Severity: "FATAL", Code: "08P01",
@@ -360,8 +360,8 @@ func TestScriptedSequences(t *testing.T) {
 						ps.Play(t, c2, b2,
 							ps.ClientSends(ps.Query("COMMIT")),
 							ps.BackendGets(ps.Query("COMMIT")),
-							ps.BackendSends(ps.Complete("COMMIT"), ps.Ready('I')),
-							ps.ClientGets(ps.Complete("COMMIT"), ps.Ready('I')))
+							ps.BackendSends(ps.Complete("COMMIT"), ps.Ready(ps.Idle)),
+							ps.ClientGets(ps.Complete("COMMIT"), ps.Ready(ps.Idle)))
 					}),
 				}
 			},
@@ -418,7 +418,7 @@ func forwardedSet(x *scriptEnv) []ps.Step {
 	return []ps.Step{
 		ps.ClientSends(ps.Query(tokenSet)),
 		ps.BackendGets(ps.Query(tokenSet)),
-		ps.BackendSends(ps.Complete("SET"), ps.Ready('I')),
-		ps.ClientGets(ps.Complete("SET"), ps.Ready('I')),
+		ps.BackendSends(ps.Complete("SET"), ps.Ready(ps.Idle)),
+		ps.ClientGets(ps.Complete("SET"), ps.Ready(ps.Idle)),
 	}
 }

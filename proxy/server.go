@@ -568,14 +568,14 @@ func (s *Server) dialUpstream(up *Upstream) (net.Conn, error) {
 		return nil, dialFailure(err)
 	}
 	switch answer[0] {
-	case 'S':
+	case encryptionAccepted:
 		tc := tls.Client(tlsBase(conn), up.TLS)
 		if err := tc.HandshakeContext(ctx); err != nil {
 			conn.Close()
 			return nil, tlsFailure(fmt.Errorf("TLS handshake with Postgres: %w", err))
 		}
 		return tc, nil
-	case 'N':
+	case encryptionRefused:
 		if up.TLSRequired {
 			conn.Close()
 			return nil, tlsFailure(errors.New("the upstream URL's sslmode requires TLS, and Postgres does not accept TLS"))
@@ -618,7 +618,7 @@ func (s *Server) readStartup(cc *clientConn) ([]byte, *pgproto3.StartupMessage, 
 				// inject them (CVE-2021-23214).
 				return nil, nil, fmt.Errorf("%w: unencrypted data after SSLRequest", ErrMalformed)
 			}
-			if err := w.WriteByte('S'); err != nil {
+			if err := w.WriteByte(encryptionAccepted); err != nil {
 				return nil, nil, err
 			}
 			if err := w.Flush(); err != nil {
@@ -637,7 +637,7 @@ func (s *Server) readStartup(cc *clientConn) ([]byte, *pgproto3.StartupMessage, 
 		case codeSSLRequest, codeGSSENCRequest:
 			// Encryption is not offered: the client may go on in plain text
 			// or give up, as it chooses.
-			if err := w.WriteByte('N'); err != nil {
+			if err := w.WriteByte(encryptionRefused); err != nil {
 				return nil, nil, err
 			}
 			if err := w.Flush(); err != nil {

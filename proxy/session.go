@@ -231,8 +231,9 @@ func (s *session) clientToServer() error {
 		if err != nil {
 			return s.framingError(err)
 		}
-		for mayHold(typ) {
-			ch, _, err := s.holdFor(typ, n)
+		ct := clientMsg(typ)
+		for mayHold(ct) {
+			ch, _, err := s.holdFor(ct, n)
 			if err != nil {
 				return err
 			}
@@ -248,7 +249,7 @@ func (s *session) clientToServer() error {
 				return net.ErrClosed
 			}
 		}
-		if err := s.clientMessage(typ, n); err != nil {
+		if err := s.clientMessage(ct, n); err != nil {
 			return err
 		}
 	}
@@ -256,8 +257,12 @@ func (s *session) clientToServer() error {
 
 // mayHold reports whether a client message of type typ may have to wait
 // (see holdFor).
-func mayHold(typ byte) bool {
-	return typ == 'Q' || typ == 'P' || typ == 'B' || typ == 'D' || typ == 'F'
+func mayHold(typ clientMsg) bool {
+	switch typ {
+	case clientMsgQuery, clientMsgParse, clientMsgBind, clientMsgDescribe, clientMsgFunctionCall:
+		return true
+	}
+	return false
 }
 
 // holdFor returns what the client's message, whose header is typ and n,
@@ -274,9 +279,9 @@ func mayHold(typ byte) bool {
 // the caller waits and asks again, until holdFor returns nil. local says
 // the channel is the pipeline's own (see pipeline.whenDrained), which the
 // server side closes.
-func (s *session) holdFor(typ byte, n int) (ch <-chan struct{}, local bool, err error) {
+func (s *session) holdFor(typ clientMsg, n int) (ch <-chan struct{}, local bool, err error) {
 	c := s.c
-	if typ == 'F' {
+	if typ == clientMsgFunctionCall {
 		// A FunctionCall runs a function the Interceptor never sees: it
 		// waits for a hold as a statement does (the first read of its
 		// database's catalog, say), and for nothing else. (In the middle
@@ -287,7 +292,7 @@ func (s *session) holdFor(typ byte, n int) (ch <-chan struct{}, local bool, err 
 		c.settled = true
 		return s.waitFor(true)
 	}
-	statement := typ == 'Q' || typ == 'P'
+	statement := typ == clientMsgQuery || typ == clientMsgParse
 	switch {
 	case c.settled:
 		return nil, false, nil
@@ -358,7 +363,7 @@ func (s *session) waitFor(statement bool) (ch <-chan struct{}, local bool, err e
 // Describe (typ, n bytes) next in the client's reader plans again before
 // it is sent (see replan), without reading it; ok is false when it plans
 // none.
-func (s *session) replanText(typ byte, n int) (text string, ok bool) {
+func (s *session) replanText(typ clientMsg, n int) (text string, ok bool) {
 	if len(s.book.stmts) == 0 {
 		return "", false
 	}
@@ -368,16 +373,16 @@ func (s *session) replanText(typ byte, n int) (text string, ok bool) {
 	}
 	var name []byte
 	switch typ {
-	case 'B':
-		if _, b, err = cstring(b); err != nil {
+	case clientMsgBind:
+		m, ok := decodeBind(b)
+		if !ok {
 			return "", false
 		}
-		if name, _, err = cstring(b); err != nil {
+		name = m.stmt
+	case clientMsgDescribe:
+		// Only a Describe of the unnamed statement plans it again.
+		if m, ok := decodeDescribe(b); !ok || !m.exact() || !m.unnamed(targetStatement) {
 			return "", false
-		}
-	case 'D':
-		if n != 2 || b[0] != 'S' || b[1] != 0 {
-			return "", false // only a Describe of the unnamed statement plans it again
 		}
 	}
 	st := s.book.stmts[string(name)]
@@ -401,18 +406,18 @@ func (s *session) probeReading() error {
 }
 
 // flushMessage is a Flush.
-var flushMessage = []byte{'H', 0, 0, 0, 4}
+var flushMessage = []byte{byte(clientMsgFlush), 0, 0, 0, 4}
 
 // peekText returns the SQL text of the Query or Parse (typ, n bytes) next
 // in the client's reader, without reading it; ok is false when the
 // reader cannot hold all of it or it is malformed (the handler says so).
-func (s *session) peekText(typ byte, n int) (text string, ok bool) {
+func (s *session) peekText(typ clientMsg, n int) (text string, ok bool) {
 	b, err := s.cr.Peek(5 + n)
 	if err != nil {
 		return "", false
 	}
 	b = b[5:]
-	if typ == 'P' {
+	if typ == clientMsgParse {
 		if _, b, err = cstring(b); err != nil {
 			return "", false
 		}
@@ -427,13 +432,13 @@ func (s *session) peekText(typ byte, n int) (text string, ok bool) {
 // clientMessage forwards the client's next message, whose header is typ
 // and n, handing the few that matter to the Interceptor. It returns io.EOF
 // after the client's Terminate.
-func (s *session) clientMessage(typ byte, n int) error {
+func (s *session) clientMessage(typ clientMsg, n int) error {
 	idle := s.idle.Load()
 	if idle { // a load is cheaper than a store on every message
 		s.idle.Store(false)
 	}
 	s.sets.arrive(idle)
-	if typ == 'B' && s.sets.quiet() {
+	if typ == clientMsgBind && s.sets.quiet() {
 		if ok, err := s.answerBind(n); ok || err != nil {
 			return err
 		}
@@ -444,9 +449,9 @@ func (s *session) clientMessage(typ byte, n int) error {
 		}
 	}
 	switch typ {
-	case 'P', 'B', 'E', 'C', 'D', 'H':
+	case clientMsgParse, clientMsgBind, clientMsgExecute, clientMsgClose, clientMsgDescribe, clientMsgFlush:
 		s.c.midBatch = true
-	case 'S':
+	case clientMsgSync:
 		s.c.midBatch = false
 		if len(s.c.afterSync) > 0 {
 			// A hold taken in the batch this Sync ends (see Statement holds).
@@ -457,24 +462,24 @@ func (s *session) clientMessage(typ byte, n int) error {
 		s.c.settled = false
 	}
 	switch typ {
-	case 'Q':
+	case clientMsgQuery:
 		return s.query(n)
-	case 'P':
+	case clientMsgParse:
 		return s.parse(n)
-	case 'B':
+	case clientMsgBind:
 		return s.bind(n)
-	case 'E':
+	case clientMsgExecute:
 		return s.execute(n)
-	case 'C':
+	case clientMsgClose:
 		return s.close(n)
-	case 'D':
+	case clientMsgDescribe:
 		return s.describe(n)
-	case 'S', 'F': // Sync and FunctionCall end with ReadyForQuery
+	case clientMsgSync, clientMsgFunctionCall: // both end with ReadyForQuery
 		s.pipe.push(s.syncWait())
 		return forward(s.sw, s.cr, n)
-	case 'p':
+	case clientMsgPassword:
 		return s.saslInitial(n)
-	case 'X':
+	case clientMsgTerminate:
 		s.terminated.Store(true)
 		err := forward(s.sw, s.cr, n)
 		if err == nil {
@@ -508,7 +513,7 @@ func (s *session) serverToClient() error {
 		}
 		typ, n, err := header(s.sr, maxServerMessage)
 		if err == nil {
-			err = s.serverMessage(typ, n)
+			err = s.serverMessage(serverMsg(typ), n)
 		}
 		if err != nil {
 			return err
@@ -518,7 +523,7 @@ func (s *session) serverToClient() error {
 
 // serverMessage forwards the server's next message, keeping probe replies
 // from the client and letting the Interceptor see errors.
-func (s *session) serverMessage(typ byte, n int) error {
+func (s *session) serverMessage(typ serverMsg, n int) error {
 	w := s.pipe.head()
 	switch {
 	case w == nil:
@@ -529,7 +534,7 @@ func (s *session) serverMessage(typ byte, n int) error {
 		return s.swallowReply(w, typ, n)
 	case w.kind == waitSet:
 		return s.setReply(w, typ, n)
-	case w.kind == waitPass && (typ == '2' || typ == '3'):
+	case w.kind == waitPass && (typ == serverMsgBindComplete || typ == serverMsgCloseComplete):
 		if w.seen++; w.seen == w.want {
 			s.pipe.pop()
 		}
@@ -542,8 +547,9 @@ func (s *session) serverMessage(typ byte, n int) error {
 // wholeServerMessage reports whether serverMessage needs all of a server
 // message in hand rather than its first peekLimit bytes: the ones it
 // decodes, and every reply to a probe.
-func (s *session) wholeServerMessage(typ byte) bool {
-	if typ == 'E' || typ == 'S' || typ == 'N' {
+func (s *session) wholeServerMessage(typ serverMsg) bool {
+	switch typ {
+	case serverMsgErrorResponse, serverMsgParameterStatus, serverMsgNoticeResponse:
 		return true
 	}
 	w := s.pipe.head()

@@ -88,8 +88,8 @@ func (t *setState) add(set *Setting) {
 
 // atReady notes, at a ReadyForQuery with status, whether the unit it ends
 // kept the deferred settings sent in it.
-func (t *setState) atReady(status byte) {
-	if t.ran != 0 && status == 'I' {
+func (t *setState) atReady(status txStatus) {
+	if t.ran != 0 && status == txIdle {
 		t.kept = t.ran
 	}
 	t.ran = 0
@@ -97,13 +97,13 @@ func (t *setState) atReady(status byte) {
 
 // The replies the proxy gives to a SET it answers itself.
 var (
-	parseCompleteMessage = []byte{'1', 0, 0, 0, 4}
-	bindCompleteMessage  = []byte{'2', 0, 0, 0, 4}
-	noDataMessage        = []byte{'n', 0, 0, 0, 4}
-	setCompleteMessage   = []byte{'C', 0, 0, 0, 8, 'S', 'E', 'T', 0}
-	resetCompleteMessage = []byte{'C', 0, 0, 0, 10, 'R', 'E', 'S', 'E', 'T', 0}
-	readyIdleMessage     = []byte{'Z', 0, 0, 0, 5, 'I'}
-	readyBlockMessage    = []byte{'Z', 0, 0, 0, 5, 'T'}
+	parseCompleteMessage = []byte{byte(serverMsgParseComplete), 0, 0, 0, 4}
+	bindCompleteMessage  = []byte{byte(serverMsgBindComplete), 0, 0, 0, 4}
+	noDataMessage        = []byte{byte(serverMsgNoData), 0, 0, 0, 4}
+	setCompleteMessage   = append([]byte{byte(serverMsgCommandComplete), 0, 0, 0, 8}, "SET\x00"...)
+	resetCompleteMessage = append([]byte{byte(serverMsgCommandComplete), 0, 0, 0, 10}, "RESET\x00"...)
+	readyIdleMessage     = []byte{byte(serverMsgReadyForQuery), 0, 0, 0, 5, byte(txIdle)}
+	readyBlockMessage    = []byte{byte(serverMsgReadyForQuery), 0, 0, 0, 5, byte(txInBlock)}
 )
 
 // mayAnswer reports whether the proxy may answer set itself now: the
@@ -302,7 +302,7 @@ type unitMessages struct {
 func (s *session) unit(off int) (u unitMessages, ok bool) {
 	b, _ := s.cr.Peek(s.cr.Buffered())
 	pos := off
-	next := func() (byte, []byte) {
+	next := func() (clientMsg, []byte) {
 		if len(b) < pos+5 {
 			return 0, nil
 		}
@@ -310,32 +310,35 @@ func (s *session) unit(off int) (u unitMessages, ok bool) {
 		if l < 4 || len(b) < pos+1+l {
 			return 0, nil
 		}
-		typ, body := b[pos], b[pos+5:pos+1+l]
+		typ, body := clientMsg(b[pos]), b[pos+5:pos+1+l]
 		pos += 1 + l
 		return typ, body
 	}
 	typ, body := next()
-	if typ != 'B' {
+	if typ != clientMsgBind {
 		return u, false
 	}
-	portal, rest, err1 := cstring(body)
-	stmt, rest, err2 := cstring(rest)
-	if err1 != nil || err2 != nil {
+	bind, ok := decodeBind(body)
+	if !ok {
 		return u, false
 	}
-	u.stmt, u.noParams, u.namedPortal = stmt, noParams(rest), len(portal) > 0
-	named := func(body []byte) bool { // portal's name, NUL-terminated, first
-		return len(body) > len(portal) && bytes.Equal(body[:len(portal)], portal) && body[len(portal)] == 0
-	}
+	u.stmt, u.noParams, u.namedPortal = bind.stmt, bind.noParams(), len(bind.portal) > 0
 	typ, body = next()
-	if typ == 'D' && len(body) == len(portal)+2 && body[0] == 'P' && named(body[1:]) {
+	if typ == clientMsgDescribe {
+		d, ok := decodeDescribe(body)
+		if !ok || !d.exact() || d.target != targetPortal || !bytes.Equal(d.name, bind.portal) {
+			return u, false
+		}
 		u.describe = true
 		typ, body = next()
 	}
-	if typ != 'E' || len(body) != len(portal)+5 || !named(body) {
+	if typ != clientMsgExecute {
 		return u, false
 	}
-	if typ, body = next(); typ != 'S' || len(body) != 0 {
+	if e, ok := decodeExecute(body); !ok || !e.exact() || !e.runs(bind.portal) {
+		return u, false
+	}
+	if typ, body = next(); typ != clientMsgSync || len(body) != 0 {
 		return u, false
 	}
 	u.size = pos - off
@@ -346,14 +349,4 @@ func (s *session) unit(off int) (u unitMessages, ok bool) {
 // declares no parameters (a Bind of the statement must then bind none).
 func noParamTypes(b []byte) bool {
 	return len(b) == 2 && b[0] == 0 && b[1] == 0
-}
-
-// noParams reports whether b, a Bind's body after its names, binds no
-// parameter values.
-func noParams(b []byte) bool {
-	if len(b) < 2 {
-		return false
-	}
-	k := 2 + 2*int(binary.BigEndian.Uint16(b))
-	return len(b) >= k+2 && binary.BigEndian.Uint16(b[k:]) == 0
 }

@@ -120,10 +120,14 @@ func (x *side) maxMessage() int {
 // whole reports whether the handler of a message of type typ reads all of
 // it, or does more after forwarding it.
 func (x *side) whole(typ byte) bool {
-	if x.client {
-		return typ == 'Q' || typ == 'P' || typ == 'E' || typ == 'X'
+	if !x.client {
+		return x.ls.s.wholeServerMessage(serverMsg(typ))
 	}
-	return x.ls.s.wholeServerMessage(typ)
+	switch clientMsg(typ) {
+	case clientMsgQuery, clientMsgParse, clientMsgExecute, clientMsgTerminate:
+		return true
+	}
+	return false
 }
 
 // dispatch runs the session's handler for each message in x's buffer that
@@ -157,15 +161,16 @@ func (x *side) dispatch() error {
 		if in.Buffered() < x.needFor(typ, n) {
 			return nil
 		}
-		if x.client && mayHold(typ) {
-			if parked, err := x.hold(typ, n); parked || err != nil {
-				return err
-			}
-		}
 		if x.client {
-			err = s.clientMessage(typ, n)
+			ct := clientMsg(typ)
+			if mayHold(ct) {
+				if parked, err := x.hold(ct, n); parked || err != nil {
+					return err
+				}
+			}
+			err = s.clientMessage(ct, n)
 		} else {
-			err = s.serverMessage(typ, n)
+			err = s.serverMessage(serverMsg(typ), n)
 		}
 		if err != nil {
 			return err
@@ -175,7 +180,7 @@ func (x *side) dispatch() error {
 
 // hold parks x, the client side, while its message (typ, n) must wait
 // (see session.holdFor), and reports whether it did.
-func (x *side) hold(typ byte, n int) (parked bool, err error) {
+func (x *side) hold(typ clientMsg, n int) (parked bool, err error) {
 	for {
 		ch, local, err := x.ls.s.holdFor(typ, n)
 		if ch == nil || err != nil {

@@ -102,28 +102,42 @@ func (b *stmtBook) forgetParsed() {
 	}
 }
 
-// bind forwards a Bind, after what the proxy sends before it, if anything.
+// bind forwards a Bind (n bytes), after what the proxy sends before it,
+// if anything. It decodes the Bind only when the session tracks what
+// Binds name.
 func (s *session) bind(n int) error {
+	var m bindMsg
+	ok := false
+	if s.txPool() || s.book.tracking() {
+		b, err := s.peek(n)
+		if err != nil {
+			return err
+		}
+		m, ok = decodeBind(b)
+	}
 	if s.txPool() {
-		if err := s.pooledBind(n); err != nil {
+		if err := s.pooledBind(m, ok); err != nil {
 			return err
 		}
 	}
-	err := s.bindAs(n)
+	err := s.bindAs(m, ok, n)
 	s.pipe.loose++ // after the proxy's own: its reply comes after theirs
 	return err
 }
 
-func (s *session) bindAs(n int) error {
-	if len(s.book.stmts) == 0 && !s.book.unnamedGone && !s.book.portalGone {
+// tracking reports whether the book has anything a Bind, Describe or Close
+// may concern; if not, they are forwarded undecoded.
+func (b *stmtBook) tracking() bool {
+	return len(b.stmts) > 0 || b.unnamedGone || b.portalGone
+}
+
+// bindAs forwards the Bind m (n bytes; ok says m was decoded whole, see
+// decodeBind) as the statement it names stands for.
+func (s *session) bindAs(m bindMsg, ok bool, n int) error {
+	if !s.book.tracking() {
 		return forward(s.sw, s.cr, n)
 	}
-	b, err := s.peek(n)
-	if err != nil {
-		return err
-	}
-	portal, rest, err1 := cstring(b)
-	stmt, _, err2 := cstring(rest)
+	portal, stmt := m.portal, m.stmt
 	if len(portal) == 0 && s.book.portalGone {
 		// The Bind replaces the portal a bound Query left only if it
 		// succeeds: close that first. After it the portal is the
@@ -134,7 +148,7 @@ func (s *session) bindAs(n int) error {
 			return err
 		}
 	}
-	if err1 != nil || err2 != nil {
+	if !ok {
 		// Names longer than peekLimit: Postgres limits names to 63 bytes, so
 		// the server will refuse this Bind; nothing to track.
 		return forward(s.sw, s.cr, n)
@@ -173,19 +187,20 @@ func (s *session) bindAs(n int) error {
 // destroyed it for the client (see stmtBook.unnamedGone), or preparing it
 // again first if it must be (see replan).
 func (s *session) describe(n int) error {
-	if len(s.book.stmts) == 0 && !s.book.unnamedGone && !s.book.portalGone || n != 2 {
+	if !s.book.tracking() || n != 2 { // 2: the unnamed statement or portal
 		return forward(s.sw, s.cr, n)
 	}
 	b, err := s.peek(n)
 	if err != nil {
 		return err
 	}
-	if b[0] == 'P' && b[1] == 0 && s.book.portalGone {
+	m, ok := decodeDescribe(b)
+	if ok && m.unnamed(targetPortal) && s.book.portalGone {
 		if err := s.closeUnnamedPortal(); err != nil {
 			return err
 		}
 	}
-	if b[0] != 'S' || b[1] != 0 {
+	if !ok || !m.unnamed(targetStatement) {
 		return forward(s.sw, s.cr, n)
 	}
 	s.reusedUnnamed() // first: its Parse may have failed
@@ -205,10 +220,12 @@ func (s *session) describe(n int) error {
 	if _, err := s.cr.Discard(5 + n); err != nil {
 		return err
 	}
-	s.out = append(append(append(s.out[:0], 'S'), s.reuse.unnamed.name...), 0)
-	return writeMessage(s.sw, 'D', s.out)
+	s.out = append(append(append(s.out[:0], byte(targetStatement)), s.reuse.unnamed.name...), 0)
+	return writeMessage(s.sw, clientMsgDescribe, s.out)
 }
 
+// execute forwards an Execute (n bytes), and after it the probe of the
+// portal it runs, if that has one.
 func (s *session) execute(n int) error {
 	var p *Probe
 	if len(s.book.portals) > 0 || s.book.portalGone {
@@ -216,9 +233,9 @@ func (s *session) execute(n int) error {
 		if err != nil {
 			return err
 		}
-		if portal, _, err := cstring(b); err == nil {
-			p = s.book.portals[string(portal)]
-			if len(portal) == 0 && s.book.portalGone {
+		if m, ok := decodeExecute(b); ok {
+			p = s.book.portals[string(m.portal)]
+			if len(m.portal) == 0 && s.book.portalGone {
 				if err := s.closeUnnamedPortal(); err != nil {
 					return err
 				}
@@ -237,6 +254,8 @@ func (s *session) execute(n int) error {
 	return nil
 }
 
+// close forwards a Close (n bytes), forgetting what the book has of what
+// it closes.
 func (s *session) close(n int) error {
 	s.pipe.loose++
 	if len(s.book.stmts) == 0 && len(s.book.portals) == 0 {
@@ -246,21 +265,19 @@ func (s *session) close(n int) error {
 	if err != nil {
 		return err
 	}
-	if len(b) > 1 {
-		if name, _, err := cstring(b[1:]); err == nil {
-			switch b[0] {
-			case 'S':
-				delete(s.book.stmts, string(name))
-				if len(name) == 0 && (s.reuse.unnamed != nil || s.reuse.unnamedSeq != 0) {
-					// If Postgres skips this Close (after an error in its
-					// batch), the client's unnamed statement stays, but
-					// the server's may be the proxy's stand-in: fail a
-					// Bind of it rather than run that.
-					s.unnamedGoneNow()
-				}
-			case 'P':
-				delete(s.book.portals, string(name))
+	if m, ok := decodeClose(b); ok {
+		switch m.target {
+		case targetStatement:
+			delete(s.book.stmts, string(m.name))
+			if len(m.name) == 0 && (s.reuse.unnamed != nil || s.reuse.unnamedSeq != 0) {
+				// If Postgres skips this Close (after an error in its
+				// batch), the client's unnamed statement stays, but the
+				// server's may be the proxy's stand-in: fail a Bind of it
+				// rather than run that.
+				s.unnamedGoneNow()
 			}
+		case targetPortal:
+			delete(s.book.portals, string(m.name))
 		}
 	}
 	return forward(s.sw, s.cr, n)
@@ -280,8 +297,8 @@ func (s *session) pushSwallow(w *wait) {
 
 // Closes of the unnamed statement and portal.
 var (
-	closeUnnamedMessage       = []byte{'C', 0, 0, 0, 6, 'S', 0}
-	closeUnnamedPortalMessage = []byte{'C', 0, 0, 0, 6, 'P', 0}
+	closeUnnamedMessage       = []byte{byte(clientMsgClose), 0, 0, 0, 6, byte(targetStatement), 0}
+	closeUnnamedPortalMessage = []byte{byte(clientMsgClose), 0, 0, 0, 6, byte(targetPortal), 0}
 )
 
 // closeUnnamed closes the server's unnamed statement, which the client's
@@ -375,12 +392,12 @@ func (s *session) replan(stmt []byte, st *prepared) error {
 	w := s.pipe.get(waitSwallow)
 	w.want, w.origin, w.reuse = 2, plan.Origin, st.again
 	s.pushSwallow(w)
-	out, _ := (&pgproto3.Close{ObjectType: 'S', Name: name}).Encode(s.out[:0])
+	out, _ := (&pgproto3.Close{ObjectType: byte(targetStatement), Name: name}).Encode(s.out[:0])
 	s.out = out
 	if _, err := s.sw.Write(out); err != nil {
 		return err
 	}
-	s.out = append(append(append(s.out[:0], 'P', 0, 0, 0, 0), name...), 0)
+	s.out = append(append(append(s.out[:0], byte(clientMsgParse), 0, 0, 0, 0), name...), 0)
 	s.out = append(append(append(s.out, sql...), 0), st.params...)
 	binary.BigEndian.PutUint32(s.out[1:5], uint32(len(s.out)-1))
 	_, err := s.sw.Write(s.out)

@@ -105,7 +105,7 @@ func (s *session) writePooled(out msgWriter, w *wait) error {
 	set := s.pooledSet()
 	name := s.apply.stmtName(s.tag)
 	b := s.out[:0]
-	b, _ = (&pgproto3.Close{ObjectType: 'S', Name: name}).Encode(b)
+	b, _ = (&pgproto3.Close{ObjectType: byte(targetStatement), Name: name}).Encode(b)
 	types := make([]uint32, len(set.names)+1)
 	for i := range types {
 		types[i] = 25 // text
@@ -118,7 +118,7 @@ func (s *session) writePooled(out msgWriter, w *wait) error {
 	}
 	b, _ = (&pgproto3.Bind{DestinationPortal: setStmt, PreparedStatement: name, Parameters: values}).Encode(b)
 	// Closed before its portal runs, so that no error can leave it behind.
-	b, _ = (&pgproto3.Close{ObjectType: 'S', Name: name}).Encode(b)
+	b, _ = (&pgproto3.Close{ObjectType: byte(targetStatement), Name: name}).Encode(b)
 	b = append(b, setRunTail...)
 	s.out = b
 	w.want = pooledSetReplies
@@ -167,20 +167,14 @@ func (t *setState) keepPooled(set *Setting) {
 	t.deferred = append(t.deferred, Setting{Name: set.Name, Value: value})
 }
 
-// pooledBind sets the token settings ahead of the client's Bind (n bytes)
-// of a statement that may need them (or one the proxy does not know:
-// prepared with SQL PREPARE, say).
-func (s *session) pooledBind(n int) error {
-	b, err := s.peek(n)
-	if err != nil {
-		return err
-	}
-	_, rest, err1 := cstring(b)
-	stmt, _, err2 := cstring(rest)
-	if err1 != nil || err2 != nil {
+// pooledBind sets the token settings ahead of the client's Bind m (ok
+// says it was decoded whole) of a statement that may need them (or one
+// the proxy does not know: prepared with SQL PREPARE, say).
+func (s *session) pooledBind(m bindMsg, ok bool) error {
+	if !ok {
 		return nil // the server refuses it
 	}
-	if st := s.book.stmts[string(stmt)]; st != nil && !st.token {
+	if st := s.book.stmts[string(m.stmt)]; st != nil && !st.token {
 		return nil
 	}
 	return s.sendDeferred(false)

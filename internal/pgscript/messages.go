@@ -38,23 +38,39 @@ func Bind(stmt string, vals ...string) *pgproto3.Bind {
 	return &pgproto3.Bind{PreparedStatement: stmt, Parameters: Params(vals...)}
 }
 
+// What a Describe or Close names.
+const (
+	statement byte = 'S'
+	portal    byte = 'P'
+)
+
 // Execute runs the portal to the end.
 func Execute(portal string) *pgproto3.Execute { return &pgproto3.Execute{Portal: portal} }
 
 // CloseStatement and ClosePortal close the statement or portal name.
-func CloseStatement(name string) *pgproto3.Close { return &pgproto3.Close{ObjectType: 'S', Name: name} }
-func ClosePortal(name string) *pgproto3.Close    { return &pgproto3.Close{ObjectType: 'P', Name: name} }
+func CloseStatement(name string) *pgproto3.Close {
+	return &pgproto3.Close{ObjectType: statement, Name: name}
+}
+func ClosePortal(name string) *pgproto3.Close { return &pgproto3.Close{ObjectType: portal, Name: name} }
 
 // DescribeStatement and DescribePortal describe the statement or portal
 // name.
 func DescribeStatement(name string) *pgproto3.Describe {
-	return &pgproto3.Describe{ObjectType: 'S', Name: name}
+	return &pgproto3.Describe{ObjectType: statement, Name: name}
 }
 func DescribePortal(name string) *pgproto3.Describe {
-	return &pgproto3.Describe{ObjectType: 'P', Name: name}
+	return &pgproto3.Describe{ObjectType: portal, Name: name}
 }
 
-// Ready is ReadyForQuery with the transaction status s ('I', 'T' or 'E').
+// ReadyForQuery's transaction statuses, for Ready.
+const (
+	Idle    byte = 'I' // not in a transaction block
+	InBlock byte = 'T' // in a transaction block
+	Failed  byte = 'E' // in a failed transaction block
+)
+
+// Ready is ReadyForQuery with the transaction status s (Idle, InBlock or
+// Failed).
 func Ready(s byte) *pgproto3.ReadyForQuery { return &pgproto3.ReadyForQuery{TxStatus: s} }
 
 // Complete is CommandComplete with tag.

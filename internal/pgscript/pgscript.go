@@ -123,7 +123,7 @@ func (s *Server) startup(c net.Conn) {
 		}
 		switch binary.BigEndian.Uint32(body) {
 		case codeSSLRequest, codeGSSENCRequest:
-			c.Write([]byte{'N'})
+			c.Write([]byte{'N'}) // no encryption
 			continue
 		case codeCancelRequest:
 			select {
@@ -206,7 +206,7 @@ func (b *Backend) StartupReplies() []pgproto3.BackendMessage {
 		&pgproto3.ParameterStatus{Name: "client_encoding", Value: "UTF8"},
 		&pgproto3.ParameterStatus{Name: "standard_conforming_strings", Value: "on"},
 		&pgproto3.BackendKeyData{ProcessID: b.PID, SecretKey: SecretKey},
-		&pgproto3.ReadyForQuery{TxStatus: 'I'},
+		Ready(Idle),
 	}
 }
 
@@ -327,6 +327,8 @@ func (u *unknown) Encode(b []byte) ([]byte, error) {
 	return append(b, u.body...), nil
 }
 
+// frontendMessage and backendMessage are the decoders of each direction's
+// message types: each case's type byte is the message it returns.
 func frontendMessage(typ byte) pgproto3.Message {
 	switch typ {
 	case 'B':

@@ -92,8 +92,8 @@ func TestPlay(t *testing.T) {
 		ClientSends(Parse("SELECT $1", 25), Bind("", "x"), Execute(""), Sync),
 		BackendGets(Parse("SELECT $1", 25), Bind("", "x"), Execute(""), Sync),
 		BackendQuiet(),
-		BackendSends(ParseComplete, BindComplete, Row("x"), Complete("SELECT 1"), Ready('I')),
-		ClientGets(ParseComplete, BindComplete, Row("x"), Complete("SELECT 1"), Ready('I')),
+		BackendSends(ParseComplete, BindComplete, Row("x"), Complete("SELECT 1"), Ready(Idle)),
+		ClientGets(ParseComplete, BindComplete, Row("x"), Complete("SELECT 1"), Ready(Idle)),
 		ClientQuiet(),
 	)
 
@@ -113,13 +113,13 @@ func TestPlay(t *testing.T) {
 	old := Timeout
 	Timeout = 200 * time.Millisecond
 	defer func() { Timeout = old }()
-	msg = catch(t, c, b, BackendSends(Ready('I')), ClientGets(Ready('I'), Ready('I')))
+	msg = catch(t, c, b, BackendSends(Ready(Idle)), ClientGets(Ready(Idle), Ready(Idle)))
 	if !strings.Contains(msg, "after 1 of 2 messages: nothing more arrived") {
 		t.Errorf("report: %s", msg)
 	}
 
 	// Something where nothing should come.
-	msg = catch(t, c, b, BackendSends(Ready('I')), ClientQuiet())
+	msg = catch(t, c, b, BackendSends(Ready(Idle)), ClientQuiet())
 	if !strings.Contains(msg, "want nothing") || !strings.Contains(msg, "ReadyForQuery I") {
 		t.Errorf("report: %s", msg)
 	}
