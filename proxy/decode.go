@@ -104,14 +104,19 @@ func (m describeMsg) unnamed(t target) bool { return m.target == t && len(m.name
 type closeMsg struct {
 	target target // a statement, or a portal
 	name   []byte // the statement's or portal's name
+	rest   []byte // what follows the name: nothing, in a well-formed one
 }
 
 // decodeClose decodes a Close's body b (or its first bytes); ok is false
 // unless the target and the name are whole in b.
 func decodeClose(b []byte) (m closeMsg, ok bool) {
-	t, name, _, ok := decodeTargeted(b)
-	return closeMsg{t, name}, ok
+	t, name, rest, ok := decodeTargeted(b)
+	return closeMsg{t, name, rest}, ok
 }
+
+// exact reports whether the body held the target and name and nothing
+// else: Postgres refuses a Close with more, and keeps what it named.
+func (m closeMsg) exact() bool { return len(m.rest) == 0 }
 
 // decodeTargeted decodes the body of a Describe or Close: a target and a
 // name.

@@ -115,8 +115,8 @@ func TestDecodeDescribeClose(t *testing.T) {
 			if d.target != c.target || string(d.name) != c.obj || cl.target != c.target || string(cl.name) != c.obj {
 				t.Errorf("Describe %q %q, Close %q %q, want %q %q", d.target, d.name, cl.target, cl.name, c.target, c.obj)
 			}
-			if d.exact() != c.exact {
-				t.Errorf("exact = %v, want %v", d.exact(), c.exact)
+			if d.exact() != c.exact || cl.exact() != c.exact {
+				t.Errorf("exact = %v (Describe), %v (Close), want %v", d.exact(), cl.exact(), c.exact)
 			}
 			if want := c.obj == ""; d.unnamed(c.target) != want || d.unnamed(c.target^targetStatement^targetPortal) {
 				t.Errorf("unnamed(%q) = %v, want %v", c.target, d.unnamed(c.target), want)

@@ -265,7 +265,10 @@ func (s *session) close(n int) error {
 	if err != nil {
 		return err
 	}
-	if m, ok := decodeClose(b); ok {
+	// Only a Close that Postgres will carry out: after a malformed one the
+	// server keeps the statement, and so must the book, or a later Bind of
+	// it would go unplanned.
+	if m, ok := decodeClose(b); ok && m.exact() {
 		switch m.target {
 		case targetStatement:
 			delete(s.book.stmts, string(m.name))
