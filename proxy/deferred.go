@@ -57,13 +57,14 @@ func (a *applyState) stmtName(tag string) string {
 	return a.name
 }
 
-// prepare returns the Close and Parse of the session's setStmt (tag is the
-// session's): Close first, so that preparing again after the client may
-// have deallocated it does not fail on a statement that still exists.
-func (a *applyState) prepare(tag string) []byte {
+// prepare returns the Close and Parse of the session's setStmt, of sql
+// (Config.SettingSQL; tag is the session's): Close first, so that
+// preparing again after the client may have deallocated it does not fail
+// on a statement that still exists.
+func (a *applyState) prepare(tag, sql string) []byte {
 	if a.prep == nil {
 		b, _ := (&pgproto3.Close{ObjectType: byte(targetStatement), Name: a.stmtName(tag)}).Encode(nil)
-		a.prep, _ = (&pgproto3.Parse{Name: a.stmtName(tag), Query: "SELECT pg_catalog.set_config($1, $2, $3), pg_catalog.pg_backend_pid()",
+		a.prep, _ = (&pgproto3.Parse{Name: a.stmtName(tag), Query: sql,
 			ParameterOIDs: []uint32{25, 25, 16}}).Encode(b)
 	}
 	return a.prep
@@ -200,7 +201,7 @@ func (s *session) writeDeferred(out msgWriter, w *wait) error {
 	w.want = setRunReplies * len(s.sets.deferred)
 	if !s.apply.ready {
 		w.want += setPrepareReplies
-		if _, err := out.Write(s.apply.prepare(s.tag)); err != nil {
+		if _, err := out.Write(s.apply.prepare(s.tag, s.srv.cfg.SettingSQL)); err != nil {
 			return err
 		}
 	}

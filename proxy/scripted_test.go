@@ -266,7 +266,7 @@ func playSequence(t *testing.T, sq sequence, goroutines bool) {
 	ic := newScriptIC()
 	pg := ps.Listen(t)
 	logs := &pgtest.LogBuffer{}
-	cfg := proxy.Config{Upstream: pg.Addr(), Interceptor: ic, GoroutineRelay: goroutines,
+	cfg := proxy.Config{Upstream: pg.Addr(), Interceptor: ic, GoroutineRelay: goroutines, SettingSQL: setSQL,
 		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))}
 	if sq.config != nil {
 		sq.config(&cfg)
@@ -348,12 +348,15 @@ func paramTypes(oids ...uint32) []byte {
 // session's tag, {probe} a probe's number (see Statement names in the
 // package documentation).
 const (
-	reused1    = "pgfence.s.{tag}.1" // the first statement prepared for reuse
-	reused2    = "pgfence.s.{tag}.2"
-	reused3    = "pgfence.s.{tag}.3"
-	setStmt    = "pgfence.set.{tag}"
-	setPortal  = "pgfence.set"
-	setSQL     = "SELECT pg_catalog.set_config($1, $2, $3), pg_catalog.pg_backend_pid()"
+	reused1   = "pgfence.s.{tag}.1" // the first statement prepared for reuse
+	reused2   = "pgfence.s.{tag}.2"
+	reused3   = "pgfence.s.{tag}.3"
+	setStmt   = "pgfence.set.{tag}"
+	setPortal = "pgfence.set"
+	// setSQL is Config.SettingSQL, which the Interceptor's package
+	// provides: fence's is sqlrewrite.SettingSQL; the comment shows the
+	// proxy runs what it is given.
+	setSQL     = "SELECT pg_catalog.set_config($1, $2, $3), pg_catalog.pg_backend_pid() -- scripted"
 	probeName  = "pgfence.probe.{probe}"
 	standInSQL = `EXECUTE "pgfence: Parse the unnamed statement again"`
 	// backendPID is what the scripted backend says pg_backend_pid() is.

@@ -232,6 +232,14 @@ func TestScriptedSequences(t *testing.T) {
 			calls:  []string{"Query: " + tokenSet},
 		},
 		{
+			// Without the statement that would run it, a SET cannot be
+			// answered: the proxy writes no SQL of its own.
+			name:   "SET forwarded without SettingSQL",
+			config: func(c *proxy.Config) { c.SettingSQL = "" },
+			script: forwardedSet,
+			calls:  []string{"Query: " + tokenSet},
+		},
+		{
 			// An error skips the rest of the batch to its Sync, as Postgres
 			// does: the proxy expects no reply to the messages after it,
 			// the probe's included, and the next batch is answered as its

@@ -71,6 +71,14 @@ type Config struct {
 	// settings in the package documentation).
 	// Event-loop sessions only.
 	ForwardSettings bool
+	// SettingSQL is the statement that runs an answered SET on the server:
+	// a single-row SELECT of set_config($1, $2, $3) (the setting's name,
+	// its value, and whether it is local) and then pg_backend_pid(), whose
+	// change between transactions tells the proxy a transaction pooler is
+	// behind it. The Interceptor's package provides it
+	// (sqlrewrite.SettingSQL): the proxy writes no SQL of its own. ""
+	// forwards every SET as sent, as ForwardSettings does.
+	SettingSQL string
 	// TransactionPooling says a transaction pooler (PgBouncer with
 	// pool_mode = transaction) stands between the proxy and Postgres, so
 	// the server connection behind a session may serve other clients
@@ -171,8 +179,8 @@ func New(cfg Config) (*Server, error) {
 		switch {
 		case cfg.TokenSetting == "":
 			return nil, errors.New("proxy: Config.TransactionPooling needs Config.TokenSetting")
-		case cfg.GoroutineRelay || cfg.ForwardSettings || !haveEventLoop:
-			return nil, errors.New("proxy: Config.TransactionPooling needs the event loop (Linux, no GoroutineRelay) and answered settings (no ForwardSettings)")
+		case cfg.GoroutineRelay || cfg.ForwardSettings || cfg.SettingSQL == "" || !haveEventLoop:
+			return nil, errors.New("proxy: Config.TransactionPooling needs the event loop (Linux, no GoroutineRelay) and answered settings (SettingSQL, no ForwardSettings)")
 		}
 	}
 	if cfg.UpstreamNetwork == "" {

@@ -127,7 +127,7 @@ func (s *session) mayAnswer(set *Setting) bool {
 	if !block && (!s.sets.wasIdle || set.Local) {
 		return false
 	}
-	return !s.srv.cfg.ForwardSettings && s.pipe.single && !s.apply.held && s.pipe.head() == nil &&
+	return !s.srv.cfg.ForwardSettings && s.srv.cfg.SettingSQL != "" && s.pipe.single && !s.apply.held && s.pipe.head() == nil &&
 		(s.sets.block == block || !s.deferredPending())
 }
 

@@ -8,6 +8,13 @@ import "strings"
 // ReadyForQuery, so not in the middle of an extended-protocol batch.
 const ReadingProbeSQL = "SELECT pg_catalog.current_setting('standard_conforming_strings'), pg_catalog.current_setting('client_encoding')"
 
+// SettingSQL sets a setting the proxy answered a SET of itself (see
+// proxy.Config.SettingSQL), as the session's next statement needs it:
+// set_config($1, $2, $3) of the name, the value and whether it is local,
+// then the server's process id, by which the proxy finds a transaction
+// pooler that would run it on a connection other than the session's.
+const SettingSQL = "SELECT pg_catalog.set_config($1, $2, $3), pg_catalog.pg_backend_pid()"
+
 // ReadsAlike reports whether Postgres reads sql the same under every
 // client_encoding and either standard_conforming_strings: it is all ASCII
 // and has no backslash inside a '...' literal (see Reading differentials).

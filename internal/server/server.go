@@ -16,6 +16,7 @@ import (
 	"github.com/pgfence/pgfence/fence"
 	"github.com/pgfence/pgfence/internal/loopstat"
 	"github.com/pgfence/pgfence/proxy"
+	"github.com/pgfence/pgfence/sqlrewrite"
 )
 
 // Config is what a Server is made of.
@@ -71,6 +72,9 @@ func New(cfg Config) (*Server, error) {
 		built.Policy, pc.Interceptor = policy, policy
 	}
 	pc.Logger = log
+	if pc.SettingSQL == "" {
+		pc.SettingSQL = sqlrewrite.SettingSQL
+	}
 	if pc.UpstreamFailed == nil {
 		pc.UpstreamFailed = relay.upstreamFailed
 	}
