@@ -18,36 +18,15 @@ import (
 	"github.com/pgfence/pgfence/internal/poll"
 )
 
-// serveInstance runs 'pgfence serve' with args in this process, as
-// runServe does, and returns its instance once it listens.
+// serveInstance runs 'pgfence serve' with args and /metrics on a port of
+// its own, and returns its instance once it listens.
 func serveInstance(t *testing.T, args ...string) (*instance, chan error) {
 	t.Helper()
-	started := make(chan *instance, 1)
-	serving = func(inst *instance) { started <- inst }
-	t.Cleanup(func() { serving = nil })
-	ctx, cancel := context.WithCancel(context.Background())
-	cmd := rootCmd()
-	cmd.SetArgs(append([]string{"serve", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--log-level", "error"}, args...))
-	done := make(chan error, 1)
-	finished := make(chan struct{})
-	go func() { done <- cmd.ExecuteContext(ctx); close(finished) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case <-finished:
-		case <-time.After(10 * time.Second):
-			t.Error("serve did not stop when its context ended")
-		}
-	})
-	select {
-	case inst := <-started:
-		return inst, done
-	case err := <-done:
-		t.Fatalf("serve: %v", err)
-	case <-time.After(30 * time.Second):
-		t.Fatal("serve did not start")
+	inst, done := startServe(t, append([]string{"--metrics-listen", "127.0.0.1:0"}, args...)...)
+	if inst == nil {
+		t.Fatalf("serve: %v", <-done)
 	}
-	return nil, nil
+	return inst, done
 }
 
 // metricsText is what /metrics says now.
@@ -185,30 +164,8 @@ func TestServeEventLoops(t *testing.T) {
 // both go to the new one (see TestServeFollowsPrimary).
 func TestServeFollowsPrimaryOnEveryLoop(t *testing.T) {
 	bg := context.Background()
-	var servers [2]*pgserver.Server
-	for k := range servers {
-		pg, err := pgserver.Start(bg, pgserver.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { pg.Stop() })
-		servers[k] = pg
-	}
-	readOnly := func(pg *pgserver.Server, on bool) {
-		t.Helper()
-		c, err := pgx.Connect(bg, pg.URL("postgres"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close(bg)
-		for _, sql := range []string{fmt.Sprintf("ALTER SYSTEM SET default_transaction_read_only = %v", on), "SELECT pg_reload_conf()"} {
-			if _, err := c.Exec(bg, sql); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	a, b := servers[0], servers[1]
-	readOnly(a, true)
+	a, b := twoServers(t)
+	readOnly(t, a, true)
 	s := &serveTest{t: t, pg: a}
 	up := fmt.Sprintf("postgres://postgres@%s,%s/postgres?sslmode=disable&target_session_attrs=read-write", a.Addr(), b.Addr())
 	inst := s.serve(serveOptions{upstream: up, backstop: "off", eventLoops: 2})
@@ -216,8 +173,8 @@ func TestServeFollowsPrimaryOnEveryLoop(t *testing.T) {
 	if got := fmt.Sprint(inst.proxy.LoopSessions()); got != "[1 1]" {
 		t.Fatalf("two sessions on the loops: %s, want one each", got)
 	}
-	readOnly(b, true)
-	readOnly(a, false)
+	readOnly(t, b, true)
+	readOnly(t, a, false)
 	poll.Eventually(t, 10*time.Second, "pgfence to follow the primary to "+a.Addr(), func() bool { return inst.proxy.Upstream().Addr == a.Addr() })
 	for i, c := range old {
 		if _, err := c.Exec(bg, "SELECT 1"); err == nil {

@@ -223,8 +223,19 @@ func TestServeReloadsOnSIGHUP(t *testing.T) {
 // test ends.
 func runServe(t *testing.T, args ...string) (string, chan error) {
 	t.Helper()
-	listening := make(chan string, 1)
-	serving = func(inst *instance) { listening <- inst.Addr() }
+	inst, done := startServe(t, args...)
+	if inst == nil {
+		return "", done
+	}
+	return inst.Addr(), done
+}
+
+// startServe is runServe returning the instance, nil if serve ended
+// before it listened (its result is then in the channel).
+func startServe(t *testing.T, args ...string) (*instance, chan error) {
+	t.Helper()
+	started := make(chan *instance, 1)
+	serving = func(inst *instance) { started <- inst }
 	t.Cleanup(func() { serving = nil })
 	ctx, cancel := context.WithCancel(context.Background())
 	cmd := rootCmd()
@@ -241,14 +252,14 @@ func runServe(t *testing.T, args ...string) (string, chan error) {
 		}
 	})
 	select {
-	case addr := <-listening:
-		return addr, done
+	case inst := <-started:
+		return inst, done
 	case err := <-done: // it never served: hand its result on
 		done <- err
-		return "", done
+		return nil, done
 	case <-time.After(2 * time.Minute):
 		t.Fatal("serve neither listened nor ended in 2 minutes")
-		return "", done
+		return nil, done
 	}
 }
 

@@ -25,31 +25,8 @@ import (
 // reads too; the torture check fails over a real streaming standby.)
 func TestServeFollowsPrimary(t *testing.T) {
 	bg := context.Background()
-	var servers [2]*pgserver.Server
-	for k := range servers {
-		pg, err := pgserver.Start(bg, pgserver.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { pg.Stop() })
-		servers[k] = pg
-	}
-	readOnly := func(pg *pgserver.Server, on bool) {
-		t.Helper()
-		c, err := pgx.Connect(bg, pg.URL("postgres"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close(bg)
-		if _, err := c.Exec(bg, fmt.Sprintf("ALTER SYSTEM SET default_transaction_read_only = %v", on)); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := c.Exec(bg, "SELECT pg_reload_conf()"); err != nil {
-			t.Fatal(err)
-		}
-	}
-	a, b := servers[0], servers[1]
-	readOnly(a, true)
+	a, b := twoServers(t)
+	readOnly(t, a, true)
 
 	s := &serveTest{t: t, pg: a}
 	up := fmt.Sprintf("postgres://postgres@%s,%s/postgres?sslmode=disable&target_session_attrs=read-write", a.Addr(), b.Addr())
@@ -65,8 +42,8 @@ func TestServeFollowsPrimary(t *testing.T) {
 		t.Fatal(got)
 	}
 
-	readOnly(b, true)
-	readOnly(a, false)
+	readOnly(t, b, true)
+	readOnly(t, a, false)
 	deadline := time.Now().Add(10 * time.Second)
 	for inst.proxy.Upstream().Addr != a.Addr() {
 		if time.Now().After(deadline) {
@@ -85,7 +62,7 @@ func TestServeFollowsPrimary(t *testing.T) {
 	}
 
 	// Neither takes writes: not ready, and says why.
-	readOnly(a, true)
+	readOnly(t, a, true)
 	if code, body := readyz(t, inst); code != http.StatusServiceUnavailable || !strings.Contains(body, "read-only") {
 		t.Fatalf("/readyz with no writable host: %d %q", code, body)
 	}
@@ -139,5 +116,39 @@ func TestServeRefusesStandby(t *testing.T) {
 	}
 	if code, body := readyz(t, inst); code != http.StatusServiceUnavailable || !strings.Contains(body, "read-only") {
 		t.Fatalf("/readyz on a standby: %d %q", code, body)
+	}
+}
+
+// twoServers starts two Postgres servers for a failover, stopped when t
+// ends.
+func twoServers(t *testing.T) (a, b *pgserver.Server) {
+	t.Helper()
+	var servers [2]*pgserver.Server
+	for k := range servers {
+		pg, err := pgserver.Start(context.Background(), pgserver.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { pg.Stop() })
+		servers[k] = pg
+	}
+	return servers[0], servers[1]
+}
+
+// readOnly makes pg refuse writes, or take them again, as libpq's
+// read-write check (target_session_attrs) sees it:
+// default_transaction_read_only, reloaded.
+func readOnly(t *testing.T, pg *pgserver.Server, on bool) {
+	t.Helper()
+	bg := context.Background()
+	c, err := pgx.Connect(bg, pg.URL("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(bg)
+	for _, sql := range []string{fmt.Sprintf("ALTER SYSTEM SET default_transaction_read_only = %v", on), "SELECT pg_reload_conf()"} {
+		if _, err := c.Exec(bg, sql); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
