@@ -15,7 +15,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
 
-	"github.com/pgfence/pgfence/fence"
 	"github.com/pgfence/pgfence/internal/pgserver"
 	"github.com/pgfence/pgfence/internal/pgtest"
 	"github.com/pgfence/pgfence/internal/poll"
@@ -42,7 +41,7 @@ func backends(t *testing.T, prefix string) int {
 }
 
 func TestStartupTimeout(t *testing.T) {
-	p := pgtest.StartProxy(t, nil, func(pc *proxy.Config, _ *fence.Config) { pc.StartupTimeout = 300 * time.Millisecond })
+	p := pgtest.StartProxy(t, nil, pgtest.Relay(func(pc *proxy.Config) { pc.StartupTimeout = 300 * time.Millisecond }))
 	conn, err := net.Dial("tcp", p.Addr)
 	if err != nil {
 		t.Fatal(err)
@@ -89,7 +88,7 @@ func TestUpstreamUnreachable(t *testing.T) {
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
 	dead := ln.Addr().String()
 	ln.Close()
-	p := pgtest.StartProxy(t, nil, func(pc *proxy.Config, _ *fence.Config) { pc.Upstream = dead })
+	p := pgtest.StartProxy(t, nil, pgtest.Relay(func(pc *proxy.Config) { pc.Upstream = dead }))
 	_, err := pgx.Connect(ctx, p.URL())
 	pe := wantCode(t, err, "08001")
 	if !strings.Contains(pe.Message, "cannot connect to Postgres at "+dead) {
@@ -98,7 +97,7 @@ func TestUpstreamUnreachable(t *testing.T) {
 }
 
 func TestMaxClientConns(t *testing.T) {
-	p := pgtest.StartProxy(t, nil, func(pc *proxy.Config, _ *fence.Config) { pc.MaxClientConns = 2 })
+	p := pgtest.StartProxy(t, nil, pgtest.Relay(func(pc *proxy.Config) { pc.MaxClientConns = 2 }))
 	a := p.Connect(t)
 	p.Connect(t)
 	_, err := pgx.Connect(ctx, p.URL())
@@ -152,7 +151,7 @@ func TestPostgresRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { pg.Stop() })
-	p := pgtest.StartProxy(t, nil, func(pc *proxy.Config, _ *fence.Config) { pc.Upstream = pg.Addr() })
+	p := pgtest.StartProxy(t, nil, pgtest.Relay(func(pc *proxy.Config) { pc.Upstream = pg.Addr() }))
 	url := "postgres://postgres@" + p.Addr + "/postgres?sslmode=disable"
 
 	stop := make(chan struct{})

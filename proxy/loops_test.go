@@ -13,7 +13,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/pgfence/pgfence/fence"
 	"github.com/pgfence/pgfence/internal/pgtest"
 	"github.com/pgfence/pgfence/internal/poll"
 	"github.com/pgfence/pgfence/proxy"
@@ -23,11 +22,9 @@ import (
 // every proxy with two at least), each feature on each loop.
 
 // twoLoops starts a proxy with exactly two event loops.
-func twoLoops(t *testing.T, guards []string, edit ...func(*proxy.Config, *fence.Config)) *pgtest.Proxy {
+func twoLoops(t *testing.T, guards []string) *pgtest.Proxy {
 	t.Helper()
-	return pgtest.StartProxy(t, guards, append([]func(*proxy.Config, *fence.Config){func(pc *proxy.Config, _ *fence.Config) {
-		pc.EventLoops = 2
-	}}, edit...)...)
+	return pgtest.StartProxy(t, guards, pgtest.Relay(func(pc *proxy.Config) { pc.EventLoops = 2 }))
 }
 
 // onLoops reports whether the proxy relays on event loops (not with

@@ -16,7 +16,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
 
-	"github.com/pgfence/pgfence/fence"
 	"github.com/pgfence/pgfence/internal/pgserver"
 	"github.com/pgfence/pgfence/internal/pgtest"
 	"github.com/pgfence/pgfence/proxy"
@@ -232,7 +231,7 @@ func expectFatal(t *testing.T, fe *pgproto3.Frontend, code, contains string) {
 // A malformed or oversized message ends that client's session with a clear
 // error; the proxy and every other session go on.
 func TestMalformedMessages(t *testing.T) {
-	p := pgtest.StartProxy(t, nil, func(pc *proxy.Config, _ *fence.Config) { pc.MaxMessageSize = 4096 })
+	p := pgtest.StartProxy(t, nil, pgtest.Relay(func(pc *proxy.Config) { pc.MaxMessageSize = 4096 }))
 	bystander := p.Connect(t)
 	pgtest.Exec(t, bystander, "BEGIN")
 	pgtest.Exec(t, bystander, "SELECT 1")
@@ -300,7 +299,7 @@ func TestMalformedMessages(t *testing.T) {
 // SSLRequest and GSSENCRequest are answered "no" until TLS is configured:
 // sslmode=prefer falls back to plain text, sslmode=require is refused.
 func TestEncryptionRequests(t *testing.T) {
-	p := pgtest.StartProxy(t, nil, func(pc *proxy.Config, _ *fence.Config) { pc.TLS = nil })
+	p := pgtest.StartProxy(t, nil, pgtest.Relay(func(pc *proxy.Config) { pc.TLS = nil }))
 	pgtest.Exec(t, pgtest.Connect(t, p.URL("sslmode=prefer")), "SELECT 1")
 	// GSSENCRequest by hand (pgx does not send one): "N", then startup.
 	conn, err := net.Dial("tcp", p.Addr)
@@ -377,7 +376,7 @@ func TestScramThroughProxy(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { srv.Stop() })
-	p := pgtest.StartProxy(t, nil, func(pc *proxy.Config, _ *fence.Config) { pc.Upstream = srv.Addr() })
+	p := pgtest.StartProxy(t, nil, pgtest.Relay(func(pc *proxy.Config) { pc.Upstream = srv.Addr() }))
 	good := "postgres://postgres:s3cret@" + p.Addr + "/postgres?sslmode=disable"
 	pgtest.Exec(t, pgtest.Connect(t, good), "SELECT 1")
 	_, err = pgx.Connect(ctx, strings.Replace(good, "s3cret", "wrong", 1))

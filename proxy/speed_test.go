@@ -12,7 +12,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/pgfence/pgfence/fence"
 	"github.com/pgfence/pgfence/internal/netfault"
 	"github.com/pgfence/pgfence/internal/pgtest"
 	"github.com/pgfence/pgfence/proxy"
@@ -34,9 +33,9 @@ func TestRandomSpeeds(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { up.Close() })
-	p := pgtest.StartProxy(t, nil, func(pc *proxy.Config, _ *fence.Config) {
+	p := pgtest.StartProxy(t, nil, pgtest.Relay(func(pc *proxy.Config) {
 		pc.Upstream, pc.UpstreamTLS = up.Addr(), nil
-	})
+	}))
 	// Half the sessions reach that pgfence through a relay at random
 	// speeds; the others reach one straight in front of Postgres
 	// directly, and read their replies at random speeds.

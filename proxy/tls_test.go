@@ -11,7 +11,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pgfence/pgfence/fence"
 	"github.com/pgfence/pgfence/internal/pgserver"
 	"github.com/pgfence/pgfence/internal/pgtest"
 	"github.com/pgfence/pgfence/proxy"
@@ -42,14 +41,14 @@ func newTLSSetup(t *testing.T, hostAuth string, upstreamTLS bool) *tlsSetup {
 	t.Cleanup(func() { pg.Stop() })
 	pool := x509.NewCertPool()
 	pool.AddCert(ca.Cert)
-	p := pgtest.StartProxy(t, nil, func(pc *proxy.Config, _ *fence.Config) {
+	p := pgtest.StartProxy(t, nil, pgtest.Relay(func(pc *proxy.Config) {
 		pc.Upstream = pg.Addr()
 		pc.TLS = ca.ServerTLS(t, "pgfence")
 		if upstreamTLS {
 			pc.UpstreamTLS = &tls.Config{RootCAs: pool, ServerName: "127.0.0.1"}
 			pc.UpstreamTLSRequired = true
 		}
-	})
+	}))
 	return &tlsSetup{ca: ca, pg: pg, p: p, rootCA: ca.File(t, "root.crt", ca.CertPEM)}
 }
 
@@ -157,11 +156,11 @@ func TestUpstreamRefusesTLS(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { pg.Stop() })
-	p := pgtest.StartProxy(t, nil, func(pc *proxy.Config, _ *fence.Config) {
+	p := pgtest.StartProxy(t, nil, pgtest.Relay(func(pc *proxy.Config) {
 		pc.Upstream = pg.Addr()
 		pc.UpstreamTLS = &tls.Config{InsecureSkipVerify: true}
 		pc.UpstreamTLSRequired = true
-	})
+	}))
 	_, err = pgx.Connect(ctx, p.URL())
 	pe := wantCode(t, err, "08001")
 	if !strings.Contains(pe.Message, "does not accept TLS") {

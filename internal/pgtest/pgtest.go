@@ -212,6 +212,12 @@ func StartProxy(t testing.TB, guards []string, edit ...func(*proxy.Config, *fenc
 	return px
 }
 
+// Relay adapts an edit of the relay's configuration alone to StartProxy's
+// edits, for the proxy's own tests, which have no business with fence's.
+func Relay(edit func(*proxy.Config)) func(*proxy.Config, *fence.Config) {
+	return func(pc *proxy.Config, _ *fence.Config) { edit(pc) }
+}
+
 // LoopOf is the event loop the proxy gave the last session that started
 // with application_name app (-1 when goroutines relay it); it fails t if
 // there was none.
