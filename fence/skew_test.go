@@ -218,3 +218,105 @@ func TestPooledGrammarSkew(t *testing.T) {
 		t.Fatalf("unquoted system_user on an unguarded table behind a pooler: %s, want UPDATE 1", tag)
 	}
 }
+
+// PostgreSQL 18's writes through pgfence: RETURNING old and new in UPDATE
+// and DELETE (which 17's grammar reads as column references) are fenced,
+// a table with a VIRTUAL generated column is fenced, and RETURNING WITH,
+// which 17's grammar cannot read, is refused as a version skew. (MERGE ...
+// RETURNING old and new runs where the backstop is in place, as any MERGE:
+// backstop's TestWritePaths.)
+func TestPostgres18Writes(t *testing.T) {
+	pgtest.NeedVersion(t, 18, "RETURNING old and new, VIRTUAL generated columns")
+	tbl := table(t, [3]any{1, "init", 10})
+	pgtest.Exec(t, pgtest.Direct(t), "ALTER TABLE "+tbl+" ADD COLUMN twice int GENERATED ALWAYS AS (id * 2) VIRTUAL")
+	p := pgtest.StartProxy(t, []string{tbl})
+	for _, m := range []struct {
+		name string
+		mode pgx.QueryExecMode
+	}{{"simple", simple}, {"extended", prepared}} {
+		t.Run(m.name, func(t *testing.T) {
+			pgtest.Exec(t, pgtest.Direct(t), "DELETE FROM "+tbl+" WHERE id <> 1; UPDATE "+tbl+" SET val = 'init', fence_epoch = 10 WHERE id = 1")
+			c := p.Connect(t)
+			before := rejects(t, p, tbl)
+			// returning runs sql and reads its one row's old.val, new.val
+			// and new.fence_epoch (n is how many rows it returned).
+			returning := func(tok, sql string) (n int, old, new *string, epoch *int64) {
+				t.Helper()
+				exec(t, c, simple, "SET fence.token = '"+tok+"'")
+				rows, err := c.Query(ctx, sql, m.mode)
+				if err != nil {
+					t.Fatalf("%s: %v", sql, err)
+				}
+				for rows.Next() {
+					n++
+					if err := rows.Scan(&old, &new, &epoch); err != nil {
+						t.Fatalf("%s: %v", sql, err)
+					}
+				}
+				if err := rows.Err(); err != nil {
+					t.Fatalf("%s: %v", sql, err)
+				}
+				return n, old, new, epoch
+			}
+			update := "UPDATE " + tbl + " SET val = 'a' WHERE id = 1 RETURNING old.val, new.val, new.fence_epoch"
+			// A stale holder's UPDATE ... RETURNING old, new changes nothing.
+			if n, _, _, _ := returning("9", update); n != 0 {
+				t.Fatalf("stale UPDATE ... RETURNING old, new returned %d rows, want none", n)
+			}
+			if v, e := row(t, tbl, 1); v != "init" || e != 10 {
+				t.Fatalf("after the stale UPDATE: (%s, %d), want (init, 10)", v, e)
+			}
+			// A newer one's lands, stamped, and old and new are the rows
+			// before and after.
+			if n, o, nw, e := returning("11", update); n != 1 || o == nil || *o != "init" || nw == nil || *nw != "a" || e == nil || *e != 11 {
+				t.Fatalf("fresh UPDATE ... RETURNING old, new: %d rows (%v, %v, %v), want (init, a, 11)", n, o, nw, e)
+			}
+			// The VIRTUAL column, in a predicate: stale changes nothing,
+			// fresh lands, stamped.
+			byTwice := "UPDATE " + tbl + " SET val = 'v' WHERE twice = 2"
+			exec(t, c, simple, "SET fence.token = '10'")
+			if tag := exec(t, c, m.mode, byTwice); tag != "UPDATE 0" {
+				t.Fatalf("stale UPDATE by a VIRTUAL column: %s, want UPDATE 0", tag)
+			}
+			exec(t, c, simple, "SET fence.token = '12'")
+			if tag := exec(t, c, m.mode, byTwice); tag != "UPDATE 1" {
+				t.Fatalf("fresh UPDATE by a VIRTUAL column: %s, want UPDATE 1", tag)
+			}
+			if v, e := row(t, tbl, 1); v != "v" || e != 12 {
+				t.Fatalf("after the UPDATE by a VIRTUAL column: (%s, %d), want (v, 12)", v, e)
+			}
+			// An INSERT returning it is stamped.
+			var twice int
+			if err := c.QueryRow(ctx, "INSERT INTO "+tbl+" (id, val) VALUES (2, 'b') RETURNING twice", m.mode).Scan(&twice); err != nil || twice != 4 {
+				t.Fatalf("INSERT ... RETURNING a VIRTUAL column: %d, %v; want 4", twice, err)
+			}
+			if v, e := row(t, tbl, 2); v != "b" || e != 12 {
+				t.Fatalf("the inserted row: (%s, %d), want (b, 12)", v, e)
+			}
+			// A stale DELETE ... RETURNING old, new deletes nothing.
+			del := "DELETE FROM " + tbl + " WHERE id = 1 RETURNING old.val, new.val, old.fence_epoch"
+			if n, _, _, _ := returning("11", del); n != 0 {
+				t.Fatalf("stale DELETE ... RETURNING old, new returned %d rows, want none", n)
+			}
+			if v, e := row(t, tbl, 1); v != "v" || e != 12 {
+				t.Fatalf("after the stale DELETE: (%s, %d), want (v, 12)", v, e)
+			}
+			if got := rejects(t, p, tbl) - before; got != 3 {
+				t.Errorf("fencing_reject_total rose by %v, want 3 (the stale UPDATEs and DELETE)", got)
+			}
+			// RETURNING WITH, which 17's grammar cannot read: refused, as
+			// a version skew, and nothing written.
+			exec(t, c, simple, "SET fence.token = '12'")
+			_, err := c.Exec(ctx, "UPDATE "+tbl+" SET val = 'w' WHERE id = 1 RETURNING WITH (OLD AS o, NEW AS n) o.val, n.val", m.mode)
+			if pe := pgErr(t, err); pe.Code != "0A000" || !strings.Contains(pe.Message, "a version skew") || !strings.Contains(pe.Message, v18(t)) {
+				t.Errorf("RETURNING WITH on a guarded table: %s %q, want 0A000 naming the version skew", pe.Code, pe.Message)
+			}
+			if v, _ := row(t, tbl, 1); v != "v" {
+				t.Fatalf("after the refused RETURNING WITH: %s, want v", v)
+			}
+		})
+	}
+}
+
+// v18 names the test server's version as pgfence's refusals do.
+func v18(t *testing.T) string { return "the server runs " + pgtest.Version(t).String() }
