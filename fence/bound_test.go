@@ -373,8 +373,19 @@ func TestPipelinedBindAfterSkippedParse(t *testing.T) {
 // ReadyForQuery said the block failed (a simple Query pgfence binds).
 // Each exchange must get what Postgres answers straight, and Postgres
 // must still be the same server after it.
+//
+// PostgreSQL 16.14, 17.10 and 18.4 crash on these exchanges straight, with
+// no pgfence in between: an Execute of the unnamed portal after a
+// statement refused in a failed block (on 16 after a Parse of a text of
+// about a kilobyte, which pgfence's rewrite of this UPDATE is; on 17 and
+// 18 after the simple Query of the short one). There is nothing to compare
+// with there, and the crash would reset the package's server under the
+// tests that follow: the test runs up to 15 (docs/relaying.md).
 func TestNoNamedParseInFailedBlock(t *testing.T) {
 	pgtest.Need(t)
+	if v := pgtest.Version(t); v.Major() >= 16 {
+		t.Skipf("%s crashes on these exchanges without pgfence (an Execute of the unnamed portal after a statement refused in a failed block); see the comment", v)
+	}
 	tbl := table(t, [3]any{1, "v", 5})
 	p := pgtest.StartProxy(t, []string{tbl})
 	update := "UPDATE " + tbl + " SET val = val || 'x' WHERE id = 1"
