@@ -74,13 +74,17 @@ postgres-versions:
 
 test-versions: postgres-versions
 	PGFENCE_PG13_BINDIR="$$($(FETCH_POSTGRES) --bindir 13)" $(GO) test -count=1 -run '^TestUnsupportedServer$$' ./cmd/pgfence
-	@set -e; for v in $(PG_VERSIONS); do \
-		bindir="$$($(FETCH_POSTGRES) --bindir $$v)"; \
+	@failed=; for v in $(PG_VERSIONS); do \
+		bindir="$$($(FETCH_POSTGRES) --bindir $$v)" || exit 1; \
 		echo "=== PostgreSQL $$v: $$bindir"; \
 		start=$$(date +%s); \
-		PGFENCE_PG_BINDIR="$$bindir" $(GO) test -count=1 -timeout 20m $(VERSION_PACKAGES); \
-		echo "=== PostgreSQL $$v: passed in $$(( $$(date +%s) - start )) s"; \
-	done
+		if PGFENCE_PG_BINDIR="$$bindir" $(GO) test -count=1 -timeout 20m $(VERSION_PACKAGES); then \
+			echo "=== PostgreSQL $$v: passed in $$(( $$(date +%s) - start )) s"; \
+		else \
+			echo "=== PostgreSQL $$v: FAILED after $$(( $$(date +%s) - start )) s"; failed="$$failed $$v"; \
+		fi; \
+	done; \
+	if [ -n "$$failed" ]; then echo "test-versions: failed on PostgreSQL$$failed" >&2; exit 1; fi
 
 # staticcheck, at a fixed version, from the Go module proxy.
 STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
