@@ -109,7 +109,7 @@ func TestStaleLogLines(t *testing.T) {
 	p := pgtest.StartProxy(t, []string{tbl, other}, func(_ *proxy.Config, fc *fence.Config) { fc.StaleLogInterval = interval })
 	c := p.Connect(t)
 	pgtest.Exec(t, c, "SET fence.token = '42'")
-	start := time.Now() // before the first line's time
+	start := time.Now()  // before the first line's time
 	var logged time.Time // after it
 	for range 3 {
 		if tag := pgtest.Exec(t, c, "UPDATE "+tbl+" SET val = 'z' WHERE id = 1"); tag != "UPDATE 0" {
