@@ -36,6 +36,20 @@ TORTURE_FLAGS ?=
 
 all: build
 
+# The version matrix. The main run's Postgres (15, Debian's) runs every
+# test; each major here runs, one after the other, only the packages whose
+# tests depend on the server's version: the rewrite and fence checks
+# (fence), the backstop's triggers (backstop), start-up, init and the
+# catalog reads (cmd/pgfence), the protocol (proxy). 13 is fetched for
+# TestUnsupportedServer alone: pgfence refuses it at start.
+PG_VERSIONS ?= 14 16 17 18
+VERSION_PACKAGES ?= ./fence ./backstop ./cmd/pgfence ./proxy
+# Their tests that do not depend on the server are left to the main run:
+# the scripted backend's (no Postgres at all), and the command line's
+# flags, logging, signals, login pacing, license and release checks.
+VERSION_SKIP ?= ^(TestScripted.*|TestLogWriter.*|TestEnvConfig|TestBuildInfo|TestConfigFileAndFlags|TestRewriteCommand|TestLicense|TestReleaseAgrees|TestUpstreamLoginBackoff|TestStalledLogDoesNotStopRelay|TestServeSIGTERM|TestServeReloadsOnSIGHUP)$$
+FETCH_POSTGRES := bash scripts/fetch-postgres.sh
+
 ensure-postgres:
 	bash scripts/ensure-postgres.sh
 
@@ -57,19 +71,6 @@ ifneq ($(strip $(PG_VERSIONS)),)
 	$(MAKE) test-versions
 endif
 
-# The version matrix. The main run's Postgres (15, Debian's) runs every
-# test; each major here runs, one after the other, only the packages whose
-# tests depend on the server's version: the rewrite and fence checks
-# (fence), the backstop's triggers (backstop), start-up, init and the
-# catalog reads (cmd/pgfence), the protocol (proxy). 13 is fetched for
-# TestUnsupportedServer alone: pgfence refuses it at start.
-PG_VERSIONS ?= 14 16 17 18
-VERSION_PACKAGES ?= ./fence ./backstop ./cmd/pgfence ./proxy
-# Their tests that do not depend on the server are left to the main run:
-# the scripted backend's (no Postgres at all), and the command line's
-# flags, logging, signals, login pacing, license and release checks.
-VERSION_SKIP ?= ^(TestScripted.*|TestLogWriter.*|TestEnvConfig|TestBuildInfo|TestConfigFileAndFlags|TestRewriteCommand|TestLicense|TestReleaseAgrees|TestUpstreamLoginBackoff|TestStalledLogDoesNotStopRelay|TestServeSIGTERM|TestServeReloadsOnSIGHUP)$$
-FETCH_POSTGRES := bash scripts/fetch-postgres.sh
 
 # Fetches (once: they are kept under /var/cache/pgfence/postgres) the
 # builds test-versions runs; .ci/run calls it before make test.
