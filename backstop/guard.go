@@ -149,7 +149,7 @@ BEGIN
     END IF;
     SELECT string_agg(quote_ident(tr.tgname), ', ' ORDER BY tr.tgname COLLATE "C") INTO after
     FROM pg_trigger tr
-    WHERE tr.tgrelid = rel AND NOT tr.tgisinternal AND tr.tgenabled <> 'D'
+    WHERE tr.tgrelid = rel AND (NOT tr.tgisinternal OR tr.tgparentid <> 0) AND tr.tgenabled <> 'D' -- clones are internal up to 14
       AND tr.tgtype & 3 = 3 AND tr.tgtype & 20 <> 0 -- BEFORE ROW, INSERT or UPDATE
       AND tr.tgname COLLATE "C" > fires COLLATE "C"
       AND NOT (tr.tgname = '~pgfence_backstop' OR tr.tgname ~ '^~pgfence_backstop_p[0-9]+$');

@@ -340,9 +340,7 @@ func TestRecordedConfiguration(t *testing.T) {
 // (GRANT SET ON PARAMETER, Postgres 15 on) can switch every trigger off:
 // Verify reports the backstop as not OK until the grant goes.
 func TestReplicationRoleGrant(t *testing.T) {
-	if query(t, "SELECT current_setting('server_version_num')::int >= 150000") != "true" {
-		t.Skip("GRANT SET ON PARAMETER is Postgres 15's")
-	}
+	pgtest.NeedVersion(t, 15, "GRANT SET ON PARAMETER")
 	base := baseName(t)
 	tb := guarded(t, base, [3]any{1, "a", 5})
 	app := newRole(t, base+"_app", "")

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgfence/pgfence/internal/pgversion"
 	"github.com/pgfence/pgfence/sqlrewrite"
 )
 
@@ -157,6 +158,9 @@ func Setup(ctx context.Context, conn *pgx.Conn) error {
 	if ok, err := setUp(ctx, conn); ok || err != nil {
 		return err
 	}
+	if err := supported(ctx, conn); err != nil {
+		return err
+	}
 	var want string
 	var mark *string
 	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
@@ -190,6 +194,20 @@ func Setup(ctx context.Context, conn *pgx.Conn) error {
 	return nil
 }
 
+// supported returns an error naming the server's version when the
+// backstop cannot be installed there (see pgversion): its DDL would fail
+// with a syntax error that says nothing of the version.
+func supported(ctx context.Context, conn *pgx.Conn) error {
+	v, err := pgversion.Read(ctx, conn)
+	if err != nil {
+		return err
+	}
+	if err := v.Supported(); err != nil {
+		return fmt.Errorf("cannot install the database backstop: %w", err)
+	}
+	return nil
+}
+
 // setUp reports whether pgfence's schema objects are as Setup left them.
 func setUp(ctx context.Context, conn *pgx.Conn) (bool, error) {
 	var want string
@@ -213,6 +231,13 @@ const notSetUp = "pgfence's schema objects (lock domains, the backstop's helpers
 // connection).
 func Reconcile(ctx context.Context, conn *pgx.Conn, guards []sqlrewrite.Guard, o Options, mode Mode) (*Report, error) {
 	r := &Report{}
+	v, err := pgversion.Read(ctx, conn)
+	if err != nil {
+		return nil, err
+	}
+	if err := v.Supported(); err != nil {
+		return nil, fmt.Errorf("cannot install or check the database backstop: %w", err)
+	}
 	if err := conn.QueryRow(ctx, `SELECT CURRENT_USER::text, r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = CURRENT_USER`).Scan(&r.Role, &r.Superuser); err != nil {
 		return nil, fmt.Errorf("reading pgfence's role: %w", err)
 	}
@@ -285,7 +310,7 @@ func Reconcile(ctx context.Context, conn *pgx.Conn, guards []sqlrewrite.Guard, o
 	if err := r.readEventTriggers(ctx, conn, o); err != nil {
 		return nil, err
 	}
-	setters, err := replicationRoleSetters(ctx, conn, append([]string{r.Role}, eo.ExemptRoles...))
+	setters, err := replicationRoleSetters(ctx, conn, v, append([]string{r.Role}, eo.ExemptRoles...))
 	if err != nil {
 		return nil, err
 	}
@@ -383,18 +408,18 @@ func (r *Report) readEventTriggers(ctx context.Context, conn *pgx.Conn, o Option
 
 // replicationRoleSetters lists the roles, neither superusers nor exempt,
 // that may set session_replication_role (GRANT SET ON PARAMETER, from
-// Postgres 15): under replica no trigger fires, the backstop's included.
-func replicationRoleSetters(ctx context.Context, conn *pgx.Conn, exempt []string) ([]string, error) {
+// Postgres 15; before, only superusers may): under replica no trigger
+// fires, the backstop's included.
+func replicationRoleSetters(ctx context.Context, conn *pgx.Conn, v pgversion.Version, exempt []string) ([]string, error) {
+	if !v.HasParameterPrivileges() {
+		return nil, nil
+	}
 	rows, err := conn.Query(ctx, `SELECT r.rolname::text FROM pg_catalog.pg_roles r
-		WHERE pg_catalog.current_setting('server_version_num')::int >= 150000 AND NOT r.rolsuper AND NOT r.rolname = ANY($1::text[])
+		WHERE NOT r.rolsuper AND NOT r.rolname = ANY($1::text[])
 		  AND r.rolname !~ '^pg_'
 		  AND pg_catalog.has_parameter_privilege(r.oid, 'session_replication_role', 'SET')
 		ORDER BY 1`, sortedRoles(exempt))
 	if err != nil {
-		var pe *pgconn.PgError
-		if errors.As(err, &pe) && pe.Code == "42883" { // before 15: no such privilege
-			return nil, nil
-		}
 		return nil, fmt.Errorf("reading who may set session_replication_role: %w", err)
 	}
 	return pgx.CollectRows(rows, pgx.RowTo[string])

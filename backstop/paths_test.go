@@ -188,6 +188,11 @@ type writePath struct {
 	// direct: only run on a direct connection; through pgfence the
 	// rewriter fences (or refuses) the write itself.
 	direct bool
+	// since is the first major version of Postgres the write runs on (0:
+	// every supported one), and feature what it needs of that version:
+	// on an older server the path is skipped, saying so.
+	since   int
+	feature string
 }
 
 const viewSetup = `CREATE VIEW {s}.v AS SELECT * FROM public.{t}`
@@ -199,6 +204,23 @@ var writePaths = []writePath{
 	{name: "plain_forged_epoch", direct: true, write: `UPDATE public.{t} SET val = '{v}', fence_epoch = 999 WHERE id = 1`},
 	{name: "plain_upsert", direct: true, write: `INSERT INTO public.{t} (id, val) VALUES (1, '{v}') ON CONFLICT (id) DO UPDATE SET val = excluded.val`},
 	{name: "plain_insert_forged", direct: true, write: `INSERT INTO public.{t} (id, val, fence_epoch) VALUES ({id}, '{v}', 999)`, insert: true},
+	// PostgreSQL 18's RETURNING of the old and new rows (through pgfence
+	// the rewriter fences RETURNING old.v, new.v itself, and its parser,
+	// of 17's grammar, cannot read RETURNING WITH, which it refuses).
+	{name: "plain_update_returning_with", direct: true, since: 18, feature: "RETURNING WITH (OLD AS o, NEW AS n)",
+		write: `UPDATE public.{t} SET val = '{v}' WHERE id = 1 RETURNING WITH (OLD AS o, NEW AS n) o.val, n.val, n.fence_epoch`},
+	{name: "update_returning_old_new", direct: true, since: 18, feature: "RETURNING old and new",
+		write: `UPDATE public.{t} SET val = '{v}' WHERE id = 1 RETURNING old.val, new.val, old.fence_epoch, new.fence_epoch`},
+	{name: "delete_returning_old_new", direct: true, since: 18, feature: "RETURNING old and new", gone: true,
+		write: `DELETE FROM public.{t} WHERE id = 1 RETURNING old.val, new.val`},
+	// A table with a VIRTUAL generated column (new in 18: computed when
+	// read, never stored).
+	{name: "virtual_generated_column", direct: true, since: 18, feature: "VIRTUAL generated columns",
+		setup: `ALTER TABLE public.{t} ADD COLUMN twice int GENERATED ALWAYS AS (id * 2) VIRTUAL`,
+		write: `UPDATE public.{t} SET val = '{v}' WHERE id = 1 AND twice = 2`},
+	{name: "virtual_generated_column_insert", since: 18, feature: "VIRTUAL generated columns", insert: true,
+		setup: `ALTER TABLE public.{t} ADD COLUMN twice int GENERATED ALWAYS AS (id * 2) VIRTUAL`,
+		write: `INSERT INTO public.{t} (id, val) VALUES ({id}, '{v}') RETURNING twice`},
 
 	// An auto-updatable view.
 	{name: "view_update", setup: viewSetup, write: `UPDATE {s}.v SET val = '{v}' WHERE id = 1`},
@@ -212,7 +234,7 @@ var writePaths = []writePath{
 	{name: "sql_function", count: true, setup: `CREATE FUNCTION {s}.f(i int, v text) RETURNS bigint LANGUAGE sql AS
 		$$ WITH u AS (UPDATE public.{t} SET val = v WHERE id = i RETURNING 1) SELECT count(*) FROM u $$`,
 		write: `SELECT {s}.f(1, '{v}')`},
-	{name: "sql_function_atomic", noCount: true, setup: `CREATE FUNCTION {s}.f(i int, v text) RETURNS void LANGUAGE sql
+	{name: "sql_function_atomic", since: 14, feature: "BEGIN ATOMIC", noCount: true, setup: `CREATE FUNCTION {s}.f(i int, v text) RETURNS void LANGUAGE sql
 		BEGIN ATOMIC UPDATE public.{t} SET val = v WHERE id = i; END`,
 		write: `SELECT {s}.f(1, '{v}')`},
 	{name: "plpgsql_function", count: true, setup: `CREATE FUNCTION {s}.f(i int, v text) RETURNS bigint LANGUAGE plpgsql AS
@@ -290,14 +312,18 @@ var writePaths = []writePath{
 		write: `DELETE FROM {s}.ip WHERE id = 1`},
 
 	// The forms the rewriter passes to the backstop (Guard.Backstop).
-	{name: "merge_update", write: `MERGE INTO public.{t} g USING (VALUES (1, '{v}')) AS s(id, val) ON g.id = s.id
+	{name: "merge_update", since: 15, feature: "MERGE", write: `MERGE INTO public.{t} g USING (VALUES (1, '{v}')) AS s(id, val) ON g.id = s.id
 		WHEN MATCHED THEN UPDATE SET val = s.val`},
-	{name: "merge_delete", gone: true, write: `MERGE INTO public.{t} g USING (VALUES (1)) AS s(id) ON g.id = s.id WHEN MATCHED THEN DELETE`},
-	{name: "merge_insert", insert: true, write: `MERGE INTO public.{t} g USING (VALUES ({id}, '{v}')) AS s(id, val) ON g.id = s.id
+	{name: "merge_delete", since: 15, feature: "MERGE", gone: true, write: `MERGE INTO public.{t} g USING (VALUES (1)) AS s(id) ON g.id = s.id WHEN MATCHED THEN DELETE`},
+	{name: "merge_insert", since: 15, feature: "MERGE", insert: true, write: `MERGE INTO public.{t} g USING (VALUES ({id}, '{v}')) AS s(id, val) ON g.id = s.id
 		WHEN NOT MATCHED THEN INSERT (id, val) VALUES (s.id, s.val)`},
 	// Through pgfence the rewriter refuses a MERGE that assigns the epoch (42501).
-	{name: "merge_insert_forged", direct: true, insert: true, write: `MERGE INTO public.{t} g USING (VALUES ({id}, '{v}')) AS s(id, val) ON g.id = s.id
+	{name: "merge_insert_forged", since: 15, feature: "MERGE", direct: true, insert: true, write: `MERGE INTO public.{t} g USING (VALUES ({id}, '{v}')) AS s(id, val) ON g.id = s.id
 		WHEN NOT MATCHED THEN INSERT (id, val, fence_epoch) VALUES (s.id, s.val, 999)`},
+	{name: "merge_returning_old_new", since: 18, feature: "MERGE ... RETURNING old and new", write: `MERGE INTO public.{t} g USING (VALUES (1, '{v}')) AS s(id, val) ON g.id = s.id
+		WHEN MATCHED THEN UPDATE SET val = s.val RETURNING merge_action(), old.val, new.val, new.fence_epoch`},
+	{name: "merge_delete_returning_old", since: 18, feature: "MERGE ... RETURNING old and new", gone: true,
+		write: `MERGE INTO public.{t} g USING (VALUES (1)) AS s(id) ON g.id = s.id WHEN MATCHED THEN DELETE RETURNING old.val, new.val`},
 	{name: "copy_from", insert: true, run: func(t *testing.T, c *pgx.Conn, tb, _, v string, id int) (int64, error) {
 		return c.CopyFrom(ctx, pgx.Identifier{"public", tb}, []string{"id", "val", "fence_epoch"},
 			pgx.CopyFromRows([][]any{{int32(id), v, int64(999)}}))
@@ -381,7 +407,12 @@ func TestWritePaths(t *testing.T) {
 				if p.direct && via == "proxy" {
 					continue
 				}
-				t.Run(p.name, func(t *testing.T) { testPath(t, p, via == "proxy") })
+				t.Run(p.name, func(t *testing.T) {
+					if p.since != 0 {
+						pgtest.NeedVersion(t, p.since, p.feature)
+					}
+					testPath(t, p, via == "proxy")
+				})
 			}
 		})
 	}

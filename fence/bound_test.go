@@ -373,8 +373,19 @@ func TestPipelinedBindAfterSkippedParse(t *testing.T) {
 // ReadyForQuery said the block failed (a simple Query pgfence binds).
 // Each exchange must get what Postgres answers straight, and Postgres
 // must still be the same server after it.
+//
+// PostgreSQL 16.14, 17.10 and 18.4 crash on these exchanges straight, with
+// no pgfence in between: an Execute of the unnamed portal after a
+// statement refused in a failed block (on 16 after a Parse of a text of
+// about a kilobyte, which pgfence's rewrite of this UPDATE is; on 17 and
+// 18 after the simple Query of the short one). There is nothing to compare
+// with there, and the crash would reset the package's server under the
+// tests that follow: the test runs up to 15 (docs/relaying.md).
 func TestNoNamedParseInFailedBlock(t *testing.T) {
 	pgtest.Need(t)
+	if v := pgtest.Version(t); v.Major() >= 16 {
+		t.Skipf("%s crashes on these exchanges without pgfence (an Execute of the unnamed portal after a statement refused in a failed block); see the comment", v)
+	}
 	tbl := table(t, [3]any{1, "v", 5})
 	p := pgtest.StartProxy(t, []string{tbl})
 	update := "UPDATE " + tbl + " SET val = val || 'x' WHERE id = 1"
@@ -490,13 +501,23 @@ func unnamedGone(t *testing.T, steps func(t *testing.T, tbl string, run func(...
 // runs inside it, as Postgres runs it: commits with it when all went well,
 // and is skipped with the rest of the batch after an error. A write that
 // would run bound (with a Sync of the proxy's) runs as its text instead.
+//
+// PostgreSQL 18.4 mishandles such a Query itself: it answers it "in a
+// transaction" (ReadyForQuery T), loses its write at the Sync, and fails
+// the session's next statement with XX000 "StartTransactionCommand:
+// unexpected state STARTED". There the straight session is not run, and
+// pgfence's is held to what every earlier version does.
 func TestQueryInsideExtendedBatch(t *testing.T) {
 	pgtest.Need(t)
 	tbl := table(t, [3]any{1, "v", 5})
 	p := pgtest.StartProxy(t, []string{tbl})
+	broken := pgtest.Version(t).Major() == 18
 	var seen [2]string // each one's replies
 	for i, c := range []struct{ name, addr string }{{"postgres", pgtest.Server().Addr()}, {"pgfence", p.Addr}} {
 		t.Run(c.name, func(t *testing.T) {
+			if broken && c.name == "postgres" {
+				t.Skipf("%s loses a Query's write inside an extended batch, and fails the next statement (XX000): see the comment", pgtest.Version(t))
+			}
 			conn, fe := pgtest.RawSession(t, c.addr)
 			conn.SetDeadline(time.Now().Add(20 * time.Second))
 			run := func(ready int, msgs ...pgproto3.FrontendMessage) string {
@@ -529,6 +550,9 @@ func TestQueryInsideExtendedBatch(t *testing.T) {
 			}
 			seen[i] = ok + " / " + failed
 		})
+	}
+	if broken {
+		seen[0] = "ParseComplete, BindComplete, DataRow, CommandComplete, CommandComplete, ReadyForQuery I, ReadyForQuery I / ParseComplete, ErrorResponse 22012 division by zero, ReadyForQuery I" // PostgreSQL 17's
 	}
 	if seen[0] != seen[1] {
 		t.Errorf("replies differ:\n postgres: %s\n pgfence:  %s", seen[0], seen[1])

@@ -103,14 +103,20 @@ func TestStaleUpdateIsFenced(t *testing.T) {
 func TestStaleLogLines(t *testing.T) {
 	tbl, other := table(t, [3]any{1, "x", 50}), table2(t)
 	pgtest.Exec(t, pgtest.Direct(t), "UPDATE "+other+" SET fence_epoch = 50")
-	const interval = 2 * time.Second
+	// Long enough for four writes on a busy machine: the test needs them
+	// within one interval of the first's log line.
+	const interval = 5 * time.Second
 	p := pgtest.StartProxy(t, []string{tbl, other}, func(_ *proxy.Config, fc *fence.Config) { fc.StaleLogInterval = interval })
 	c := p.Connect(t)
 	pgtest.Exec(t, c, "SET fence.token = '42'")
-	start := time.Now()
+	start := time.Now()  // before the first line's time
+	var logged time.Time // after it
 	for range 3 {
 		if tag := pgtest.Exec(t, c, "UPDATE "+tbl+" SET val = 'z' WHERE id = 1"); tag != "UPDATE 0" {
 			t.Fatalf("stale UPDATE: %s", tag)
+		}
+		if logged.IsZero() {
+			logged = time.Now()
 		}
 	}
 	if tag := pgtest.Exec(t, c, "UPDATE "+other+" SET val = 'z' WHERE id = 1"); tag != "UPDATE 0" {
@@ -137,7 +143,9 @@ func TestStaleLogLines(t *testing.T) {
 	if got := rejects(t, p, tbl); got != 3 {
 		t.Fatalf("fencing_reject_total = %v, want 3: every stale write is counted", got)
 	}
-	time.Sleep(interval)
+	// The rate limit is of time itself: wait until an interval has passed
+	// since the first line, surely.
+	time.Sleep(time.Until(logged.Add(interval)))
 	pgtest.Exec(t, c, "UPDATE "+tbl+" SET val = 'z' WHERE id = 1")
 	if l := lines(tbl); len(l) != 2 || !strings.Contains(l[1], "unlogged=2") {
 		t.Fatalf("after the interval: %d lines, want a second one with unlogged=2:\n%s", len(l), strings.Join(l, "\n"))

@@ -51,6 +51,9 @@ type Config struct {
 	// counted (see Notice). "" counts none, the database's own counters
 	// still do.
 	NoticeKey string
+	// ServerVersion is the server's server_version_num, 0 when unknown
+	// (see sqlrewrite.Config.ServerVersion).
+	ServerVersion int
 }
 
 // codeStaleDomain is the SQLSTATE of a stale INSERT into a table of a lock
@@ -193,7 +196,8 @@ func (p *Policy) Reload(cfg Config) error {
 	if cfg.TokenSetting == "" {
 		cfg.TokenSetting = "fence.token"
 	}
-	rw, err := sqlrewrite.New(sqlrewrite.Config{Guards: cfg.Guards, TokenSetting: cfg.TokenSetting, Allow: cfg.Allow, DDLGuard: cfg.DDLGuard})
+	rw, err := sqlrewrite.New(sqlrewrite.Config{Guards: cfg.Guards, TokenSetting: cfg.TokenSetting, Allow: cfg.Allow, DDLGuard: cfg.DDLGuard,
+		ServerVersion: cfg.ServerVersion})
 	if err != nil {
 		return err
 	}

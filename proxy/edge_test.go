@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/internal/poll"
 )
 
 // A client that writes a very large pipelined batch before it reads any
@@ -258,11 +259,14 @@ func TestCancelInsidePipeline(t *testing.T) {
 	if err := pl.Sync(); err != nil {
 		t.Fatal(err)
 	}
-	go func() {
-		time.Sleep(500 * time.Millisecond)
-		c.PgConn().CancelRequest(context.Background())
-	}()
 	start := time.Now()
+	// The cancel goes once pg_sleep runs: sent before Postgres read the
+	// batch, it would find the backend idle and be lost. (Postgres holds
+	// the 1000 results before it in the sockets' buffers meanwhile.)
+	runningQuery(t, "select pg_sleep(20)")
+	if err := c.PgConn().CancelRequest(ctx); err != nil {
+		t.Fatal(err)
+	}
 	var canceled bool
 	for {
 		res, err := pl.GetResults()
@@ -451,14 +455,20 @@ func TestCancelInsideCopyIn(t *testing.T) {
 	for i := range 5000 { // 50 s of rows at 10 ms each
 		fmt.Fprintf(&b, "%d\n", i)
 	}
-	go func() {
-		time.Sleep(500 * time.Millisecond)
-		c.PgConn().CancelRequest(context.Background())
-	}()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	start := time.Now()
-	_, err := c.PgConn().CopyFrom(ctx, strings.NewReader(b.String()), "COPY copy_slow FROM STDIN")
+	copied := make(chan error, 1)
+	go func() {
+		_, err := c.PgConn().CopyFrom(ctx, strings.NewReader(b.String()), "COPY copy_slow FROM STDIN")
+		copied <- err
+	}()
+	// The cancel goes once the COPY runs (sent before, it would be lost).
+	runningQuery(t, "COPY copy_slow FROM STDIN")
+	if err := c.PgConn().CancelRequest(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	err := <-copied
 	var pe *pgconn.PgError
 	if !errors.As(err, &pe) || pe.Code != "57014" || time.Since(start) > 20*time.Second {
 		t.Fatalf("a cancel inside COPY FROM: %v after %v, want 57014 at once", err, time.Since(start))
@@ -543,4 +553,16 @@ func TestSetUnitOfAnotherPortalForwarded(t *testing.T) {
 			t.Errorf("describe %v: got tags %q, errors %v; want only Postgres's 34000 (portal \"x\" does not exist)", describe, tags, errs)
 		}
 	}
+}
+
+// runningQuery waits until Postgres runs query, as pg_stat_activity shows
+// it, in some session.
+func runningQuery(t *testing.T, query string) {
+	t.Helper()
+	db := pgtest.Direct(t)
+	poll.Eventually(t, 30*time.Second, fmt.Sprintf("Postgres running %q", query), func() bool {
+		var n int
+		err := db.QueryRow(context.Background(), "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND query = $1", query).Scan(&n)
+		return err == nil && n > 0
+	})
 }

@@ -143,7 +143,10 @@ func TestNoLeaks(t *testing.T) {
 }
 
 // Postgres restarts under load: sessions in flight get an error, the proxy
-// stays up, and new sessions work as soon as Postgres is back.
+// stays up, and new sessions work as soon as Postgres is back. The restart
+// waits for every session to be connected and mid-query, as Postgres sees
+// it: on a busy machine the clients could otherwise all be between
+// statements, and the test would prove nothing.
 func TestPostgresRestart(t *testing.T) {
 	pgtest.Need(t)
 	pg, err := pgserver.Start(ctx, pgserver.Options{})
@@ -153,57 +156,62 @@ func TestPostgresRestart(t *testing.T) {
 	t.Cleanup(func() { pg.Stop() })
 	p := pgtest.StartProxy(t, nil, pgtest.Relay(func(pc *proxy.Config) { pc.Upstream = pg.Addr() }))
 	url := "postgres://postgres@" + p.Addr + "/postgres?sslmode=disable"
+	direct, err := pgx.Connect(ctx, pg.URL("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The sessions' queries as Postgres runs them (not this one's).
+	const query = "SELECT pg_sleep(600) -- restart"
+	running := func() int {
+		var n int
+		if err := direct.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND query = $1`, query).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
 
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var failures int
-	for i := 0; i < 4; i++ {
-		wg.Add(1)
+	const sessions = 4
+	idle := make([]*pgx.Conn, 2)
+	for k := range idle {
+		idle[k] = pgtest.Connect(t, url)
+		pgtest.Exec(t, idle[k], "SELECT 1")
+	}
+	errs := make(chan error, sessions)
+	for i := 0; i < sessions; i++ {
+		c := pgtest.Connect(t, url)
 		go func() {
-			defer wg.Done()
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				c, err := pgx.Connect(ctx, url)
-				if err != nil {
-					time.Sleep(20 * time.Millisecond)
-					continue
-				}
-				for j := 0; j < 20; j++ {
-					qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-					_, err := c.Exec(qctx, "SELECT pg_sleep(0.01)")
-					cancel()
-					if err != nil {
-						if errors.Is(err, context.DeadlineExceeded) {
-							t.Error("a query hung across the restart instead of failing")
-						}
-						mu.Lock()
-						failures++
-						mu.Unlock()
-						break
-					}
-				}
-				c.Close(ctx)
-			}
+			// Bounded, so that a query that hangs across the restart
+			// fails the test instead of stalling it.
+			qctx, cancel := context.WithTimeout(ctx, time.Minute)
+			defer cancel()
+			_, err := c.Exec(qctx, query)
+			errs <- err
 		}()
 	}
-	time.Sleep(300 * time.Millisecond)
+	poll.Eventually(t, 30*time.Second, fmt.Sprintf("%d sessions running their query in Postgres", sessions), func() bool { return running() == sessions })
+	direct.Close(ctx)
 	if err := pg.Restart(ctx); err != nil {
 		t.Fatal(err)
 	}
+	// Every session mid-query gets an error, none hangs.
+	for i := 0; i < sessions; i++ {
+		err := <-errs
+		switch {
+		case err == nil:
+			t.Error("a query ran on across the restart")
+		case errors.Is(err, context.DeadlineExceeded):
+			t.Error("a query hung across the restart instead of failing")
+		}
+	}
+	// An idle session's next statement fails too (its server is gone).
+	for _, c := range idle {
+		if _, err := c.Exec(ctx, "SELECT 1"); err == nil {
+			t.Error("an idle session's statement ran after the restart on a server connection that is gone")
+		}
+	}
 	c := pgtest.Connect(t, url) // the proxy is up and Postgres is back
 	pgtest.Exec(t, c, "SELECT 1")
-	time.Sleep(300 * time.Millisecond)
-	close(stop)
-	wg.Wait()
-	if failures == 0 {
-		t.Fatal("no session saw the restart: the test did not test anything")
-	}
-	t.Logf("%d sessions failed across the restart", failures)
+	poll.Eventually(t, 30*time.Second, "the failed sessions to end in the proxy", func() bool { return p.Server.Sessions() == 1 })
 }
 
 // Shutdown drains: idle sessions end at once with 57P01, a session in a

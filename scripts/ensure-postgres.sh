@@ -73,11 +73,16 @@ can_install() {
 }
 
 APT_UPDATED=
+# Once per CI run (see PGFENCE_APT_STAMP in lib.sh).
+if [ -n "${PGFENCE_APT_STAMP:-}" ] && [ -e "$PGFENCE_APT_STAMP" ]; then
+	APT_UPDATED=1
+fi
 apt_install() {
 	if [ -z "$APT_UPDATED" ]; then
 		say "running apt-get update"
 		$SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -q
 		APT_UPDATED=1
+		if [ -n "${PGFENCE_APT_STAMP:-}" ]; then touch "$PGFENCE_APT_STAMP"; fi
 	fi
 	say "installing: $*"
 	$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$@"

@@ -36,7 +36,13 @@ dpkg_missing() { ! dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'inst
 # that keeps their services from starting during the install (invoke-rc.d
 # asks policy-rc.d; 101 means "action forbidden"): the tests start their
 # own servers. Without root or apt-get it says what to install.
+# PGFENCE_APT_STAMP (.ci/run sets it) names a file whose presence says
+# apt-get update ran in this CI run already: the scripts it runs one after
+# the other then update the package lists once between them, not once each.
 APT_UPDATED=
+if [ -n "${PGFENCE_APT_STAMP:-}" ] && [ -e "$PGFENCE_APT_STAMP" ]; then
+	APT_UPDATED=1
+fi
 apt_install() {
 	[ "$#" -gt 0 ] || return 0
 	if [ "$SUDO" = none ] || ! command -v apt-get >/dev/null 2>&1; then
@@ -51,6 +57,7 @@ apt_install() {
 		say "running apt-get update"
 		as_root env DEBIAN_FRONTEND=noninteractive apt-get update -q || ok=
 		APT_UPDATED=1
+		if [ -n "$ok" ] && [ -n "${PGFENCE_APT_STAMP:-}" ]; then touch "$PGFENCE_APT_STAMP"; fi
 	fi
 	if [ -n "$ok" ]; then
 		say "installing: $*"

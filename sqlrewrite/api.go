@@ -111,6 +111,11 @@ type Config struct {
 	// as the guard gives the detached table a backstop of its own at once
 	// (see backstop/guard.go).
 	DDLGuard bool
+	// ServerVersion is the server's server_version_num (180004 for 18.4),
+	// 0 when unknown. On a server newer than the grammar pgfence reads SQL
+	// with, a text that may write a guarded table and that pgfence cannot
+	// read is refused as a version skew (0A000, see skew.go).
+	ServerVersion int
 }
 
 // Allow names the unfenceable forms a configuration lets through. On a

@@ -175,6 +175,9 @@ func markerHint(code, text string) string {
 		}
 		return hintForgedEpoch
 	case codeUnsupported:
+		if isUnparsableNewer(text) {
+			return hintNewer
+		}
 		if strings.HasPrefix(text, "MERGE on guarded table ") {
 			return hintMerge
 		}

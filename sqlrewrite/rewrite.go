@@ -72,7 +72,7 @@ func (r *Rewriter) RewriteClass(sql string, mode Mode, s Session, cl Class) (*Re
 	if err != nil {
 		// The server's grammar may read it (see skew.go): fail closed, and
 		// say why.
-		return refused(unparsable(err)), nil
+		return refused(r.unparsable(err)), nil
 	}
 	res := &Result{SQL: sql}
 	plans := make([]*plan, len(tree.Stmts))

@@ -24,6 +24,8 @@ type Rewriter struct {
 	setting  string
 	allow    Allow
 	ddlGuard bool
+	// server is Config.ServerVersion.
+	server int
 	// unfenceable is set when a guard cannot be fenced (see
 	// Guard.Unfenceable): only then are writes checked for it.
 	unfenceable bool
@@ -69,7 +71,7 @@ func New(cfg Config) (*Rewriter, error) {
 	if strings.HasPrefix(asciiLower(cfg.TokenSetting), "pgfence.") {
 		return nil, fmt.Errorf("invalid token setting %q: pgfence uses the pgfence.* settings itself", cfg.TokenSetting)
 	}
-	r := &Rewriter{setting: cfg.TokenSetting, allow: cfg.Allow, ddlGuard: cfg.DDLGuard}
+	r := &Rewriter{setting: cfg.TokenSetting, allow: cfg.Allow, ddlGuard: cfg.DDLGuard, server: cfg.ServerVersion}
 	for i, g := range cfg.Guards {
 		if err := g.validate(); err != nil {
 			return nil, err

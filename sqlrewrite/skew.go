@@ -1,6 +1,9 @@
 package sqlrewrite
 
-import "strings"
+import (
+	"strconv"
+	"strings"
+)
 
 // Grammar version skew (issue 27).
 //
@@ -42,10 +45,30 @@ import "strings"
 // gets the code it gets without pgfence. Either way the statement's text
 // must change before it can run, which is what 42601 tells a client; 0A000
 // would call every mistyped write a missing feature.
+//
+// On a server newer than parserGrammar (Config.ServerVersion, PostgreSQL 18
+// on; 0 when unknown) the skew goes the other way and is the likelier
+// cause: the server's grammar reads what pgfence's cannot (RETURNING WITH
+// (OLD AS o, NEW AS n), a VIRTUAL generated column in DDL), and such a
+// text, when it may write a guarded table, is refused with 0A000
+// (feature_not_supported) and a message naming both versions
+// (unparsableNewer): the statement is valid there, and pgfence is what
+// lacks the feature. Where the backstop is in place it could run as sent,
+// fenced by the triggers, as MERGE does; pgfence refuses it all the same,
+// as it cannot tell which tables a text it cannot read writes, nor what
+// else in it (a SET of its own settings, DDL that weakens the backstop) it
+// would have refused. What it can read (RETURNING old.v, new.v parses as
+// column references, and is fenced) is rewritten as on any server. The
+// other refusals of what pgfence cannot read (a session change behind a
+// pooler, pgfence's own settings) name no guarded table and keep 42601.
 
 // parserGrammar names the grammar pg_query reads SQL with (pg_query_go v6
-// is PostgreSQL 17's parser; bump it with the import).
+// is PostgreSQL 17's parser; bump it, and parserMajor, with the import).
 const parserGrammar = "PostgreSQL 17's grammar"
+
+// parserMajor is the major version of parserGrammar: a server of a newer
+// one may read what pgfence cannot.
+const parserMajor = 17
 
 // The parts of an unparsable refusal's message, around the parser's error
 // (see unparsableMessage); unparsableHint finds that error between them.
@@ -58,9 +81,40 @@ const (
 )
 
 // unparsable refuses text that may write a guarded table and that the
-// parser rejected with err (see the design note above).
-func unparsable(err error) *Refusal {
-	return unparsableRefusal(err, "may write a guarded table", "send it unfenced")
+// parser rejected with err (see the design note above): as a version skew
+// on a server newer than parserGrammar.
+func (r *Rewriter) unparsable(err error) *Refusal {
+	const what = "may write a guarded table"
+	if r.server/10000 > parserMajor {
+		msg := unparsableNewer(strings.ToValidUTF8(err.Error(), "\uFFFD"), what, r.server)
+		return &Refusal{Code: codeUnsupported, Message: "pgfence: " + msg, Hint: hintNewer}
+	}
+	return unparsableRefusal(err, what, "send it unfenced")
+}
+
+// unparsableNewer is the message of an unparsable refusal, without
+// "pgfence: ", on a server (its server_version_num) newer than
+// parserGrammar:
+//
+//	cannot read this statement, which WHAT, with pgfence's parser
+//	(PostgreSQL 17's grammar): PERR; the server runs PostgreSQL 18.4,
+//	whose grammar is newer (a version skew): pgfence cannot fence what it
+//	cannot read, and refuses it rather than send it unfenced
+func unparsableNewer(perr, what string, server int) string {
+	return unparsableStart + what + unparsableRead + perr + "; the server runs PostgreSQL " +
+		strconv.Itoa(server/10000) + "." + strconv.Itoa(server%10000) + unparsableNewerEnd
+}
+
+const unparsableNewerEnd = ", whose grammar is newer (a version skew): pgfence cannot fence what it cannot read, and refuses it rather than send it unfenced"
+
+// hintNewer is the hint of an unparsable refusal on a newer server.
+var hintNewer = "write the statement in syntax that PostgreSQL " + strconv.Itoa(parserMajor) + " reads too (for RETURNING, old.col and new.col rather than " +
+	"RETURNING WITH (OLD AS o, NEW AS n)), or run a pgfence release whose parser reads the server's grammar"
+
+// isUnparsableNewer reports whether a 0A000 refusal's text (without
+// "pgfence: ") is unparsableNewer's.
+func isUnparsableNewer(text string) bool {
+	return strings.HasPrefix(text, unparsableStart) && strings.HasSuffix(text, unparsableNewerEnd)
 }
 
 // unparsableSessionChange refuses text that the parser rejected with err

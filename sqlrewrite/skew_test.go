@@ -161,7 +161,113 @@ func TestSkewWords(t *testing.T) {
 	if _, err := pg_query.Parse("MERGE INTO t USING s ON t.id = s.id WHEN MATCHED THEN DELETE RETURNING *"); err != nil {
 		t.Errorf("MERGE ... RETURNING does not parse: not PostgreSQL 17 or later: %v", err)
 	}
-	if !strings.Contains(parserGrammar, "PostgreSQL 17") {
-		t.Errorf("parserGrammar %q", parserGrammar)
+	if !strings.Contains(parserGrammar, "PostgreSQL 17") || parserMajor != 17 {
+		t.Errorf("parserGrammar %q, parserMajor %d", parserGrammar, parserMajor)
+	}
+	// PostgreSQL 18's syntax does not parse: when it does, the parser is
+	// 18's, and parserMajor must say so.
+	for _, sql := range []string{
+		"UPDATE t SET v = 1 RETURNING WITH (OLD AS o, NEW AS n) o.v, n.v",
+		"CREATE TABLE t (a int, b int GENERATED ALWAYS AS (a * 2) VIRTUAL)",
+	} {
+		if _, err := pg_query.Parse(sql); err == nil {
+			t.Errorf("PostgreSQL 18's %q parses: bump parserGrammar and parserMajor", sql)
+		}
+	}
+}
+
+// On a server newer than the parser's grammar, what pgfence cannot read
+// and may write a guarded table is refused as a version skew (0A000,
+// naming both versions); on any other server, or an unknown one, as before
+// (42601). What it can read is fenced alike on all, and what names no
+// guarded table passes untouched.
+func TestGrammarSkewNewerServer(t *testing.T) {
+	const (
+		returningWith = "UPDATE accounts SET val = 'x' WHERE id = 1 RETURNING WITH (OLD AS o, NEW AS n) o.val, n.val"
+		virtual       = "ALTER TABLE accounts ADD COLUMN twice int GENERATED ALWAYS AS (id * 2) VIRTUAL"
+		perr          = `syntax error at or near "WITH"`
+	)
+	for _, tc := range []struct {
+		name    string
+		server  int
+		sql     string
+		want    string // "unchanged", "rewritten", "skew" (0A000) or "syntax" (42601)
+		message string // the whole message, for "skew"
+	}{
+		{name: "RETURNING WITH on 18", server: 180004, sql: returningWith, want: "skew",
+			message: `pgfence: cannot read this statement, which may write a guarded table, with pgfence's parser (PostgreSQL 17's grammar): ` +
+				perr + `; the server runs PostgreSQL 18.4, whose grammar is newer (a version skew): pgfence cannot fence what it cannot read, and refuses it rather than send it unfenced`},
+		{name: "RETURNING WITH on a later 19", server: 190002, sql: returningWith, want: "skew",
+			message: `pgfence: cannot read this statement, which may write a guarded table, with pgfence's parser (PostgreSQL 17's grammar): ` +
+				perr + `; the server runs PostgreSQL 19.2, whose grammar is newer (a version skew): pgfence cannot fence what it cannot read, and refuses it rather than send it unfenced`},
+		{name: "a VIRTUAL column added to a guarded table on 18", server: 180004, sql: virtual, want: "skew"},
+		{name: "RETURNING WITH on 17", server: 170010, sql: returningWith, want: "syntax"},
+		{name: "RETURNING WITH on 14", server: 140023, sql: returningWith, want: "syntax"},
+		{name: "RETURNING WITH on an unknown server", server: 0, sql: returningWith, want: "syntax"},
+		{name: "old and new as column references on 18", server: 180004, want: "rewritten",
+			sql: "UPDATE accounts SET val = 'x' WHERE id = 1 RETURNING old.val, new.val, old.*, new.*"},
+		{name: "DELETE RETURNING old on 18", server: 180004, want: "rewritten",
+			sql: "DELETE FROM accounts WHERE id = 1 RETURNING old.val, new.val"},
+		{name: "another table's RETURNING WITH on 18", server: 180004, want: "unchanged",
+			sql: "UPDATE other SET val = 'x' RETURNING WITH (OLD AS o, NEW AS n) o.val, n.val"},
+		{name: "a read of a guarded table on 18", server: 180004, want: "unchanged",
+			sql: "SELECT val FROM accounts WHERE id = 1 WITH ORDINALITY garbage"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g, err := ParseGuard("accounts")
+			if err != nil {
+				t.Fatal(err)
+			}
+			r, err := New(Config{TokenSetting: "fence.token", Guards: []Guard{g}, ServerVersion: tc.server})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, mode := range []Mode{Simple, Prepared} {
+				res, err := r.Rewrite(tc.sql, mode, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				ref := res.Refusal
+				switch tc.want {
+				case "unchanged":
+					if ref != nil || res.SQL != tc.sql {
+						t.Fatalf("mode %d: not passed untouched: %+v", mode, res)
+					}
+					continue
+				case "rewritten":
+					if ref != nil || res.SQL == tc.sql || len(res.Fenced) == 0 {
+						t.Fatalf("mode %d: not fenced: %+v", mode, res)
+					}
+					continue
+				}
+				if ref == nil {
+					t.Fatalf("mode %d: not refused: %q", mode, res.SQL)
+				}
+				if tc.want == "syntax" {
+					if ref.Code != codeSyntax || strings.Contains(ref.Message, "version skew") {
+						t.Errorf("mode %d: %s %q, want 42601 without the newer server's skew", mode, ref.Code, ref.Message)
+					}
+					continue
+				}
+				if ref.Code != codeUnsupported || ref.Hint != hintNewer || !strings.Contains(ref.Message, "version skew") {
+					t.Errorf("mode %d: %s %q (hint %q), want 0A000 naming the skew", mode, ref.Code, ref.Message, ref.Hint)
+				}
+				if tc.message != "" && ref.Message != tc.message {
+					t.Errorf("message:\n%s\nwant:\n%s", ref.Message, tc.message)
+				}
+				// The server raises the marker, which drops the hint:
+				// reading the marker back gives all of it again.
+				lit := refusalSQL(ref)
+				text := lit[strings.Index(lit, "E'")+2 : strings.LastIndex(lit, "'")]
+				text = strings.NewReplacer(`''`, `'`, `\\`, `\`).Replace(text)
+				back, ok := ParseErrorMarker("22P02", `invalid input syntax for type bigint: "`+text+`"`)
+				if !ok || back != *ref {
+					t.Errorf("ParseErrorMarker round trip:\n%+v, %v\nwant\n%+v", back, ok, *ref)
+				}
+			}
+		})
+	}
+	if !strings.HasPrefix(hintNewer, "write the statement in syntax that PostgreSQL 17 reads too") {
+		t.Errorf("hint %q", hintNewer)
 	}
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/pgfence/pgfence/backstop"
 	"github.com/pgfence/pgfence/fence"
+	"github.com/pgfence/pgfence/internal/pgversion"
 	"github.com/pgfence/pgfence/sqlrewrite"
 )
 
@@ -52,6 +53,8 @@ type catalogRead struct {
 	// noticeKey is pgfence's secret in the database, with which the
 	// policy checks the backstop's notices ("" when it cannot be read).
 	noticeKey string
+	// version is the server's: the rewriter's refusals depend on it.
+	version pgversion.Version
 }
 
 // configure puts in cfg what the read found besides the guards: whether
@@ -60,6 +63,29 @@ type catalogRead struct {
 func (r *catalogRead) configure(cfg *fence.Config) {
 	cfg.DDLGuard = r.backstop != nil && r.backstop.GuardingDDL
 	cfg.NoticeKey = r.noticeKey
+	cfg.ServerVersion = int(r.version)
+}
+
+// readVersion reads the server's version and refuses one pgfence does not
+// support (see pgversion): before anything else, so that what fails on
+// an old server is said as its version, not as the first statement that
+// does not parse there.
+func readVersion(ctx context.Context, conn *pgx.Conn) (pgversion.Version, error) {
+	v, err := pgversion.Read(ctx, conn)
+	if err != nil {
+		return 0, err
+	}
+	return v, v.Supported()
+}
+
+// untested is the problem of a server newer than any pgfence was tested
+// on, "" for the others.
+func untested(v pgversion.Version) string {
+	if !v.Untested() {
+		return ""
+	}
+	return fmt.Sprintf("the server runs %s, newer than any pgfence was tested on (PostgreSQL %d to %d): pgfence serves it, and refuses (0A000) "+
+		"what may write a guarded table and its parser cannot read; run a pgfence release tested on PostgreSQL %d", v, pgversion.Oldest, pgversion.Newest, v.Major())
 }
 
 // readCatalog discovers the guarded tables, applies the lock-domain
@@ -71,11 +97,18 @@ func readCatalog(ctx context.Context, conn *pgx.Conn, o catalogOptions, explicit
 	if err != nil {
 		return nil, err
 	}
+	v, err := readVersion(ctx, conn)
+	if err != nil {
+		return nil, err
+	}
 	d, err := fence.Discover(ctx, conn, explicit, o.discover, o.discoverColumn, apply)
 	if err != nil {
 		return nil, err
 	}
-	r := &catalogRead{guards: d.Guards, problems: d.Problems}
+	r := &catalogRead{guards: d.Guards, problems: d.Problems, version: v}
+	if p := untested(v); p != "" {
+		r.problems = append(r.problems, p)
+	}
 	tables := d.Tables
 	if backstopOn {
 		// A table that carries the backstop stays guarded under the name

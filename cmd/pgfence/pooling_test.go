@@ -92,13 +92,21 @@ func TestServeTransactionPooling(t *testing.T) {
 		t.Fatalf("backstop installed through the pooler = %q, want 1", got)
 	}
 
+	// The server's psql, else the one on PATH: the version matrix's
+	// builds ship none, and any psql speaks to any supported server.
 	bin, err := pgserver.FindBinDir()
 	if err != nil {
 		t.Fatal(err)
 	}
+	psqlBin := filepath.Join(bin, "psql")
+	if _, err := os.Stat(psqlBin); err != nil {
+		if psqlBin, err = exec.LookPath("psql"); err != nil {
+			t.Fatalf("no psql in %s nor on PATH: %v", bin, err)
+		}
+	}
 	psql := func(args ...string) string {
 		t.Helper()
-		cmd := exec.Command(filepath.Join(bin, "psql"), append([]string{"-X", "-v", "ON_ERROR_STOP=1",
+		cmd := exec.Command(psqlBin, append([]string{"-X", "-v", "ON_ERROR_STOP=1",
 			"postgres://postgres@" + inst.Addr() + "/postgres?sslmode=disable"}, args...)...)
 		cmd.Env = append(os.Environ(), "PGCONNECT_TIMEOUT=10")
 		out, err := cmd.CombinedOutput()

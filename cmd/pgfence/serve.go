@@ -23,6 +23,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/pgfence/pgfence/fence"
+	"github.com/pgfence/pgfence/internal/pgversion"
 	"github.com/pgfence/pgfence/internal/server"
 	"github.com/pgfence/pgfence/proxy"
 	"github.com/pgfence/pgfence/sqlrewrite"
@@ -469,6 +470,14 @@ func start(o serveOptions, log *slog.Logger) (*instance, error) {
 	// is up. Each other database's is read at its first session.
 	main.load(ctx, inst)
 	inst.unixLn = unixLn
+	// A server pgfence does not support is refused at start, naming its
+	// version (one that cannot be reached yet is read later, and refused
+	// the same way at each read: no session is served meanwhile).
+	if err := main.lastErr.Load(); err != nil && pgversion.IsUnsupported(*err) {
+		close(inst.served) // nothing was served
+		inst.Close()
+		return nil, *err
+	}
 	if unixLn != nil {
 		go srv.Serve(unixLn)
 	}
@@ -555,7 +564,11 @@ func (i *instance) readCatalog(ctx context.Context, db string, o serveOptions, e
 		return nil, err
 	}
 	if _, on, _ := backstopMode(o.backstop); !o.discover && len(explicit) == 0 && !on {
-		return &catalogRead{}, nil
+		v, err := readVersion(ctx, conn)
+		if err != nil {
+			return nil, err
+		}
+		return &catalogRead{version: v}, nil
 	}
 	return readCatalog(ctx, conn, o.catalogOptions(), explicit, apply)
 }

@@ -28,6 +28,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgfence/pgfence/internal/pgversion"
 )
 
 // Options configures Start. The zero value is fine.
@@ -190,6 +192,16 @@ func (s *Server) URL(db string) string {
 		u.User = url.User(s.User)
 	}
 	return u.String()
+}
+
+// Version reads the running server's version (server_version_num).
+func (s *Server) Version(ctx context.Context) (pgversion.Version, error) {
+	c, err := pgx.Connect(ctx, s.URL("postgres"))
+	if err != nil {
+		return 0, fmt.Errorf("pgserver: %w", err)
+	}
+	defer c.Close(context.Background())
+	return pgversion.Read(ctx, c)
 }
 
 // Addr returns the server's TCP address, "127.0.0.1:port".

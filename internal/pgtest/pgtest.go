@@ -25,6 +25,7 @@ import (
 
 	"github.com/pgfence/pgfence/fence"
 	"github.com/pgfence/pgfence/internal/pgserver"
+	"github.com/pgfence/pgfence/internal/pgversion"
 	"github.com/pgfence/pgfence/internal/poll"
 	"github.com/pgfence/pgfence/internal/server"
 	"github.com/pgfence/pgfence/proxy"
@@ -32,6 +33,9 @@ import (
 )
 
 var pg *pgserver.Server
+
+// version is pg's server_version_num.
+var version pgversion.Version
 
 // unit is PGFENCE_UNIT=1 (make unit): no Postgres is started, and a test
 // that needs one is skipped at its first call that takes its testing.TB
@@ -127,7 +131,28 @@ func run(m *testing.M) (int, error) {
 		return 0, fmt.Errorf("cannot start Postgres: %w", err)
 	}
 	defer pg.Stop()
+	if version, err = pg.Version(context.Background()); err != nil {
+		return 0, err
+	}
 	return m.Run(), nil
+}
+
+// Version is the version of the package's Postgres: tests of what
+// differs between versions decide by it (make test-versions runs every
+// supported one).
+func Version(t testing.TB) pgversion.Version {
+	t.Helper()
+	need(t)
+	return version
+}
+
+// NeedVersion skips t on a Postgres older than major (a feature it
+// tests is new in major), saying so.
+func NeedVersion(t testing.TB, major int, why string) {
+	t.Helper()
+	if v := Version(t); v.Major() < major {
+		t.Skipf("needs PostgreSQL %d or later (%s); this is %s: make test-versions runs it on every supported version", major, why, v)
+	}
 }
 
 // Server is the package's Postgres.
@@ -164,7 +189,7 @@ func StartProxy(t testing.TB, guards []string, edit ...func(*proxy.Config, *fenc
 	}
 	logs := &LogBuffer{}
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	fcfg := fence.Config{Guards: gs, TokenSetting: "fence.token"}
+	fcfg := fence.Config{Guards: gs, TokenSetting: "fence.token", ServerVersion: int(version)}
 	// PGFENCE_TEST_RELAY=goroutines runs the tests on the goroutine relay
 	// instead of the event loop (make test runs both).
 	// Two event loops at least, whatever the machine, so that every test
