@@ -71,21 +71,9 @@ func TestGrammarSkew(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				ref := res.Refusal
-				switch tc.want {
-				case "unchanged":
-					if ref != nil || res.SQL != tc.sql {
-						t.Fatalf("mode %d: not passed untouched: %+v", mode, res)
-					}
-					continue
-				case "rewritten":
-					if ref != nil || res.SQL == tc.sql || len(res.Fenced) == 0 {
-						t.Fatalf("mode %d: not fenced: %+v", mode, res)
-					}
-					continue
-				}
+				ref := skewOutcome(t, mode, tc.sql, res, tc.want)
 				if ref == nil {
-					t.Fatalf("mode %d: not refused: %q", mode, res.SQL)
+					continue
 				}
 				if ref.Code != codeSyntax {
 					t.Errorf("code %s, want %s", ref.Code, codeSyntax)
@@ -227,21 +215,9 @@ func TestGrammarSkewNewerServer(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				ref := res.Refusal
-				switch tc.want {
-				case "unchanged":
-					if ref != nil || res.SQL != tc.sql {
-						t.Fatalf("mode %d: not passed untouched: %+v", mode, res)
-					}
-					continue
-				case "rewritten":
-					if ref != nil || res.SQL == tc.sql || len(res.Fenced) == 0 {
-						t.Fatalf("mode %d: not fenced: %+v", mode, res)
-					}
-					continue
-				}
+				ref := skewOutcome(t, mode, tc.sql, res, tc.want)
 				if ref == nil {
-					t.Fatalf("mode %d: not refused: %q", mode, res.SQL)
+					continue
 				}
 				if tc.want == "syntax" {
 					if ref.Code != codeSyntax || strings.Contains(ref.Message, "version skew") {
@@ -270,4 +246,28 @@ func TestGrammarSkewNewerServer(t *testing.T) {
 	if !strings.HasPrefix(hintNewer, "write the statement in syntax that PostgreSQL 17 reads too") {
 		t.Errorf("hint %q", hintNewer)
 	}
+}
+
+// skewOutcome checks res, sql's rewrite in mode, for the outcomes
+// "unchanged" and "rewritten" (returning nil); for any other want res
+// must be a refusal, which it returns for the caller to check.
+func skewOutcome(t *testing.T, mode Mode, sql string, res *Result, want string) *Refusal {
+	t.Helper()
+	ref := res.Refusal
+	switch want {
+	case "unchanged":
+		if ref != nil || res.SQL != sql {
+			t.Fatalf("mode %d: not passed untouched: %+v", mode, res)
+		}
+		return nil
+	case "rewritten":
+		if ref != nil || res.SQL == sql || len(res.Fenced) == 0 {
+			t.Fatalf("mode %d: not fenced: %+v", mode, res)
+		}
+		return nil
+	}
+	if ref == nil {
+		t.Fatalf("mode %d: not refused: %q", mode, res.SQL)
+	}
+	return ref
 }
