@@ -221,7 +221,7 @@ func (p *pgxDriver) cancel(t *testing.T, ctx context.Context) {
 		_, err := c.Exec(ctx, "SELECT pg_sleep($1)", 30)
 		result <- err
 	}()
-	pgtest.Running(t, c.PgConn().PID())
+	pgtest.Sleeping(t, c.PgConn().PID())
 	// Postgres signals the backend twice for one CancelRequest (its pid,
 	// then its process group), and the second signal can land on the next
 	// statement. CancelRequest returns once Postgres has closed the cancel

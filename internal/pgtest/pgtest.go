@@ -452,6 +452,15 @@ func Running(t testing.TB, pid uint32) {
 	running(t, fmt.Sprintf("server process %d busy", pid), "pid = $1", int32(pid))
 }
 
+// Sleeping waits until server process pid sleeps in pg_sleep: past
+// parsing and describing it (which a driver may do first, in a round trip
+// of its own, while the session shows as active too), so that a cancel
+// sent now reaches the sleep.
+func Sleeping(t testing.TB, pid uint32) {
+	t.Helper()
+	running(t, fmt.Sprintf("server process %d in pg_sleep", pid), "pid = $1 AND wait_event = 'PgSleep'", int32(pid))
+}
+
 // RunningApp waits until a session whose application_name is app runs a
 // statement.
 func RunningApp(t testing.TB, app string) {
