@@ -288,34 +288,8 @@ func (r *runner) startPgBouncerFleet(n int) (target, error) {
 		if err := os.Mkdir(dir, 0o755); err != nil {
 			return target{}, err
 		}
-		ini := fmt.Sprintf(`[databases]
-postgres = host=127.0.0.1 port=%d dbname=postgres
-[pgbouncer]
-listen_addr = 127.0.0.1
-listen_port = %d
-so_reuseport = 1
-unix_socket_dir = %[3]s
-auth_type = trust
-auth_file = %[3]s/userlist.txt
-pool_mode = session
-max_client_conn = 1200
-default_pool_size = 1050
-max_db_connections = 0
-ignore_startup_parameters = extra_float_digits
-admin_users = postgres
-log_connections = 0
-log_disconnections = 0
-pidfile = %[3]s/pgbouncer.pid
-`, r.pg.Port, port, dir)
-		for name, text := range map[string]string{"pgbouncer.ini": ini, "userlist.txt": `"postgres" ""` + "\n"} {
-			if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
-				return target{}, err
-			}
-		}
-		if cred != nil {
-			for _, p := range []string{dir, filepath.Join(dir, "pgbouncer.ini"), filepath.Join(dir, "userlist.txt")} {
-				os.Chown(p, int(cred.Uid), int(cred.Gid))
-			}
+		if err := r.writePgBouncerConfig(dir, port, cred, "so_reuseport = 1\nunix_socket_dir = "+dir+"\n"); err != nil {
+			return target{}, err
 		}
 		logPath := filepath.Join(dir, "pgbouncer.log")
 		s, err := r.startService(fmt.Sprintf("pgbouncer fleet %d", i), exec.Command(bin, filepath.Join(dir, "pgbouncer.ini")), logPath, cred)

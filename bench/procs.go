@@ -209,38 +209,9 @@ func (r *runner) startPgBouncer() error {
 	if err != nil {
 		return err
 	}
-	ini := fmt.Sprintf(`[databases]
-postgres = host=127.0.0.1 port=%d dbname=postgres
-[pgbouncer]
-listen_addr = 127.0.0.1
-listen_port = %d
-unix_socket_dir =
-auth_type = trust
-auth_file = %[3]s/userlist.txt
-pool_mode = session
-max_client_conn = 1200
-default_pool_size = 1050
-max_db_connections = 0
-ignore_startup_parameters = extra_float_digits
-admin_users = postgres
-log_connections = 0
-log_disconnections = 0
-pidfile = %[3]s/pgbouncer.pid
-client_tls_sslmode = allow
-client_tls_cert_file = %[4]s
-client_tls_key_file = %[5]s
-`, r.pg.Port, port, dir, r.tlsCert, r.tlsKey)
-	files := map[string]string{"pgbouncer.ini": ini, "userlist.txt": `"postgres" ""` + "\n"}
-	for name, text := range files {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
-			return err
-		}
-	}
-	if cred != nil {
-		for _, p := range []string{dir, filepath.Join(dir, "pgbouncer.ini"), filepath.Join(dir, "userlist.txt")} {
-			os.Chown(p, int(cred.Uid), int(cred.Gid))
-		}
+	tls := fmt.Sprintf("unix_socket_dir =\nclient_tls_sslmode = allow\nclient_tls_cert_file = %s\nclient_tls_key_file = %s\n", r.tlsCert, r.tlsKey)
+	if err := r.writePgBouncerConfig(dir, port, cred, tls); err != nil {
+		return err
 	}
 	logPath := filepath.Join(dir, "pgbouncer.log")
 	s, err := r.startService("pgbouncer", exec.Command(bin, filepath.Join(dir, "pgbouncer.ini")), logPath, cred)
@@ -552,4 +523,39 @@ func writeCert(dir string) (certPath, keyPath string, err error) {
 		os.Chown(keyPath, int(cred.Uid), int(cred.Gid))
 	}
 	return certPath, keyPath, nil
+}
+
+// writePgBouncerConfig writes, in dir, the configuration of a PgBouncer
+// in session mode on 127.0.0.1:port in front of the benchmark's Postgres,
+// with extra lines of its own, and its user list, owned by cred's user
+// (PgBouncer refuses to run as root).
+func (r *runner) writePgBouncerConfig(dir string, port int, cred *syscall.Credential, extra string) error {
+	ini := fmt.Sprintf(`[databases]
+postgres = host=127.0.0.1 port=%d dbname=postgres
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = %d
+auth_type = trust
+auth_file = %[3]s/userlist.txt
+pool_mode = session
+max_client_conn = 1200
+default_pool_size = 1050
+max_db_connections = 0
+ignore_startup_parameters = extra_float_digits
+admin_users = postgres
+log_connections = 0
+log_disconnections = 0
+pidfile = %[3]s/pgbouncer.pid
+`, r.pg.Port, port, dir) + extra
+	for name, text := range map[string]string{"pgbouncer.ini": ini, "userlist.txt": `"postgres" ""` + "\n"} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
+			return err
+		}
+	}
+	if cred != nil {
+		for _, p := range []string{dir, filepath.Join(dir, "pgbouncer.ini"), filepath.Join(dir, "userlist.txt")} {
+			os.Chown(p, int(cred.Uid), int(cred.Gid))
+		}
+	}
+	return nil
 }
