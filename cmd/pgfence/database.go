@@ -17,6 +17,7 @@ import (
 
 	"github.com/pgfence/pgfence/backstop"
 	"github.com/pgfence/pgfence/fence"
+	"github.com/pgfence/pgfence/internal/catalog"
 	"github.com/pgfence/pgfence/proxy"
 	"github.com/pgfence/pgfence/sqlrewrite"
 	"github.com/pgfence/pgfence/upstream"
@@ -71,10 +72,10 @@ type database struct {
 
 	mu          sync.Mutex // serialises reads, and guards what follows
 	metrics     *fence.DatabaseMetrics
-	lastGood    *catalogRead // the last read that worked
-	notWatching string       // why the backstop's event trigger is not in place, as last logged
-	notGuarding string       // why the DDL guard is not in place, as last logged
-	exposed     string       // the tables whose owners can switch their backstop off, as last logged
+	lastGood    *catalog.Found // the last read that worked
+	notWatching string         // why the backstop's event trigger is not in place, as last logged
+	notGuarding string         // why the DDL guard is not in place, as last logged
+	exposed     string         // the tables whose owners can switch their backstop off, as last logged
 	// gap, when set, is why the database is not ready: a guarded table
 	// lacks its backstop (see /readyz and --ready-without-backstop).
 	gap atomic.Pointer[string]
@@ -129,8 +130,8 @@ func (d *database) load(ctx context.Context, i *instance) {
 		return
 	case err != nil && d.lastGood != nil:
 		d.metrics.DiscoveryOK(false)
-		cfg.Guards = keepGuards(d.lastGood.guards, cfg.Guards, apply)
-		d.lastGood.configure(&cfg)
+		cfg.Guards = keepGuards(d.lastGood.Guards, cfg.Guards, apply)
+		configure(d.lastGood, &cfg)
 		d.log.Error("cannot read the catalog: keeping the guarded tables of the last good read; retrying",
 			"upstream", i.upstream, "err", err, "kept", len(cfg.Guards))
 		d.setStatus(fmt.Sprintf("catalog: last read failed (%v); guarding the tables of the last good read", err))
@@ -164,13 +165,13 @@ func (d *database) load(ctx context.Context, i *instance) {
 		i.failedReads.Delete(d.name)
 		d.lastGood = read
 		d.known.Store(true)
-		for _, p := range read.problems {
+		for _, p := range read.Problems {
 			d.log.Error("guarded table problem", "problem", p)
 		}
-		cfg.Guards = read.guards
-		read.configure(&cfg)
+		cfg.Guards = read.Guards
+		configure(read, &cfg)
 		d.reportBackstop(read, i.options())
-		d.noteUnfenceable(read.guards)
+		d.noteUnfenceable(read.Guards)
 	}
 	policy := d.policy.Load()
 	if policy == nil {
@@ -228,9 +229,9 @@ func keepGuards(last, explicit []sqlrewrite.Guard, apply func(sqlrewrite.Guard) 
 
 // reportBackstop puts the backstop's state in the metrics, the log and
 // /readyz's body (and what makes it not ready: see gap).
-func (d *database) reportBackstop(read *catalogRead, o serveOptions) {
+func (d *database) reportBackstop(read *catalog.Found, o serveOptions) {
 	d.retrySoon.Store(false)
-	if read.backstop == nil {
+	if read.Backstop == nil {
 		d.metrics.Backstop(nil)
 		d.metrics.BackstopExposure(nil)
 		d.metrics.BackstopDifferences(0)
@@ -238,7 +239,7 @@ func (d *database) reportBackstop(read *catalogRead, o serveOptions) {
 		d.setStatus("backstop: off (--backstop=off): only writes pgfence sees in the SQL text are fenced")
 		return
 	}
-	rep := read.backstop
+	rep := read.Backstop
 	installed := map[string]bool{}
 	for _, t := range rep.Tables {
 		installed[t.Guard.Name()] = t.OK
@@ -300,8 +301,8 @@ func (d *database) reportBackstop(read *catalogRead, o serveOptions) {
 			d.log.Info("backstop: the event trigger puts it on tables as DDL gives them the epoch column", "event_trigger", backstop.EventTrigger)
 		}
 	}
-	if read.counts != nil {
-		d.metrics.BackstopCounts(read.counts.Rejects, read.counts.Exempt)
+	if read.Counts != nil {
+		d.metrics.BackstopCounts(read.Counts.Rejects, read.Counts.Exempt)
 	}
 	if n := rep.Missing(); n > 0 {
 		var missing []string

@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/pgfence/pgfence/backstop"
+	"github.com/pgfence/pgfence/internal/catalog"
 )
 
 // initOptions are the flags of 'pgfence init': serve's policy and catalog
@@ -74,19 +75,19 @@ GRANT statements that would give it.`,
 				return fmt.Errorf("connecting to --upstream %s: %w", redact(o.upstream), err)
 			}
 			defer conn.Close(context.Background())
-			read, err := readCatalog(ctx, conn, catalogOptions{
-				discover: o.discover, discoverColumn: o.discoverColumn, initDomains: true,
-				backstop: "install", exemptRoles: o.exemptRoles,
-				tokenSetting: o.tokenSetting, allowTruncate: o.allowTruncate,
-				replace: true, // init is how a configuration is rolled out
+			read, err := catalog.Read(ctx, conn, catalog.Options{
+				Discover: o.discover, DiscoverColumn: o.discoverColumn, InitDomains: true,
+				Backstop: true, BackstopMode: backstop.Install, ExemptRoles: o.exemptRoles,
+				TokenSetting: o.tokenSetting, AllowTruncate: o.allowTruncate,
+				Replace: true, // init is how a configuration is rolled out
 			}, cfg.Guards, apply)
 			if err != nil {
 				return err
 			}
-			if err := domainRows(ctx, conn, bare); err != nil {
+			if err := catalog.AddDomains(ctx, conn, bare); err != nil {
 				return err
 			}
-			rep := read.backstop
+			rep := read.Backstop
 			out := cmd.OutOrStdout()
 			failed := 0
 			tableProblems := map[string]bool{}
@@ -121,12 +122,12 @@ GRANT statements that would give it.`,
 				}
 			}
 			// Each problem once: a table's is on its line above.
-			for _, p := range read.problems {
+			for _, p := range read.Problems {
 				if !tableProblems[p] {
 					fmt.Fprintf(out, "problem: %s\n", p)
 				}
 			}
-			if doms := append(domainsOf(read.guards), bare...); len(doms) > 0 && rep.SetUp {
+			if doms := append(catalog.Domains(read.Guards), bare...); len(doms) > 0 && rep.SetUp {
 				fmt.Fprintf(out, "lock domains ready: %s\n", strings.Join(doms, ", "))
 			}
 			switch {

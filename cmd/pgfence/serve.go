@@ -23,6 +23,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/pgfence/pgfence/fence"
+	"github.com/pgfence/pgfence/internal/catalog"
 	"github.com/pgfence/pgfence/internal/pgversion"
 	"github.com/pgfence/pgfence/internal/server"
 	"github.com/pgfence/pgfence/proxy"
@@ -550,9 +551,13 @@ func (i *instance) reload(ctx context.Context, o serveOptions) {
 	}
 }
 
-// readCatalog reads the catalog of database db (see readCatalog), on a
+// readCatalog reads the catalog of database db (see catalog.Read), on a
 // connection of its own with the --upstream URL's settings.
-func (i *instance) readCatalog(ctx context.Context, db string, o serveOptions, explicit []sqlrewrite.Guard, apply func(sqlrewrite.Guard) sqlrewrite.Guard) (*catalogRead, error) {
+func (i *instance) readCatalog(ctx context.Context, db string, o serveOptions, explicit []sqlrewrite.Guard, apply func(sqlrewrite.Guard) sqlrewrite.Guard) (*catalog.Found, error) {
+	co, err := o.catalogOptions()
+	if err != nil {
+		return nil, err
+	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	conn, err := connectUpstream(ctx, i.upstreamURL, db, o.upstreamPooling)
@@ -563,23 +568,20 @@ func (i *instance) readCatalog(ctx context.Context, db string, o serveOptions, e
 	if err := i.checkPooler(ctx, conn, o.upstreamPooling); err != nil {
 		return nil, err
 	}
-	if _, on, _ := backstopMode(o.backstop); !o.discover && len(explicit) == 0 && !on {
-		v, err := readVersion(ctx, conn)
-		if err != nil {
-			return nil, err
-		}
-		return &catalogRead{version: v}, nil
-	}
-	return readCatalog(ctx, conn, o.catalogOptions(), explicit, apply)
+	return catalog.Read(ctx, conn, co, explicit, apply)
 }
 
 // catalogOptions are the flags that say what a read of the catalog does.
-func (o serveOptions) catalogOptions() catalogOptions {
-	return catalogOptions{
-		discover: o.discover, discoverColumn: o.discoverColumn, initDomains: o.initDomains,
-		backstop: o.backstop, exemptRoles: o.exemptRoles,
-		tokenSetting: o.tokenSetting, allowTruncate: o.allowTruncate,
+func (o serveOptions) catalogOptions() (catalog.Options, error) {
+	mode, on, err := backstopMode(o.backstop)
+	if err != nil {
+		return catalog.Options{}, err
 	}
+	return catalog.Options{
+		Discover: o.discover, DiscoverColumn: o.discoverColumn, InitDomains: o.initDomains,
+		Backstop: on, BackstopMode: mode, ExemptRoles: o.exemptRoles,
+		TokenSetting: o.tokenSetting, AllowTruncate: o.allowTruncate,
+	}, nil
 }
 
 // Shutdown stops accepting clients and drains the sessions for up to
