@@ -39,11 +39,11 @@ all: build
 # The version matrix. The main run's Postgres (15, Debian's) runs every
 # test; each major here runs, one after the other, only the packages whose
 # tests depend on the server's version: the rewrite and fence checks
-# (fence), the backstop's triggers (backstop), start-up, init and the
-# catalog reads (cmd/pgfence), the protocol (proxy). 13 is fetched for
+# (fence), the backstop's triggers (backstop), the catalog reads
+# (internal/catalog), start-up and init (cmd/pgfence), the protocol (proxy). 13 is fetched for
 # TestUnsupportedServer alone: pgfence refuses it at start.
 PG_VERSIONS ?= 14 16 17 18
-VERSION_PACKAGES ?= ./fence ./backstop ./cmd/pgfence ./proxy
+VERSION_PACKAGES ?= ./fence ./backstop ./internal/catalog ./cmd/pgfence ./proxy
 # Their tests that do not depend on the server are left to the main run:
 # the scripted backend's (no Postgres at all), and the command line's
 # flags, logging, signals, login pacing, license and release checks.
@@ -95,7 +95,7 @@ STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # Every test that needs no database (protocol, rewriter, parsing, policy
 # logic), in well under a minute: the others skip when PGFENCE_UNIT=1.
 unit:
-	PGFENCE_UNIT=1 $(GO) test -count=1 ./sqlrewrite ./proxy ./fence ./backstop ./upstream ./internal/pgscript
+	PGFENCE_UNIT=1 $(GO) test -count=1 ./sqlrewrite ./proxy ./fence ./backstop ./internal/catalog ./upstream ./internal/pgscript
 
 vet:
 	$(GO) vet ./...

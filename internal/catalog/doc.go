@@ -10,7 +10,7 @@
 // fence.Config and /readyz's state.
 //
 // It is the one place the program reads the catalog for fencing: fence
-// holds the policy and runs no SQL of its own, and cmd/pgfence only
+// holds the policy and opens no connection of its own, and cmd/pgfence only
 // connects, maps its flags onto Options and Found onto the policy. The
 // package imports neither fence nor proxy, so fence's tests can use it.
 //
