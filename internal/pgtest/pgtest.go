@@ -163,7 +163,8 @@ func DirectURL() string { mustHave(); return pg.URL("postgres") }
 
 // Proxy is a running pgfence in front of the package's Postgres.
 type Proxy struct {
-	Addr     string
+	Addr string
+	// Policy and Registry are nil for a relay alone (StartRelay).
 	Policy   *fence.Policy
 	Registry *prometheus.Registry
 	Server   *proxy.Server
@@ -187,9 +188,26 @@ func StartProxy(t testing.TB, guards []string, edit ...func(*proxy.Config, *fenc
 		}
 		gs = append(gs, g)
 	}
+	px, pcfg, log := newProxy()
+	fcfg := fence.Config{Guards: gs, TokenSetting: "fence.token", ServerVersion: int(version)}
+	for _, e := range edit {
+		e(&pcfg, &fcfg)
+	}
+	px.configured(&pcfg)
+	srv, err := server.New(server.Config{Proxy: pcfg, Fence: fcfg, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	px.serve(t, srv.Server)
+	px.Policy, px.Registry = srv.Policy, srv.Registry
+	return px
+}
+
+// newProxy is a Proxy not started yet, with the relay's configuration every
+// test proxy starts from, and the logger its events go to.
+func newProxy() (*Proxy, proxy.Config, *slog.Logger) {
 	logs := &LogBuffer{}
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	fcfg := fence.Config{Guards: gs, TokenSetting: "fence.token", ServerVersion: int(version)}
 	// PGFENCE_TEST_RELAY=goroutines runs the tests on the goroutine relay
 	// instead of the event loop (make test runs both).
 	// Two event loops at least, whatever the machine, so that every test
@@ -199,13 +217,16 @@ func StartProxy(t testing.TB, guards []string, edit ...func(*proxy.Config, *fenc
 	if testTLS.on {
 		pcfg.TLS = testTLS.server
 	}
-	for _, e := range edit {
-		e(&pcfg, &fcfg)
-	}
+	return &Proxy{Logs: logs, loops: map[string]int{}}, pcfg, log
+}
+
+// configured completes pcfg once the test's edits are made: TLS to the
+// package's Postgres under PGFENCE_TEST_TLS, and the note of each
+// session's loop (see LoopOf).
+func (px *Proxy) configured(pcfg *proxy.Config) {
 	if testTLS.on && pcfg.Upstream == pg.Addr() && pcfg.UpstreamTLS == nil {
 		pcfg.UpstreamTLS, pcfg.UpstreamTLSRequired = testTLS.upstream, true
 	}
-	px := &Proxy{Logs: logs, loops: map[string]int{}}
 	admit := pcfg.Admit
 	pcfg.Admit = func(c *proxy.Client) error {
 		px.mu.Lock()
@@ -216,10 +237,11 @@ func StartProxy(t testing.TB, guards []string, edit ...func(*proxy.Config, *fenc
 		}
 		return nil
 	}
-	srv, err := server.New(server.Config{Proxy: pcfg, Fence: fcfg, Logger: log})
-	if err != nil {
-		t.Fatal(err)
-	}
+}
+
+// serve has srv serve on a loopback port of its own until the test ends.
+func (px *Proxy) serve(t testing.TB, srv *proxy.Server) {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -233,8 +255,7 @@ func StartProxy(t testing.TB, guards []string, edit ...func(*proxy.Config, *fenc
 			t.Errorf("Serve: %v", err)
 		}
 	})
-	px.Addr, px.Policy, px.Registry, px.Server = ln.Addr().String(), srv.Policy, srv.Registry, srv.Server
-	return px
+	px.Addr, px.Server = ln.Addr().String(), srv
 }
 
 // Relay adapts an edit of the relay's configuration alone to StartProxy's
