@@ -188,26 +188,6 @@ func TestCancelWithPsql(t *testing.T) {
 	t.Logf("cancel took %v", time.Since(start))
 }
 
-func TestPsqlThroughProxy(t *testing.T) {
-	psql, err := exec.LookPath("psql")
-	if err != nil {
-		t.Fatal("psql not installed: run scripts/ensure-postgres.sh")
-	}
-	pgtest.Exec(t, pgtest.Direct(t), "DROP TABLE IF EXISTS psql_g; CREATE TABLE psql_g (id int PRIMARY KEY, v text, fence_epoch bigint NOT NULL DEFAULT 0); INSERT INTO psql_g VALUES (1, 'a', 10)")
-	t.Cleanup(func() { pgtest.Exec(t, pgtest.Direct(t), "DROP TABLE IF EXISTS psql_g") })
-	p := pgtest.StartProxy(t, []string{"psql_g"})
-	script := "SET fence.token = '9';\nUPDATE psql_g SET v = 'stale' WHERE id = 1;\nSET fence.token = '11';\nUPDATE psql_g SET v = 'fresh' WHERE id = 1 RETURNING v, fence_epoch;\nSELECT v FROM psql_g;\n"
-	cmd := exec.Command(psql, p.URL(), "-X", "-A", "-t", "-v", "ON_ERROR_STOP=1")
-	cmd.Stdin = strings.NewReader(script)
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("psql: %v\n%s", err, out)
-	}
-	if want := "SET\nUPDATE 0\nSET\nfresh|11\nUPDATE 1\nfresh\n"; string(out) != want {
-		t.Fatalf("psql printed %q, want %q (probe results must not show)", out, want)
-	}
-}
-
 // expectFatal reads until the proxy's FATAL error and the end of the stream.
 func expectFatal(t *testing.T, fe *pgproto3.Frontend, code, contains string) {
 	t.Helper()
