@@ -22,7 +22,7 @@ import (
 // while the other waits on it. Three at once, so that the loop is busy
 // with others while each side's socket fills and drains.
 func TestHugePipeline(t *testing.T) {
-	p := pgtest.StartProxy(t, nil)
+	p := pgtest.StartRelay(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	const sessions, n = 3, 100000
@@ -71,7 +71,7 @@ func hugePipeline(ctx context.Context, c *pgconn.PgConn, n int) error {
 // and the COPY completes: 1,000 rows of 10 KB, a NOTICE for each, three
 // sessions at once.
 func TestNoticeInsideCopyIn(t *testing.T) {
-	p := pgtest.StartProxy(t, nil)
+	p := pgtest.StartRelay(t)
 	pgtest.Exec(t, pgtest.Direct(t), `DROP TABLE IF EXISTS copy_notice; CREATE TABLE copy_notice (id int, s text);
 		CREATE OR REPLACE FUNCTION copy_noisy() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE NOTICE 'row %', NEW.id; RETURN NEW; END $$;
 		CREATE TRIGGER noisy BEFORE INSERT ON copy_notice FOR EACH ROW EXECUTE FUNCTION copy_noisy()`)
@@ -216,7 +216,7 @@ func TestReplicationConnections(t *testing.T) {
 // not pgfence: the result arrives whole, and another session is served
 // meanwhile (TestSlowReader checks pgfence's memory).
 func TestSlowReaderOthersServed(t *testing.T) {
-	p := pgtest.StartProxy(t, nil)
+	p := pgtest.StartRelay(t)
 	slow, other := p.Connect(t), p.Connect(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -244,7 +244,7 @@ func TestSlowReaderOthersServed(t *testing.T) {
 // rest of the batch is skipped as Postgres skips it, and the session goes
 // on.
 func TestCancelInsidePipeline(t *testing.T) {
-	p := pgtest.StartProxy(t, nil)
+	p := pgtest.StartRelay(t)
 	c := p.Connect(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -308,7 +308,7 @@ func TestCancelInsidePipeline(t *testing.T) {
 // middle of writing a large pipeline it never reads, ends its own session
 // only: its backend is released and pgfence serves the next.
 func TestTerminateMidStream(t *testing.T) {
-	p := pgtest.StartProxy(t, nil)
+	p := pgtest.StartRelay(t)
 	db := pgtest.Direct(t)
 	pgtest.Exec(t, db, "DROP TABLE IF EXISTS copy_gone; CREATE TABLE copy_gone (id int, s text)")
 	t.Cleanup(func() { pgtest.Exec(t, pgtest.Direct(t), "DROP TABLE IF EXISTS copy_gone") })
@@ -364,7 +364,7 @@ func TestTerminateMidStream(t *testing.T) {
 // from another session between its Syncs, all reach the client in order
 // with every reply.
 func TestAsyncMessagesInsidePipeline(t *testing.T) {
-	p := pgtest.StartProxy(t, nil)
+	p := pgtest.StartRelay(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	cfg, err := pgconn.ParseConfig(p.URL())
@@ -443,7 +443,7 @@ func TestAsyncMessagesInsidePipeline(t *testing.T) {
 // A cancel in the middle of COPY FROM STDIN stops it (57014) and the
 // session goes on.
 func TestCancelInsideCopyIn(t *testing.T) {
-	p := pgtest.StartProxy(t, nil)
+	p := pgtest.StartRelay(t)
 	pgtest.Exec(t, pgtest.Direct(t), `DROP TABLE IF EXISTS copy_slow; CREATE TABLE copy_slow (id int);
 		CREATE OR REPLACE FUNCTION copy_slow_row() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(0.01); RETURN NEW; END $$;
 		CREATE TRIGGER slow BEFORE INSERT ON copy_slow FOR EACH ROW EXECUTE FUNCTION copy_slow_row()`)
@@ -483,7 +483,7 @@ func TestCancelInsideCopyIn(t *testing.T) {
 // come when Postgres sends them, at the end of the COPY's command and
 // transaction: the COPY completes, and all of them reach the client.
 func TestAsyncMessagesAfterCopyIn(t *testing.T) {
-	p := pgtest.StartProxy(t, nil)
+	p := pgtest.StartRelay(t)
 	pgtest.Exec(t, pgtest.Direct(t), `DROP TABLE IF EXISTS copy_async; CREATE TABLE copy_async (id int);
 		CREATE OR REPLACE FUNCTION copy_async_row() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
 			PERFORM set_config('application_name', 'row' || NEW.id, false);

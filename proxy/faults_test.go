@@ -41,7 +41,7 @@ func backends(t *testing.T, prefix string) int {
 }
 
 func TestStartupTimeout(t *testing.T) {
-	p := pgtest.StartProxy(t, nil, pgtest.Relay(func(pc *proxy.Config) { pc.StartupTimeout = 300 * time.Millisecond }))
+	p := pgtest.StartRelay(t, func(pc *proxy.Config) { pc.StartupTimeout = 300 * time.Millisecond })
 	conn, err := net.Dial("tcp", p.Addr)
 	if err != nil {
 		t.Fatal(err)
@@ -62,7 +62,7 @@ func TestStartupTimeout(t *testing.T) {
 // A client that goes away mid-query or mid-transaction has its backend
 // released and its transaction rolled back.
 func TestClientVanishes(t *testing.T) {
-	p := pgtest.StartProxy(t, nil)
+	p := pgtest.StartRelay(t)
 	pgtest.Exec(t, pgtest.Direct(t), "DROP TABLE IF EXISTS vanish_t; CREATE TABLE vanish_t (id int)")
 	t.Cleanup(func() { pgtest.Exec(t, pgtest.Direct(t), "DROP TABLE IF EXISTS vanish_t") })
 
@@ -88,7 +88,7 @@ func TestUpstreamUnreachable(t *testing.T) {
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
 	dead := ln.Addr().String()
 	ln.Close()
-	p := pgtest.StartProxy(t, nil, pgtest.Relay(func(pc *proxy.Config) { pc.Upstream = dead }))
+	p := pgtest.StartRelay(t, func(pc *proxy.Config) { pc.Upstream = dead })
 	_, err := pgx.Connect(ctx, p.URL())
 	pe := wantCode(t, err, "08001")
 	if !strings.Contains(pe.Message, "cannot connect to Postgres at "+dead) {
@@ -97,7 +97,7 @@ func TestUpstreamUnreachable(t *testing.T) {
 }
 
 func TestMaxClientConns(t *testing.T) {
-	p := pgtest.StartProxy(t, nil, pgtest.Relay(func(pc *proxy.Config) { pc.MaxClientConns = 2 }))
+	p := pgtest.StartRelay(t, func(pc *proxy.Config) { pc.MaxClientConns = 2 })
 	a := p.Connect(t)
 	p.Connect(t)
 	_, err := pgx.Connect(ctx, p.URL())
@@ -112,7 +112,7 @@ func TestMaxClientConns(t *testing.T) {
 
 // Many sessions come and go: no goroutine and no server connection stays.
 func TestNoLeaks(t *testing.T) {
-	p := pgtest.StartProxy(t, nil)
+	p := pgtest.StartRelay(t)
 	warm := p.Connect(t)
 	pgtest.Exec(t, warm, "SELECT 1")
 	warm.Close(ctx)
@@ -154,7 +154,7 @@ func TestPostgresRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { pg.Stop() })
-	p := pgtest.StartProxy(t, nil, pgtest.Relay(func(pc *proxy.Config) { pc.Upstream = pg.Addr() }))
+	p := pgtest.StartRelay(t, func(pc *proxy.Config) { pc.Upstream = pg.Addr() })
 	url := "postgres://postgres@" + p.Addr + "/postgres?sslmode=disable"
 	direct, err := pgx.Connect(ctx, pg.URL("postgres"))
 	if err != nil {
@@ -217,7 +217,7 @@ func TestPostgresRestart(t *testing.T) {
 // Shutdown drains: idle sessions end at once with 57P01, a session in a
 // transaction may finish it, then ends too.
 func TestShutdownDrains(t *testing.T) {
-	p := pgtest.StartProxy(t, nil)
+	p := pgtest.StartRelay(t)
 	idle := p.Connect(t)
 	busy := p.Connect(t)
 	pgtest.Exec(t, busy, "BEGIN")
@@ -252,7 +252,7 @@ func TestShutdownDrains(t *testing.T) {
 }
 
 func TestShutdownDeadline(t *testing.T) {
-	p := pgtest.StartProxy(t, nil)
+	p := pgtest.StartRelay(t)
 	busy := p.Connect(t)
 	pgtest.Exec(t, busy, "BEGIN")
 	sctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
@@ -272,7 +272,7 @@ func TestShutdownDeadline(t *testing.T) {
 // After the client's own Terminate nothing more is sent to it, however the
 // two ends of the session close.
 func TestNothingAfterTerminate(t *testing.T) {
-	p := pgtest.StartProxy(t, nil)
+	p := pgtest.StartRelay(t)
 	for i := 0; i < 200; i++ {
 		conn, fe := pgtest.RawSession(t, p.Addr)
 		conn.Write([]byte{'X', 0, 0, 0, 4})

@@ -16,7 +16,7 @@ import (
 // (Config.GoroutineRelay) it is three.
 func TestEventLoopRelays(t *testing.T) {
 	goroutines := os.Getenv("PGFENCE_TEST_RELAY") == "goroutines"
-	p := pgtest.StartProxy(t, nil)
+	p := pgtest.StartRelay(t)
 	c := p.Connect(t) // starts the loop if no test has yet
 	pgtest.Exec(t, c, "SELECT 1")
 	base := runtime.NumGoroutine()

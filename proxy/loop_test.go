@@ -71,7 +71,7 @@ func TestLargeMessages(t *testing.T) {
 // A client that reads slowly holds back Postgres, not the proxy's memory:
 // the loop stops reading a server whose client is not taking what it has.
 func TestSlowReader(t *testing.T) {
-	p := pgtest.StartProxy(t, nil)
+	p := pgtest.StartRelay(t)
 	conn, fe := pgtest.RawSession(t, p.Addr)
 	const rows, width = 20000, 10000 // about 200 MB of DataRows
 	fe.Send(&pgproto3.Query{String: fmt.Sprintf("SELECT repeat('r', %d) FROM generate_series(1, %d)", width, rows)})
@@ -118,7 +118,7 @@ func TestSlowReader(t *testing.T) {
 // Many sessions at once, each running a pipeline of statements of varied
 // sizes, get their own answers and nobody else's.
 func TestManySessionsInterleaved(t *testing.T) {
-	p := pgtest.StartProxy(t, nil)
+	p := pgtest.StartRelay(t)
 	var wg sync.WaitGroup
 	errs := make(chan error, 32)
 	for i := range 32 {

@@ -21,10 +21,10 @@ import (
 // The tests here run sessions on two event loops at once (pgtest starts
 // every proxy with two at least), each feature on each loop.
 
-// twoLoops starts a proxy with exactly two event loops.
-func twoLoops(t *testing.T, guards []string) *pgtest.Proxy {
+// twoLoops starts a relay (no fencing policy) with exactly two event loops.
+func twoLoops(t *testing.T) *pgtest.Proxy {
 	t.Helper()
-	return pgtest.StartProxy(t, guards, pgtest.Relay(func(pc *proxy.Config) { pc.EventLoops = 2 }))
+	return pgtest.StartRelay(t, func(pc *proxy.Config) { pc.EventLoops = 2 })
 }
 
 // onLoops reports whether the proxy relays on event loops (not with
@@ -34,7 +34,7 @@ func onLoops(p *pgtest.Proxy) bool { return p.Server.EventLoops() > 0 }
 // Each new session goes to the loop that holds the fewest, ties in turn;
 // one that ends leaves its loop.
 func TestLoopsBalance(t *testing.T) {
-	p := twoLoops(t, nil)
+	p := twoLoops(t)
 	if !onLoops(p) {
 		if n := p.Server.EventLoops(); n != 0 {
 			t.Fatalf("EventLoops with the goroutine relay: %d", n)
@@ -94,7 +94,7 @@ func TestLoopsBalance(t *testing.T) {
 	}
 
 	// 0 is one per core.
-	srv, err := proxy.New(proxy.Config{Upstream: "127.0.0.1:1", Interceptor: p.Policy})
+	srv, err := proxy.New(proxy.Config{Upstream: "127.0.0.1:1", Interceptor: proxy.NopInterceptor{}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,7 +102,7 @@ func TestLoopsBalance(t *testing.T) {
 	if n := srv.EventLoops(); n != runtime.GOMAXPROCS(0) {
 		t.Fatalf("EventLoops by default: %d, want GOMAXPROCS %d", n, runtime.GOMAXPROCS(0))
 	}
-	if _, err := proxy.New(proxy.Config{Upstream: "127.0.0.1:1", Interceptor: p.Policy, EventLoops: -1}); err == nil || !strings.Contains(err.Error(), "EventLoops") {
+	if _, err := proxy.New(proxy.Config{Upstream: "127.0.0.1:1", Interceptor: proxy.NopInterceptor{}, EventLoops: -1}); err == nil || !strings.Contains(err.Error(), "EventLoops") {
 		t.Fatalf("EventLoops -1: %v", err)
 	}
 }
@@ -110,7 +110,7 @@ func TestLoopsBalance(t *testing.T) {
 // A CancelRequest comes on a connection of its own, which no loop holds:
 // it cancels the statement of the session it names on either loop.
 func TestLoopsCancel(t *testing.T) {
-	p := twoLoops(t, nil)
+	p := twoLoops(t)
 	cs := p.ConnectOnLoops(t, "cancel0", "cancel1")
 	for i, c := range cs {
 		t.Run(fmt.Sprint("loop", i), func(t *testing.T) {
@@ -137,7 +137,7 @@ func TestLoopsCancel(t *testing.T) {
 // A drain ends the idle sessions of both loops at once, and each busy one
 // once its transaction ends.
 func TestLoopsDrain(t *testing.T) {
-	p := twoLoops(t, nil)
+	p := twoLoops(t)
 	cs := p.ConnectOnLoops(t, "busy0", "busy1", "idle0", "idle1")
 	busy, idle := cs[:2], cs[2:]
 	for _, c := range busy {
@@ -191,7 +191,8 @@ func TestLoopsDrain(t *testing.T) {
 // other sessions of both loops are served; each held statement runs only
 // once its hold ends.
 func TestLoopsHolds(t *testing.T) {
-	p := twoLoops(t, []string{"loops_hold"})
+	// fence's policy, whose DDL hook starts the hold.
+	p := pgtest.StartProxy(t, []string{"loops_hold"}, pgtest.Relay(func(pc *proxy.Config) { pc.EventLoops = 2 }))
 	gates := make(chan chan struct{}, 4)
 	p.Policy.SetDDLHook(func() <-chan struct{} {
 		g := make(chan struct{})
@@ -339,7 +340,7 @@ func TestLoopsTLS(t *testing.T) {
 // sessions of both loops on the old one end, mid-stream too, and new ones
 // go to the new one on both loops.
 func TestLoopsUpstreamMoves(t *testing.T) {
-	p := twoLoops(t, nil)
+	p := twoLoops(t)
 	old := p.Server.Upstream()
 	cs := p.ConnectOnLoops(t, "moved0", "moved1")
 	streams := make(chan error, len(cs))

@@ -26,7 +26,7 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 var ctx = context.Background()
 
 func TestCopyBothWays(t *testing.T) {
-	p := pgtest.StartProxy(t, []string{"copy_guarded"})
+	p := pgtest.StartRelay(t)
 	c := p.Connect(t)
 	pgtest.Exec(t, c, "DROP TABLE IF EXISTS copy_t; CREATE TABLE copy_t (id int, s text)")
 	t.Cleanup(func() { pgtest.Exec(t, pgtest.Direct(t), "DROP TABLE IF EXISTS copy_t") })
@@ -58,7 +58,7 @@ func TestCopyBothWays(t *testing.T) {
 }
 
 func TestListenNotifyAndNotices(t *testing.T) {
-	p := pgtest.StartProxy(t, nil)
+	p := pgtest.StartRelay(t)
 	listener := p.Connect(t)
 	pgtest.Exec(t, listener, "LISTEN pgfence_chan")
 	sender := p.Connect(t)
@@ -85,7 +85,7 @@ func TestListenNotifyAndNotices(t *testing.T) {
 }
 
 func TestTransactionsAndErrors(t *testing.T) {
-	p := pgtest.StartProxy(t, nil)
+	p := pgtest.StartRelay(t)
 	c := p.Connect(t)
 	pgtest.Exec(t, c, "DROP TABLE IF EXISTS tx_t; CREATE TABLE tx_t (id int PRIMARY KEY)")
 	t.Cleanup(func() { pgtest.Exec(t, pgtest.Direct(t), "DROP TABLE IF EXISTS tx_t") })
@@ -123,7 +123,7 @@ func TestTransactionsAndErrors(t *testing.T) {
 }
 
 func TestCancelWithPgx(t *testing.T) {
-	p := pgtest.StartProxy(t, nil)
+	p := pgtest.StartRelay(t)
 	c := p.Connect(t)
 	result := make(chan error, 1)
 	go func() {
@@ -164,7 +164,7 @@ func TestCancelWithPsql(t *testing.T) {
 	if err != nil {
 		t.Fatal("psql not installed: run scripts/ensure-postgres.sh")
 	}
-	p := pgtest.StartProxy(t, nil)
+	p := pgtest.StartRelay(t)
 	cmd := exec.Command(psql, p.URL("application_name=cancel-psql"), "-X", "-v", "ON_ERROR_STOP=1", "-c", "SELECT pg_sleep(20)")
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
@@ -211,7 +211,7 @@ func expectFatal(t *testing.T, fe *pgproto3.Frontend, code, contains string) {
 // A malformed or oversized message ends that client's session with a clear
 // error; the proxy and every other session go on.
 func TestMalformedMessages(t *testing.T) {
-	p := pgtest.StartProxy(t, nil, pgtest.Relay(func(pc *proxy.Config) { pc.MaxMessageSize = 4096 }))
+	p := pgtest.StartRelay(t, func(pc *proxy.Config) { pc.MaxMessageSize = 4096 })
 	bystander := p.Connect(t)
 	pgtest.Exec(t, bystander, "BEGIN")
 	pgtest.Exec(t, bystander, "SELECT 1")
@@ -279,7 +279,7 @@ func TestMalformedMessages(t *testing.T) {
 // SSLRequest and GSSENCRequest are answered "no" until TLS is configured:
 // sslmode=prefer falls back to plain text, sslmode=require is refused.
 func TestEncryptionRequests(t *testing.T) {
-	p := pgtest.StartProxy(t, nil, pgtest.Relay(func(pc *proxy.Config) { pc.TLS = nil }))
+	p := pgtest.StartRelay(t, func(pc *proxy.Config) { pc.TLS = nil })
 	pgtest.Exec(t, pgtest.Connect(t, p.URL("sslmode=prefer")), "SELECT 1")
 	// GSSENCRequest by hand (pgx does not send one): "N", then startup.
 	conn, err := net.Dial("tcp", p.Addr)
@@ -313,7 +313,7 @@ func TestEncryptionRequests(t *testing.T) {
 
 // Terminate and disconnects release the backend.
 func TestDisconnectReleasesBackend(t *testing.T) {
-	p := pgtest.StartProxy(t, nil)
+	p := pgtest.StartRelay(t)
 	admin := pgtest.Direct(t)
 	count := func(app string) int {
 		var n int
@@ -356,7 +356,7 @@ func TestScramThroughProxy(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { srv.Stop() })
-	p := pgtest.StartProxy(t, nil, pgtest.Relay(func(pc *proxy.Config) { pc.Upstream = srv.Addr() }))
+	p := pgtest.StartRelay(t, func(pc *proxy.Config) { pc.Upstream = srv.Addr() })
 	good := "postgres://postgres:s3cret@" + p.Addr + "/postgres?sslmode=disable"
 	pgtest.Exec(t, pgtest.Connect(t, good), "SELECT 1")
 	_, err = pgx.Connect(ctx, strings.Replace(good, "s3cret", "wrong", 1))

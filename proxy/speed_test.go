@@ -33,13 +33,13 @@ func TestRandomSpeeds(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { up.Close() })
-	p := pgtest.StartProxy(t, nil, pgtest.Relay(func(pc *proxy.Config) {
+	p := pgtest.StartRelay(t, func(pc *proxy.Config) {
 		pc.Upstream, pc.UpstreamTLS = up.Addr(), nil
-	}))
+	})
 	// Half the sessions reach that pgfence through a relay at random
 	// speeds; the others reach one straight in front of Postgres
 	// directly, and read their replies at random speeds.
-	direct := pgtest.StartProxy(t, nil)
+	direct := pgtest.StartRelay(t)
 	down, err := netfault.NewRelay(p.Addr)
 	if err != nil {
 		t.Fatal(err)

@@ -25,8 +25,26 @@ type tlsSetup struct {
 	rootCA string // path of the CA certificate
 }
 
-// newTLSSetup starts it; hostAuth "" means trust (no password).
+// newTLSSetup starts it, with the relay alone (pgtest.StartRelay); hostAuth
+// "" means trust (no password).
 func newTLSSetup(t *testing.T, hostAuth string, upstreamTLS bool) *tlsSetup {
+	t.Helper()
+	return startTLSSetup(t, hostAuth, upstreamTLS, pgtest.StartRelay)
+}
+
+// withPolicy starts a proxy with fence's policy (no table guarded), for a test
+// of what the relay does for a policy.
+func withPolicy(t testing.TB, edit ...func(*proxy.Config)) *pgtest.Proxy {
+	t.Helper()
+	return pgtest.StartProxy(t, nil, pgtest.Relay(func(pc *proxy.Config) {
+		for _, e := range edit {
+			e(pc)
+		}
+	}))
+}
+
+// startTLSSetup starts it with the proxy start makes.
+func startTLSSetup(t *testing.T, hostAuth string, upstreamTLS bool, start func(testing.TB, ...func(*proxy.Config)) *pgtest.Proxy) *tlsSetup {
 	t.Helper()
 	ca := pgtest.NewCA(t)
 	cert, key := ca.Issue(t, "postgres")
@@ -41,14 +59,14 @@ func newTLSSetup(t *testing.T, hostAuth string, upstreamTLS bool) *tlsSetup {
 	t.Cleanup(func() { pg.Stop() })
 	pool := x509.NewCertPool()
 	pool.AddCert(ca.Cert)
-	p := pgtest.StartProxy(t, nil, pgtest.Relay(func(pc *proxy.Config) {
+	p := start(t, func(pc *proxy.Config) {
 		pc.Upstream = pg.Addr()
 		pc.TLS = ca.ServerTLS(t, "pgfence")
 		if upstreamTLS {
 			pc.UpstreamTLS = &tls.Config{RootCAs: pool, ServerName: "127.0.0.1"}
 			pc.UpstreamTLSRequired = true
 		}
-	}))
+	})
 	return &tlsSetup{ca: ca, pg: pg, p: p, rootCA: ca.File(t, "root.crt", ca.CertPEM)}
 }
 
@@ -156,11 +174,11 @@ func TestUpstreamRefusesTLS(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { pg.Stop() })
-	p := pgtest.StartProxy(t, nil, pgtest.Relay(func(pc *proxy.Config) {
+	p := pgtest.StartRelay(t, func(pc *proxy.Config) {
 		pc.Upstream = pg.Addr()
 		pc.UpstreamTLS = &tls.Config{InsecureSkipVerify: true}
 		pc.UpstreamTLSRequired = true
-	}))
+	})
 	_, err = pgx.Connect(ctx, p.URL())
 	pe := wantCode(t, err, "08001")
 	if !strings.Contains(pe.Message, "does not accept TLS") {
@@ -174,7 +192,7 @@ func TestUpstreamRefusesTLS(t *testing.T) {
 // TLS's records, a COPY each way; and pgfence answers the token's SET.
 func TestTLSOnEventLoop(t *testing.T) {
 	goroutines := os.Getenv("PGFENCE_TEST_RELAY") == "goroutines"
-	s := newTLSSetup(t, "", true)
+	s := startTLSSetup(t, "", true, withPolicy) // fence's policy vouches for the token's SET
 	url := s.url("postgres", "", "sslmode=require")
 	c := pgtest.Connect(t, url)
 	if _, ok := c.PgConn().Conn().(*tls.Conn); !ok || !sslOnServer(t, c) {
