@@ -16,7 +16,8 @@
 // its own and answers later Parses of it with a Parse of a stand-in (see
 // standInParse), whose ParseComplete the client takes for its own, and
 // points the client's Binds and Describes of the unnamed statement at the
-// prepared one.
+// prepared one. The stand-in's text is the Interceptor's package's
+// (Config.StandInSQL): without one, the unnamed statement is not reused.
 //
 // # Bound Queries
 //

@@ -142,7 +142,7 @@ func (s *session) parse(n int) error {
 	if len(name) == 0 {
 		// In a failed transaction block Postgres refuses the Parse (and
 		// the stand-in): send the text itself, to be refused.
-		reuse := plan.Reuse && plan.SQL != "" && !plan.Forget && !s.failed.Load() && !s.txPool()
+		reuse := plan.Reuse && plan.SQL != "" && !plan.Forget && !s.failed.Load() && !s.txPool() && s.reuse.standIn != nil
 		s.reuse.parseUnnamed(reuse)
 		s.book.unnamedGone = false
 		if reuse {

@@ -37,6 +37,9 @@ type reuseState struct {
 	parses     uint64
 	// parsed is written by the server side, read by the client side.
 	parsed parseMark
+	// standIn is the body of the stand-in Parse (see standInParse); nil,
+	// no Parse of the unnamed statement is reused for.
+	standIn []byte
 }
 
 // lookup returns the statement prepared for reuse for sql with the
@@ -124,15 +127,20 @@ type serverStmt struct {
 // never anything but stmtAbsent.
 var unprepared = new(serverStmt)
 
-// standInParse is the body of the Parse of the unnamed statement that
-// answers a client's Parse the proxy reuses a statement for. Postgres
-// parses its text without a catalog lookup, and refuses it, as it would
-// the client's, in a failed transaction block. It is never bound while the
-// proxy knows what the server's unnamed statement is; should it be (a
-// Parse Postgres skipped in a batch the client sent before Postgres
-// answered the one before, see docs/relaying.md), it fails with 26000 saying what
-// to do, rather than run as an empty statement, a write silently not done.
-var standInParse = []byte("\x00EXECUTE \"pgfence: Parse the unnamed statement again\"\x00\x00\x00")
+// standInParse returns the body of the Parse of the unnamed statement, of
+// sql (Config.StandInSQL), that answers a client's Parse the proxy reuses
+// a statement for, nil for no sql. It is never bound while the proxy knows
+// what the server's unnamed statement is; should it be (a Parse Postgres
+// skipped in a batch the client sent before Postgres answered the one
+// before, see docs/relaying.md), the text the Interceptor's package gives
+// fails saying what to do, rather than run as an empty statement, a write
+// silently not done.
+func standInParse(sql string) []byte {
+	if sql == "" {
+		return nil
+	}
+	return append(append([]byte{0}, sql...), 0, 0, 0)
+}
 
 // parseMark is where the server side notes what became of the Parses of
 // the unnamed statement the client side numbers (reuseState.unnamedSeq): the
@@ -170,7 +178,7 @@ func (s *session) parseReused(plan Plan, params []byte) error {
 	case ss != nil && ss.state.Load() == stmtReady:
 		s.reuse.unnamed = ss
 		s.pipe.push(s.unnamedParseWait(plan))
-		return writeMessage(s.sw, clientMsgParse, standInParse)
+		return writeMessage(s.sw, clientMsgParse, s.reuse.standIn)
 	case ss != nil && ss.state.Load() == stmtPending:
 		// Its Parse may yet fail: parse this one as sent.
 		return s.parseAs("", sql, params, s.unnamedParseWait(plan))
