@@ -43,6 +43,10 @@ type applyState struct {
 	heldWriter msgWriter
 }
 
+// forget has the session prepare setStmt again before its next use (see
+// forgetState).
+func (a *applyState) forget() { a.ready = false }
+
 // setStmt names the portal of the proxy's own statement that sets a
 // deferred setting; the statement is setStmt.<the session's tag> (see
 // Statement names in the package documentation).

@@ -14,6 +14,14 @@ import (
 
 type waitKind uint8
 
+// Waits that carry no state are shared, so the common path allocates nothing.
+var (
+	readyWait   = &wait{kind: waitReady}
+	queryWait   = &wait{kind: waitQuery}
+	executeWait = &wait{kind: waitExecute}
+	parseWait   = &wait{kind: waitParse}
+)
+
 const (
 	waitReady   waitKind = iota // Sync, FunctionCall or startup: ends with ReadyForQuery
 	waitQuery                   // simple Query: statements, then ReadyForQuery
@@ -279,4 +287,15 @@ func (p *pipeline) ready() bool {
 		}
 	}
 	return false
+}
+
+// parseWait returns the wait for the reply to a Parse of plan.SQL: the
+// shared one unless it maps error positions.
+func (p *pipeline) parseWait(plan Plan) *wait {
+	if plan.Origin == nil {
+		return parseWait
+	}
+	w := p.get(waitParse)
+	w.origin = plan.Origin
+	return w
 }

@@ -25,7 +25,7 @@ func (s *session) query(n int) error {
 		// block the unnamed portal too. (An idle session has none: its
 		// transaction ended.)
 		delete(s.book.portals, "")
-		s.unnamedGoneNow()
+		s.reuse.unnamedGone(&s.book)
 		return s.answerQuery(plan.Setting)
 	}
 	if apply {
@@ -42,7 +42,7 @@ func (s *session) query(n int) error {
 			s.pooledQuery(&plan, text)
 		}
 	}
-	if plan.Forget || s.forget.lostNow() {
+	if s.forget.onText(plan.Forget) {
 		s.forgetStatements()
 	}
 	// A simple Query destroys the unnamed statement and portal; but in a
@@ -55,16 +55,13 @@ func (s *session) query(n int) error {
 	if !s.blockMayHaveFailed() {
 		s.book.portalGone = false
 	}
-	if plan.Forget {
-		s.forget.changing = true
-	}
+	s.forget.sent(plan.Forget)
 	if plan.ParamTypes != nil {
 		return s.queryBound(plan)
 	}
-	if len(plan.Probes) > 0 || plan.SQL != "" && plan.Origin != nil || s.forget.changing {
+	if changes := s.forget.takeChanging(); len(plan.Probes) > 0 || plan.SQL != "" && plan.Origin != nil || changes {
 		w := s.pipe.get(waitQuery)
-		w.probes, w.origin, w.changes = plan.Probes, plan.Origin, s.forget.changing
-		s.forget.changing = false
+		w.probes, w.origin, w.changes = plan.Probes, plan.Origin, changes
 		s.pipe.push(w)
 	} else {
 		s.pipe.push(queryWait)
@@ -124,15 +121,13 @@ func (s *session) parse(n int) error {
 			return err
 		}
 	}
-	if plan.Forget || s.forget.lostNow() {
+	if s.forget.onText(plan.Forget) {
 		s.forgetStatements()
 		// which drops the record of an unnamed statement whose last Parse
 		// failed: not this one's.
 		s.book.stmts[string(name)] = st
 	}
-	if plan.Forget {
-		s.forget.changing = true
-	}
+	s.forget.sent(plan.Forget)
 	st.sent, st.probe, st.setting, st.gen, st.again = plan.SQL, plan.probe(), plan.Setting, gen, nil
 	st.token = plan.NeedsToken
 	if plan.Setting == nil {
@@ -146,11 +141,11 @@ func (s *session) parse(n int) error {
 		s.reuse.parseUnnamed(reuse)
 		s.book.unnamedGone = false
 		if reuse {
-			return s.parseReused(plan, params)
+			return s.reuse.parseReused(&s.link, s.tag, plan, params)
 		}
-		w = s.unnamedParseWait(plan)
+		w = s.reuse.parseWait(&s.pipe, plan)
 	} else if plan.SQL != "" {
-		w = s.parseWaitFor(plan)
+		w = s.pipe.parseWait(plan)
 	}
 	if plan.Setting != nil {
 		w = s.trackParsed(st, w)
@@ -168,16 +163,6 @@ func (s *session) parse(n int) error {
 	s.out = append(s.out, 0)
 	s.out = append(s.out, params...)
 	return writeMessage(s.sw, clientMsgParse, s.out)
-}
-
-// parseWaitFor is the wait for the reply to a Parse of plan.SQL.
-func (s *session) parseWaitFor(plan Plan) *wait {
-	if plan.Origin == nil {
-		return parseWait
-	}
-	w := s.pipe.get(waitParse)
-	w.origin = plan.Origin
-	return w
 }
 
 // Bound Queries: see the package documentation.
@@ -244,7 +229,7 @@ func (s *session) queryBound(plan Plan) error {
 			return err
 		}
 	}
-	s.pipe.push(s.syncWait())
+	s.pipe.push(s.forget.syncWait(&s.pipe))
 	_, err := s.sw.Write(syncMessage)
 	return err
 }

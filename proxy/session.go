@@ -11,14 +11,6 @@ import (
 	"unsafe"
 )
 
-// Waits that carry no state are shared, so the common path allocates nothing.
-var (
-	readyWait   = &wait{kind: waitReady}
-	queryWait   = &wait{kind: waitQuery}
-	executeWait = &wait{kind: waitExecute}
-	parseWait   = &wait{kind: waitParse}
-)
-
 // maxServerMessage bounds what the server may send in one message (Postgres
 // itself never sends more than 1 GiB).
 const maxServerMessage = 1 << 30
@@ -66,24 +58,23 @@ type session struct {
 
 	// The relay reads and writes through these: bufio over the connections
 	// when goroutines relay, the event loop's buffers when it does. The
-	// client side reads cr and writes sw, the server side reads sr and
-	// writes cw; on the event loop each may write the other's too (the
+	// client side reads cr and writes link.sw, the server side reads sr
+	// and writes cw; on the event loop each may write the other's too (the
 	// client side answering a SET, the server side retrying deferred
 	// settings), and once both have stopped finish writes cw.
 	cr, sr msgReader
-	cw, sw msgWriter
-	// pipe matches the server's replies to what the client side sent.
-	pipe pipeline
+	cw     msgWriter
+	// link is the way to the server the parts share: sw, the pipeline,
+	// the out buffer, and whether the block failed.
+	link
 
 	// idle is true while the session is outside a transaction with nothing
 	// in flight, so a drain may end it. Both sides write it; the Server
 	// reads it.
 	idle atomic.Bool
-	// failed is true while the last ReadyForQuery said the transaction
-	// block failed; written by the server side. ranSinceReady is set by a
-	// statement's end (CommandComplete, EmptyQueryResponse,
-	// PortalSuspended) until the next ReadyForQuery.
-	failed, ranSinceReady atomic.Bool
+	// ranSinceReady is set by a statement's end (CommandComplete,
+	// EmptyQueryResponse, PortalSuspended) until the next ReadyForQuery.
+	ranSinceReady atomic.Bool
 	// terminated is set by the client side when the client sent Terminate:
 	// the server closing its end afterwards is the expected end, not a
 	// failure.
@@ -98,11 +89,9 @@ type session struct {
 	fatal bool
 	rt    roundTrip // for Config.RoundTrip; the event loop's only
 
-	// cbuf holds the client message being handled and out the messages the
-	// proxy builds for the server: the client side's (and the server
-	// side's too on the event loop, see retryHeld). sbuf holds the server
-	// message being handled: the server side's.
-	cbuf, out, sbuf []byte
+	// cbuf holds the client message being handled (the client side's),
+	// sbuf the server message being handled (the server side's).
+	cbuf, sbuf []byte
 
 	auth   authState
 	forget forgetState
@@ -475,7 +464,7 @@ func (s *session) clientMessage(typ clientMsg, n int) error {
 	case clientMsgDescribe:
 		return s.describe(n)
 	case clientMsgSync, clientMsgFunctionCall: // both end with ReadyForQuery
-		s.pipe.push(s.syncWait())
+		s.pipe.push(s.forget.syncWait(&s.pipe))
 		return forward(s.sw, s.cr, n)
 	case clientMsgPassword:
 		return s.saslInitial(n)
@@ -554,4 +543,16 @@ func (s *session) wholeServerMessage(typ serverMsg) bool {
 	}
 	w := s.pipe.head()
 	return w != nil && (w.kind == waitProbe || w.kind == waitSwallow || w.kind == waitSet || w.kind == waitQuery && w.inProbe())
+}
+
+// forgetStatements has each part of the session prepare its statements on
+// the server again before their next use (see forgetState): every probe,
+// setStmt, and the statements prepared for reuse; and stops the session
+// answering Binds of the client's SET statements until they are parsed
+// again.
+func (s *session) forgetStatements() {
+	s.probes.forget()
+	s.apply.forget()
+	s.reuse.forget(&s.book)
+	s.book.forgetParsed()
 }

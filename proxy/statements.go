@@ -155,7 +155,7 @@ func (s *session) bindAs(m bindMsg, ok bool, n int) error {
 	}
 	var p *Probe
 	if len(stmt) == 0 {
-		s.reusedUnnamed() // first: its Parse may have failed
+		s.reuse.unnamedNow(&s.book) // first: its Parse may have failed
 	}
 	if st := s.book.stmts[string(stmt)]; st != nil {
 		if err := s.replan(stmt, st); err != nil {
@@ -171,8 +171,8 @@ func (s *session) bindAs(m bindMsg, ok bool, n int) error {
 	} else if len(s.book.portals) > 0 {
 		delete(s.book.portals, string(portal))
 	}
-	if len(stmt) == 0 && s.reusedUnnamed() != nil {
-		return s.bindReused(s.reuse.unnamed, portal, n)
+	if len(stmt) == 0 && s.reuse.unnamedNow(&s.book) != nil {
+		return s.reuse.bind(&s.link, s.cr, portal, n)
 	}
 	if len(stmt) == 0 && s.book.unnamedGone {
 		if err := s.closeUnnamed(); err != nil {
@@ -203,13 +203,13 @@ func (s *session) describe(n int) error {
 	if !ok || !m.unnamed(targetStatement) {
 		return forward(s.sw, s.cr, n)
 	}
-	s.reusedUnnamed() // first: its Parse may have failed
+	s.reuse.unnamedNow(&s.book) // first: its Parse may have failed
 	if st := s.book.stmts[""]; st != nil {
 		if err := s.replan(nil, st); err != nil {
 			return err
 		}
 	}
-	if s.reusedUnnamed() == nil {
+	if s.reuse.unnamedNow(&s.book) == nil {
 		if s.book.unnamedGone {
 			if err := s.closeUnnamed(); err != nil {
 				return err
@@ -277,25 +277,13 @@ func (s *session) close(n int) error {
 				// batch), the client's unnamed statement stays, but the
 				// server's may be the proxy's stand-in: fail a Bind of it
 				// rather than run that.
-				s.unnamedGoneNow()
+				s.reuse.unnamedGone(&s.book)
 			}
 		case targetPortal:
 			delete(s.book.portals, string(m.name))
 		}
 	}
 	return forward(s.sw, s.cr, n)
-}
-
-// pushSwallow pushes w, a waitSwallow for messages the proxy sends in the
-// middle of the client's, after a waitPass for the replies to the client's
-// Binds and Closes before them.
-func (s *session) pushSwallow(w *wait) {
-	if n := s.pipe.loose; n > 0 {
-		pw := s.pipe.get(waitPass)
-		pw.want = n
-		s.pipe.push(pw)
-	}
-	s.pipe.push(w)
 }
 
 // Closes of the unnamed statement and portal.
@@ -340,16 +328,6 @@ func (s *session) closeGone(gone *bool, closed **serverStmt, rec *serverStmt, m 
 	c.state.Store(stmtPending)
 	*closed = c
 	return s.closeQuietly(m, c)
-}
-
-// closeQuietly sends the Close message m, keeping its reply from the
-// client; done, if not nil, notes when Postgres answers it.
-func (s *session) closeQuietly(m []byte, done *serverStmt) error {
-	w := s.pipe.get(waitSwallow)
-	w.want, w.reuse = 1, done // CloseComplete
-	s.pushSwallow(w)
-	_, err := s.sw.Write(m)
-	return err
 }
 
 // replan plans a statement prepared under an older configuration again.
