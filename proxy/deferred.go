@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -23,6 +22,10 @@ import (
 // once Postgres has kept the settings (see hold and release). retry is
 // retryNone while not held.
 type applyState struct {
+	// tag is the session's (see Statement names in the package
+	// documentation) and sql the statement that sets a setting
+	// (Config.SettingSQL): both set as the session starts.
+	tag, sql string
 	// ready is set once the backend has the session's setStmt, whose
 	// Close and Parse prep holds; name is its name (see stmtName).
 	ready bool
@@ -52,23 +55,21 @@ func (a *applyState) forget() { a.ready = false }
 // Statement names in the package documentation).
 const setStmt = "pgfence.set"
 
-// stmtName names the statement that sets deferred settings of the session
-// tagged tag.
-func (a *applyState) stmtName(tag string) string {
+// stmtName names the statement that sets the session's deferred settings.
+func (a *applyState) stmtName() string {
 	if a.name == "" {
-		a.name = setStmt + "." + tag
+		a.name = setStmt + "." + a.tag
 	}
 	return a.name
 }
 
-// prepare returns the Close and Parse of the session's setStmt, of sql
-// (Config.SettingSQL; tag is the session's): Close first, so that
-// preparing again after the client may have deallocated it does not fail
-// on a statement that still exists.
-func (a *applyState) prepare(tag, sql string) []byte {
+// prepare returns the Close and Parse of the session's setStmt, of sql:
+// Close first, so that preparing again after the client may have
+// deallocated it does not fail on a statement that still exists.
+func (a *applyState) prepare() []byte {
 	if a.prep == nil {
-		b, _ := (&pgproto3.Close{ObjectType: byte(targetStatement), Name: a.stmtName(tag)}).Encode(nil)
-		a.prep, _ = (&pgproto3.Parse{Name: a.stmtName(tag), Query: sql,
+		b, _ := (&pgproto3.Close{ObjectType: byte(targetStatement), Name: a.stmtName()}).Encode(nil)
+		a.prep, _ = (&pgproto3.Parse{Name: a.stmtName(), Query: a.sql,
 			ParameterOIDs: []uint32{25, 25, 16}}).Encode(b)
 	}
 	return a.prep
@@ -110,118 +111,91 @@ const (
 	setRunReplies     = 4
 )
 
-// applyNow reports whether deferred settings are to be set on the server
-// ahead of the client's message typ, which starts a batch (start): they
-// go ahead of the first message of every batch but a lone Sync or a
-// Terminate, never into the middle of one (a Sync of the proxy's there
-// would end the skip after an error that Postgres owes the client's
-// batch), until Postgres keeps them. While they are held (see
-// applyState.held) they
-// are ahead of everything already.
-func (s *session) applyNow(typ clientMsg, start bool) bool {
-	return start && typ != clientMsgSync && typ != clientMsgTerminate && !s.apply.held && s.deferredPending()
+// now reports whether deferred settings, if any are pending, are to be set
+// on the server ahead of the client's message typ, which starts a batch
+// (start): they go ahead of the first message of every batch but
+// a lone Sync or a Terminate, never into the middle of one (a Sync of the
+// proxy's there would end the skip after an error that Postgres owes the
+// client's batch), until Postgres keeps them. While they are held (see
+// held) they are ahead of everything already.
+func (a *applyState) now(typ clientMsg, start bool) bool {
+	return start && typ != clientMsgSync && typ != clientMsgTerminate && !a.held
 }
 
-// applyDeferred sets the deferred settings on the server ahead of a batch
-// whose first message is typ (n bytes): joined to it when the batch is a
-// unit of one fenced write, else on their own. A Query or Parse is left
-// to applyPlanned, once it is planned.
-func (s *session) applyDeferred(typ clientMsg, n int) error {
-	switch typ {
-	case clientMsgQuery, clientMsgParse:
-		s.apply.afterPlan = true
-		return nil
-	case clientMsgBind:
-		if u, ok := s.unit(0); ok {
-			if st := s.book.stmts[string(u.stmt)]; st != nil && st.probe != nil {
-				return s.sendDeferred(false)
-			}
-		}
-	}
-	return s.sendDeferredHolding()
+// takeAfterPlan reports, once, whether the Query or Parse being planned
+// starts a batch that the deferred settings go ahead of (see afterPlan).
+func (a *applyState) takeAfterPlan() bool {
+	after := a.afterPlan
+	a.afterPlan = false
+	return after
 }
 
-// applyPlanned is applyDeferred for a batch that starts with a Query or
-// with a Parse of name (read from the buffer), now that plan says what it
-// is: a bound Query is a unit of one fenced write, and so is a Parse of
-// one followed by a unit that binds it.
-func (s *session) applyPlanned(plan *Plan, parse bool, name []byte) error {
-	fenced := plan.probe() != nil && !plan.Forget
-	if parse {
-		u, ok := s.unit(0)
-		fenced = fenced && ok && bytes.Equal(u.stmt, name)
-	} else {
-		fenced = fenced && plan.ParamTypes != nil && !s.c.midBatch
-	}
-	if fenced {
-		return s.sendDeferred(false)
-	}
-	return s.sendDeferredHolding()
-}
-
-// sendDeferredHolding sends the deferred settings with a Sync of their own
-// and holds back what the proxy sends after them until Postgres answers.
-func (s *session) sendDeferredHolding() error {
-	if err := s.sendDeferred(true); err != nil {
+// sendHolding sends the deferred settings of t through l with a Sync of
+// their own and holds back what the proxy sends after them until Postgres
+// answers (see send for the rest).
+func (a *applyState) sendHolding(l *link, t *setState, pooled *PooledSet, lost bool) error {
+	if err := a.send(l, t, pooled, lost, true); err != nil {
 		return err
 	}
-	s.sw = s.apply.hold(s.sw)
+	l.sw = a.hold(l.sw)
 	return nil
 }
 
-// sendDeferred sends setStmt for each deferred setting, preparing it first
-// if the backend may not have it, and with sync a Sync whose
-// ReadyForQuery releases what is held back after them (see heldReady).
-func (s *session) sendDeferred(sync bool) error {
-	if s.forget.lost.Load() {
-		// A text since setStmt was prepared may have deallocated it (see
-		// forgetState): the client's statement being planned has not made
-		// the session forget it yet.
-		s.apply.ready = false
+// send sends through l setStmt for each deferred setting of t (or, under
+// transaction pooling, pooled: see writePooled), preparing it first if
+// the backend may not have it, and with sync a Sync whose ReadyForQuery
+// releases what is held back after them (see heldReady). lost says a text
+// since setStmt was prepared may have deallocated it (see forgetState):
+// the client's statement being planned has not made the session forget it
+// yet.
+func (a *applyState) send(l *link, t *setState, pooled *PooledSet, lost, sync bool) error {
+	if lost {
+		a.ready = false
 	}
-	w := s.pipe.get(waitSet)
-	w.seq, w.held = s.sets.ver, sync
-	if err := s.writeDeferred(s.sw, w); err != nil {
+	w := l.pipe.get(waitSet)
+	w.seq, w.held = t.ver, sync
+	if err := a.write(l, l.sw, t, pooled, w); err != nil {
 		return err
 	}
-	s.pushSwallow(w)
+	l.pushSwallow(w)
 	if !sync {
 		return nil
 	}
-	r := s.pipe.get(waitReady)
+	r := l.pipe.get(waitReady)
 	r.held = true
-	s.pipe.push(r)
-	_, err := s.sw.Write(syncMessage)
+	l.pipe.push(r)
+	_, err := l.sw.Write(syncMessage)
 	return err
 }
 
-// writeDeferred writes to out setStmt's Bind, Execute and Close for each
-// deferred setting, after its Close and Parse unless the backend has it,
-// and sets the replies w, their wait, wants.
-func (s *session) writeDeferred(out msgWriter, w *wait) error {
-	if s.txPool() {
-		return s.writePooled(out, w)
+// write writes to out (built in l's buffer) setStmt's Bind, Execute and
+// Close for each deferred setting of t, after its Close and Parse unless
+// the backend has it, and sets the replies w, their wait, wants. Under
+// transaction pooling (pooled not nil) it writes pooled instead.
+func (a *applyState) write(l *link, out msgWriter, t *setState, pooled *PooledSet, w *wait) error {
+	if pooled != nil {
+		return t.writePooled(l, out, pooled, a.stmtName(), w)
 	}
-	w.want = setRunReplies * len(s.sets.deferred)
-	if !s.apply.ready {
+	w.want = setRunReplies * len(t.deferred)
+	if !a.ready {
 		w.want += setPrepareReplies
-		if _, err := out.Write(s.apply.prepare(s.tag, s.srv.cfg.SettingSQL)); err != nil {
+		if _, err := out.Write(a.prepare()); err != nil {
 			return err
 		}
 	}
-	for _, set := range s.sets.deferred {
+	for _, set := range t.deferred {
 		// Bind setStmt to its portal: the values in text, results in text.
-		s.out = append(append(s.out[:0], byte(clientMsgBind), 0, 0, 0, 0), setStmt...)
-		s.out = append(append(s.out, 0), s.apply.stmtName(s.tag)...)
-		s.out = append(s.out, 0, 0, 0, 0, 3)
+		l.out = append(append(l.out[:0], byte(clientMsgBind), 0, 0, 0, 0), setStmt...)
+		l.out = append(append(l.out, 0), a.stmtName()...)
+		l.out = append(l.out, 0, 0, 0, 0, 3)
 		for _, v := range [3]string{set.Name, set.Value, boolText(set.Local)} {
-			s.out = binary.BigEndian.AppendUint32(s.out, uint32(len(v)))
-			s.out = append(s.out, v...)
+			l.out = binary.BigEndian.AppendUint32(l.out, uint32(len(v)))
+			l.out = append(l.out, v...)
 		}
-		s.out = append(s.out, 0, 0)
-		binary.BigEndian.PutUint32(s.out[1:5], uint32(len(s.out)-1))
-		s.out = append(s.out, setRunTail...)
-		if _, err := out.Write(s.out); err != nil {
+		l.out = append(l.out, 0, 0)
+		binary.BigEndian.PutUint32(l.out[1:5], uint32(len(l.out)-1))
+		l.out = append(l.out, setRunTail...)
+		if _, err := out.Write(l.out); err != nil {
 			return err
 		}
 	}
@@ -404,7 +378,7 @@ func (s *session) retryHeld(n int) error {
 	s.apply.retry = retrySent
 	w := s.pipe.get(waitSet)
 	w.seq, w.held = s.sets.ver, true
-	if err := s.writeDeferred(s.apply.heldWriter, w); err != nil {
+	if err := s.apply.write(&s.link, s.apply.heldWriter, &s.sets, s.pooledSet(), w); err != nil {
 		return err
 	}
 	if _, err := s.apply.heldWriter.Write(syncMessage); err != nil {

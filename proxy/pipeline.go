@@ -26,7 +26,7 @@ const (
 	waitReady   waitKind = iota // Sync, FunctionCall or startup: ends with ReadyForQuery
 	waitQuery                   // simple Query: statements, then ReadyForQuery
 	waitExecute                 // Execute: ends with CommandComplete, EmptyQueryResponse or PortalSuspended
-	waitProbe                   // an injected probe: want replies (see injectProbe), all kept from the client
+	waitProbe                   // an injected probe: want replies (see probeState.inject), all kept from the client
 	waitSwallow                 // messages the proxy sent on its own: want replies (ParseComplete, BindComplete, CloseComplete), kept from the client
 	waitParse                   // Parse: ends with ParseComplete
 	waitPass                    // want BindComplete and CloseComplete the client's, passed on (see pipeline.loose)

@@ -17,8 +17,7 @@ func (s *session) query(n int) error {
 		return &clientError{err: fmt.Errorf("a Query message: %w", err)}
 	}
 	plan := s.srv.cfg.Interceptor.Query(s.c, unsafe.String(unsafe.SliceData(text), len(text)))
-	apply := s.apply.afterPlan
-	s.apply.afterPlan = false
+	apply := s.apply.takeAfterPlan()
 	if plan.Setting != nil && s.mayAnswer(plan.Setting) {
 		// As for a bound Query, the server keeps the unnamed statement the
 		// client's view of the session says the Query destroyed, and in a
@@ -35,11 +34,11 @@ func (s *session) query(n int) error {
 	}
 	if s.txPool() && plan.NeedsToken {
 		if plan.ParamTypes != nil {
-			if err := s.sendDeferred(false); err != nil {
+			if err := s.sendDeferred(); err != nil {
 				return err
 			}
 		} else {
-			s.pooledQuery(&plan, text)
+			s.sets.pooledQuery(s.pooledSet(), &plan, text)
 		}
 	}
 	if s.forget.onText(plan.Forget) {
@@ -110,14 +109,13 @@ func (s *session) parse(n int) error {
 			return err
 		}
 	}
-	if s.apply.afterPlan {
-		s.apply.afterPlan = false
+	if s.apply.takeAfterPlan() {
 		if err := s.applyPlanned(&plan, true, name); err != nil {
 			return err
 		}
 	}
 	if s.txPool() && plan.NeedsToken {
-		if err := s.sendDeferred(false); err != nil {
+		if err := s.sendDeferred(); err != nil {
 			return err
 		}
 	}

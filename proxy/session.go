@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"io"
 	"log/slog"
@@ -432,8 +433,8 @@ func (s *session) clientMessage(typ clientMsg, n int) error {
 			return err
 		}
 	}
-	if len(s.sets.deferred) > 0 && !s.txPool() && s.applyNow(typ, !s.c.midBatch) {
-		if err := s.applyDeferred(typ, n); err != nil {
+	if len(s.sets.deferred) > 0 && !s.txPool() && s.apply.now(typ, !s.c.midBatch) && s.sets.pending(false) {
+		if err := s.applyDeferred(typ); err != nil {
 			return err
 		}
 	}
@@ -555,4 +556,72 @@ func (s *session) forgetStatements() {
 	s.apply.forget()
 	s.reuse.forget(&s.book)
 	s.book.forgetParsed()
+}
+
+// injectProbe runs p through the probes part, after what was sent so far.
+func (s *session) injectProbe(p *Probe) error {
+	return s.probes.inject(&s.link, p, s.forget.lost.Load(), s.txPool())
+}
+
+// txPool reports whether a transaction pooler stands behind the proxy.
+func (s *session) txPool() bool { return s.srv.cfg.TransactionPooling }
+
+// pooledSet returns the statement that sets the session's token settings
+// under the configuration in force, nil unless a transaction pooler
+// stands behind the proxy (see Transaction pooling in the package
+// documentation).
+func (s *session) pooledSet() *PooledSet {
+	if !s.txPool() {
+		return nil
+	}
+	return s.srv.cfg.Interceptor.(PooledSets).PooledSet(s.c)
+}
+
+// sendDeferred sends the deferred settings ahead of the client's message
+// being handled, in its unit of work (see applyState.send).
+func (s *session) sendDeferred() error {
+	return s.apply.send(&s.link, &s.sets, s.pooledSet(), s.forget.lost.Load(), false)
+}
+
+// sendDeferredHolding sends the deferred settings with a Sync of their own
+// and holds back what the proxy sends after them until Postgres answers.
+func (s *session) sendDeferredHolding() error {
+	return s.apply.sendHolding(&s.link, &s.sets, s.pooledSet(), s.forget.lost.Load())
+}
+
+// applyDeferred sets the deferred settings on the server ahead of a batch
+// whose first message is typ (n bytes): joined to it when the batch is a
+// unit of one fenced write, else on their own. A Query or Parse is left
+// to applyPlanned, once it is planned.
+func (s *session) applyDeferred(typ clientMsg) error {
+	switch typ {
+	case clientMsgQuery, clientMsgParse:
+		s.apply.afterPlan = true
+		return nil
+	case clientMsgBind:
+		if u, ok := s.unit(0); ok {
+			if st := s.book.stmts[string(u.stmt)]; st != nil && st.probe != nil {
+				return s.sendDeferred()
+			}
+		}
+	}
+	return s.sendDeferredHolding()
+}
+
+// applyPlanned is applyDeferred for a batch that starts with a Query or
+// with a Parse of name (read from the buffer), now that plan says what it
+// is: a bound Query is a unit of one fenced write, and so is a Parse of
+// one followed by a unit that binds it.
+func (s *session) applyPlanned(plan *Plan, parse bool, name []byte) error {
+	fenced := plan.probe() != nil && !plan.Forget
+	if parse {
+		u, ok := s.unit(0)
+		fenced = fenced && ok && bytes.Equal(u.stmt, name)
+	} else {
+		fenced = fenced && plan.ParamTypes != nil && !s.c.midBatch
+	}
+	if fenced {
+		return s.sendDeferred()
+	}
+	return s.sendDeferredHolding()
 }

@@ -128,7 +128,7 @@ func (s *session) mayAnswer(set *Setting) bool {
 		return false
 	}
 	return !s.srv.cfg.ForwardSettings && s.srv.cfg.SettingSQL != "" && s.pipe.single && !s.apply.held && s.pipe.head() == nil &&
-		(s.sets.block == block || !s.deferredPending())
+		(s.sets.block == block || !s.sets.pending(s.txPool()))
 }
 
 // deferSetting keeps set, answered by the proxy, for the server.
@@ -148,14 +148,16 @@ func (s *session) deferSetting(set *Setting) {
 	}
 }
 
-// deferredPending reports whether deferred settings are still to be set,
-// forgetting them once Postgres has kept them.
-func (s *session) deferredPending() bool {
-	if len(s.sets.deferred) == 0 || s.txPool() {
-		return len(s.sets.deferred) > 0
+// pending reports whether deferred settings are still to be set,
+// forgetting them once Postgres has kept them; pooled says a transaction
+// pooler is behind the proxy, where they are the session's token settings,
+// always to be set.
+func (t *setState) pending(pooled bool) bool {
+	if len(t.deferred) == 0 || pooled {
+		return len(t.deferred) > 0
 	}
-	if s.sets.kept == s.sets.ver {
-		s.sets.deferred = s.sets.deferred[:0]
+	if t.kept == t.ver {
+		t.deferred = t.deferred[:0]
 		return false
 	}
 	return true

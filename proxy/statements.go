@@ -115,8 +115,8 @@ func (s *session) bind(n int) error {
 		}
 		m, ok = decodeBind(b)
 	}
-	if s.txPool() {
-		if err := s.pooledBind(m, ok); err != nil {
+	if s.txPool() && s.book.needsToken(m, ok) {
+		if err := s.sendDeferred(); err != nil {
 			return err
 		}
 	}

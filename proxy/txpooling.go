@@ -78,12 +78,6 @@ type pooledSession struct {
 	startup []Setting
 }
 
-// pooledSet returns the statement that sets the session's token settings
-// under the configuration in force.
-func (s *session) pooledSet() *PooledSet {
-	return s.srv.cfg.Interceptor.(PooledSets).PooledSet(s.c)
-}
-
 // pooledValue returns the session's value of the token setting name.
 func (t *setState) pooledValue(name string) string {
 	for _, d := range t.deferred {
@@ -99,12 +93,11 @@ func (t *setState) pooledValue(name string) string {
 // CloseComplete of the portal.
 const pooledSetReplies = 7
 
-// writePooled writes to out the statement that sets the session's token
-// settings in the transaction, and sets the replies w wants.
-func (s *session) writePooled(out msgWriter, w *wait) error {
-	set := s.pooledSet()
-	name := s.apply.stmtName(s.tag)
-	b := s.out[:0]
+// writePooled writes to out (built in l's buffer) set, the statement that
+// sets the session's token settings in the transaction, as the statement
+// name, and sets the replies w wants.
+func (t *setState) writePooled(l *link, out msgWriter, set *PooledSet, name string, w *wait) error {
+	b := l.out[:0]
 	b, _ = (&pgproto3.Close{ObjectType: byte(targetStatement), Name: name}).Encode(b)
 	types := make([]uint32, len(set.names)+1)
 	for i := range types {
@@ -112,36 +105,30 @@ func (s *session) writePooled(out msgWriter, w *wait) error {
 	}
 	b, _ = (&pgproto3.Parse{Name: name, Query: set.ext, ParameterOIDs: types}).Encode(b)
 	values := make([][]byte, 0, len(types))
-	values = append(values, []byte(s.sets.pool.nonce))
+	values = append(values, []byte(t.pool.nonce))
 	for _, n := range set.names {
-		values = append(values, []byte(s.sets.pooledValue(n)))
+		values = append(values, []byte(t.pooledValue(n)))
 	}
 	b, _ = (&pgproto3.Bind{DestinationPortal: setStmt, PreparedStatement: name, Parameters: values}).Encode(b)
 	// Closed before its portal runs, so that no error can leave it behind.
 	b, _ = (&pgproto3.Close{ObjectType: byte(targetStatement), Name: name}).Encode(b)
 	b = append(b, setRunTail...)
-	s.out = b
+	l.out = b
 	w.want = pooledSetReplies
 	_, err := out.Write(b)
 	return err
 }
 
-// txPool reports whether a transaction pooler stands behind the proxy.
-func (s *session) txPool() bool { return s.srv.cfg.TransactionPooling }
-
-// startPooled readies a session for transaction pooling: it has the token
-// settings of its startup packet, a nonce, and the token setting, unset
-// unless the startup packet set it.
-func (s *session) startPooled(startup []Setting) {
-	if !s.txPool() {
-		return
-	}
-	s.sets.pool.nonce = rand.Text()
-	s.sets.pool.startup = startup
-	s.sets.deferred = append(s.sets.deferred[:0], startup...)
-	token := strings.ToLower(s.srv.cfg.TokenSetting) // as Postgres folds it, and the Interceptor names it
+// startPooled readies the session for transaction pooling: it has the
+// token settings of its startup packet, a nonce, and the token setting
+// (token, as the Interceptor names it), unset unless the startup packet
+// set it.
+func (t *setState) startPooled(startup []Setting, token string) {
+	t.pool.nonce = rand.Text()
+	t.pool.startup = startup
+	t.deferred = append(t.deferred[:0], startup...)
 	if !slices.ContainsFunc(startup, func(set Setting) bool { return set.Name == token }) {
-		s.sets.deferred = append(s.sets.deferred, Setting{Name: token})
+		t.deferred = append(t.deferred, Setting{Name: token})
 	}
 }
 
@@ -167,33 +154,31 @@ func (t *setState) keepPooled(set *Setting) {
 	t.deferred = append(t.deferred, Setting{Name: set.Name, Value: value})
 }
 
-// pooledBind sets the token settings ahead of the client's Bind m (ok
-// says it was decoded whole) of a statement that may need them (or one
-// the proxy does not know: prepared with SQL PREPARE, say).
-func (s *session) pooledBind(m bindMsg, ok bool) error {
+// needsToken reports whether the token settings go ahead of the client's
+// Bind m (ok says it was decoded whole) under transaction pooling: it
+// binds a statement that may need them, or one the book does not know
+// (prepared with SQL PREPARE, say).
+func (b *stmtBook) needsToken(m bindMsg, ok bool) bool {
 	if !ok {
-		return nil // the server refuses it
+		return false // the server refuses it
 	}
-	if st := s.book.stmts[string(m.stmt)]; st != nil && !st.token {
-		return nil
-	}
-	return s.sendDeferred(false)
+	st := b.stmts[string(m.stmt)]
+	return st == nil || st.token
 }
 
-// pooledQuery puts the statement that sets the token settings in front of
-// a Query whose text is text and plan needs them, and again at each
+// pooledQuery puts set, the statement that sets the token settings, in
+// front of a Query whose text is text and plan needs them, and again at each
 // statement of it that starts a transaction of its own (Plan.TxStarts):
 // the Query's replies to them are kept from the client (probes of their
 // own), and error positions are mapped past them.
-func (s *session) pooledQuery(plan *Plan, text []byte) {
-	set := s.pooledSet()
+func (t *setState) pooledQuery(set *PooledSet, plan *Plan, text []byte) {
 	var b strings.Builder
 	for i, a := range set.args {
 		b.WriteString(set.parts[i])
 		if a == 0 {
-			b.WriteString(quoteLiteral(s.sets.pool.nonce))
+			b.WriteString(quoteLiteral(t.pool.nonce))
 		} else {
-			b.WriteString(quoteLiteral(s.sets.pooledValue(set.names[a-1])))
+			b.WriteString(quoteLiteral(t.pooledValue(set.names[a-1])))
 		}
 	}
 	b.WriteString(set.parts[len(set.args)])
