@@ -275,3 +275,70 @@ func (r *reuseState) forget(b *stmtBook) {
 	}
 	r.dropAll()
 }
+
+// Bound Queries: see the package documentation.
+
+// sendBound sends through l a Query's plan.SQL as a prepared statement
+// bound to plan.Params, up to its Execute: Parse (unless the backend has
+// the statement this session prepared of it, or prepares one named for
+// the session tagged tag), Bind and Execute. pooled says a transaction
+// pooler is behind the proxy, where no statement outlives a transaction.
+func (r *reuseState) sendBound(l *link, tag string, plan *Plan, pooled bool) error {
+	ss := r.lookup(plan.SQL, plan.ParamTypes)
+	name := ""
+	swallow := l.pipe.get(waitSwallow)
+	swallow.want = 2 // ParseComplete, BindComplete
+	swallow.origin = plan.Origin
+	for _, v := range plan.Params {
+		// Kept for an error reading them (see serverError); copied, for
+		// they may share the read buffer.
+		swallow.params = append(swallow.params, v...)
+		swallow.ends = append(swallow.ends, int32(len(swallow.params)))
+	}
+	switch {
+	case ss != nil && ss.state.Load() == stmtReady:
+		name, swallow.want = ss.name, 1
+	case ss != nil && ss.state.Load() == stmtPending, ss == nil && r.full(), l.blockMayHaveFailed(), pooled:
+		// Parse it unnamed: the pending Parse may yet fail, or the session
+		// prepared all it may, or a named Parse might meet a failed block.
+	default:
+		if ss == nil {
+			ss = r.add(tag, plan.SQL, plan.ParamTypes)
+		}
+		ss.state.Store(stmtPending)
+		name, swallow.reuse = ss.name, ss
+	}
+	if swallow.want == 2 {
+		if err := l.parseAs(name, plan.SQL, plan.ParamTypes, swallow); err != nil {
+			return err
+		}
+	} else {
+		l.pipe.push(swallow)
+	}
+	// Bind the unnamed portal, all values in text, all results in text.
+	l.out = append(append(l.out[:0], byte(clientMsgBind), 0, 0, 0, 0, 0), name...)
+	l.out = append(l.out, 0, 0, 0)
+	l.out = binary.BigEndian.AppendUint16(l.out, uint16(len(plan.Params)))
+	for _, v := range plan.Params {
+		l.out = binary.BigEndian.AppendUint32(l.out, uint32(len(v)))
+		l.out = append(l.out, v...)
+	}
+	l.out = append(l.out, 0, 0)
+	binary.BigEndian.PutUint32(l.out[1:5], uint32(len(l.out)-1))
+	l.out = append(l.out, byte(clientMsgExecute), 0, 0, 0, 9, 0, 0, 0, 0, 0) // Execute the unnamed portal, all rows
+	if _, err := l.sw.Write(l.out); err != nil {
+		return err
+	}
+	l.pipe.push(executeWait)
+	return nil
+}
+
+// reusable reports whether a Parse of the unnamed statement planned as
+// plan may be answered with a statement prepared for reuse: the plan
+// allows it, and there is a stand-in to answer it with; not in a failed
+// transaction block (failed), where Postgres refuses the Parse and the
+// stand-in, so the text itself is sent, to be refused; nor behind a
+// transaction pooler (pooled), where no statement outlives a transaction.
+func (r *reuseState) reusable(plan *Plan, failed, pooled bool) bool {
+	return plan.Reuse && plan.SQL != "" && !plan.Forget && !failed && !pooled && r.standIn != nil
+}

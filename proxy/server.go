@@ -473,13 +473,8 @@ func (s *Server) handle(conn net.Conn) {
 	c.setApplicationName(startup.Parameters["application_name"])
 	c.TLS = cc.tls
 	sess := &session{srv: s, c: c, log: log, client: cc.Conn, cr: cc.r, cw: cc.w, tag: sessionTag(id)}
-	sess.reuse.standIn = s.standIn
-	sess.apply.tag, sess.apply.sql = sess.tag, s.cfg.SettingSQL
+	sess.startParts(settings.tokens)
 	c.answered, c.ended = sess.pipe.whenDrained, sess.pipe.ended
-	if s.cfg.TransactionPooling {
-		// The token setting as Postgres folds it, and the Interceptor names it.
-		sess.sets.startPooled(settings.tokens, strings.ToLower(s.cfg.TokenSetting))
-	}
 	if !s.admit(conn, sess) {
 		log.Warn("client refused: too many client connections", "max_client_conns", s.cfg.MaxClientConns)
 		writeError(cw, "FATAL", codeTooManyConnections, fmt.Sprintf("too many client connections: pgfence allows %d at once", s.cfg.MaxClientConns), s.cfg.Hints.TooManyClients)

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -221,9 +222,9 @@ func (s *session) clientToServer() error {
 		if err != nil {
 			return s.framingError(err)
 		}
-		ct := clientMsg(typ)
-		for mayHold(ct) {
-			ch, _, err := s.holdFor(ct, n)
+		f := clientFrame{typ: clientMsg(typ), n: n}
+		for mayHold(f.typ) {
+			ch, _, err := s.holdFor(&f)
 			if err != nil {
 				return err
 			}
@@ -239,7 +240,7 @@ func (s *session) clientToServer() error {
 				return net.ErrClosed
 			}
 		}
-		if err := s.clientMessage(ct, n); err != nil {
+		if err := s.clientMessage(&f); err != nil {
 			return err
 		}
 	}
@@ -255,10 +256,10 @@ func mayHold(typ clientMsg) bool {
 	return false
 }
 
-// holdFor returns what the client's message, whose header is typ and n,
-// must wait for before the Interceptor sees it, nil for nothing: for a
-// Query or Parse, the hold a text before it asked for
-// (Client.HoldNextStatement); for a Query or Parse sent before the server
+// holdFor returns what the client's message f must wait for before the
+// Interceptor sees it, nil for nothing: for a Query or Parse, the hold a
+// text before it asked for (Client.HoldNextStatement); for a Query or
+// Parse sent before the server
 // said how it reads SQL after what came before, and for a Bind or
 // Describe that plans a prepared statement's text again (see replan), the
 // server's answer, when what the Interceptor makes of the text depends on
@@ -269,8 +270,8 @@ func mayHold(typ clientMsg) bool {
 // the caller waits and asks again, until holdFor returns nil. local says
 // the channel is the pipeline's own (see pipeline.whenDrained), which the
 // server side closes.
-func (s *session) holdFor(typ clientMsg, n int) (ch <-chan struct{}, local bool, err error) {
-	c := s.c
+func (s *session) holdFor(f *clientFrame) (ch <-chan struct{}, local bool, err error) {
+	c, typ, n := s.c, f.typ, f.n
 	if typ == clientMsgFunctionCall {
 		// A FunctionCall runs a function the Interceptor never sees: it
 		// waits for a hold as a statement does (the first read of its
@@ -306,7 +307,7 @@ func (s *session) holdFor(typ clientMsg, n int) (ch <-chan struct{}, local bool,
 		text, ok := "", true
 		if statement {
 			text, ok = s.peekText(typ, n)
-		} else if text, ok = s.replanText(typ, n); !ok {
+		} else if text, ok = s.replanText(f); !ok {
 			return nil, false, nil
 		}
 		if ok && !s.srv.cfg.Interceptor.DependsOnReading(c, text) {
@@ -350,27 +351,26 @@ func (s *session) waitFor(statement bool) (ch <-chan struct{}, local bool, err e
 }
 
 // replanText returns the text of the prepared statement that the Bind or
-// Describe (typ, n bytes) next in the client's reader plans again before
-// it is sent (see replan), without reading it; ok is false when it plans
-// none.
-func (s *session) replanText(typ clientMsg, n int) (text string, ok bool) {
+// Describe f next in the client's reader plans again before it is sent
+// (see replan), without reading it; ok is false when it plans none.
+func (s *session) replanText(f *clientFrame) (text string, ok bool) {
 	if len(s.book.stmts) == 0 {
 		return "", false
 	}
-	b, err := s.peek(n)
-	if err != nil {
-		return "", false
-	}
 	var name []byte
-	switch typ {
+	switch f.typ {
 	case clientMsgBind:
-		m, ok := decodeBind(b)
-		if !ok {
+		m, ok, err := f.decodedBind(s.cr)
+		if err != nil || !ok {
 			return "", false
 		}
 		name = m.stmt
 	case clientMsgDescribe:
 		// Only a Describe of the unnamed statement plans it again.
+		b, err := s.peek(f.n)
+		if err != nil {
+			return "", false
+		}
 		if m, ok := decodeDescribe(b); !ok || !m.exact() || !m.unnamed(targetStatement) {
 			return "", false
 		}
@@ -419,22 +419,25 @@ func (s *session) peekText(typ clientMsg, n int) (text string, ok bool) {
 	return unsafe.String(unsafe.SliceData(t), len(t)), true
 }
 
-// clientMessage forwards the client's next message, whose header is typ
-// and n, handing the few that matter to the Interceptor. It returns io.EOF
-// after the client's Terminate.
-func (s *session) clientMessage(typ clientMsg, n int) error {
+// clientMessage forwards the client's next message f, handing the few
+// that matter to the Interceptor and the parts of the session, in order
+// (see Parts of a session in the package documentation). It returns
+// io.EOF after the client's Terminate.
+func (s *session) clientMessage(f *clientFrame) error {
+	typ, n := f.typ, f.n
 	idle := s.idle.Load()
 	if idle { // a load is cheaper than a store on every message
 		s.idle.Store(false)
 	}
 	s.sets.arrive(idle)
-	if typ == clientMsgBind && s.sets.quiet() {
-		if ok, err := s.answerBind(n); ok || err != nil {
-			return err
+	if typ == clientMsgBind && s.sets.quiet() && s.sets.haveStmts {
+		u, ok := s.unit(f)
+		if set := s.sets.bindAnswer(u, ok, &s.book, s.srv.cfg.Interceptor.Generation(), &s.link, s.apply.held); set != nil {
+			return s.answerSet(set, &u, false)
 		}
 	}
 	if len(s.sets.deferred) > 0 && !s.txPool() && s.apply.now(typ, !s.c.midBatch) && s.sets.pending(false) {
-		if err := s.applyDeferred(typ); err != nil {
+		if err := s.applyDeferred(f); err != nil {
 			return err
 		}
 	}
@@ -457,7 +460,7 @@ func (s *session) clientMessage(typ clientMsg, n int) error {
 	case clientMsgParse:
 		return s.parse(n)
 	case clientMsgBind:
-		return s.bind(n)
+		return s.bind(f)
 	case clientMsgExecute:
 		return s.execute(n)
 	case clientMsgClose:
@@ -481,6 +484,149 @@ func (s *session) clientMessage(typ clientMsg, n int) error {
 		return err
 	}
 	return forward(s.sw, s.cr, n)
+}
+
+// query handles a Query: planned, then seen by the parts in order.
+func (s *session) query(n int) error {
+	m, text, err := readQuery(s.cr, &s.cbuf, n)
+	if err != nil {
+		return err
+	}
+	plan := s.srv.cfg.Interceptor.Query(s.c, unsafe.String(unsafe.SliceData(text), len(text)))
+	apply := s.apply.takeAfterPlan()
+	if plan.Setting != nil && s.sets.mayAnswer(plan.Setting, &s.link, s.apply.held) {
+		// As for a bound Query, the server keeps the unnamed statement the
+		// client's view of the session says the Query destroyed, and in a
+		// block the unnamed portal too. (An idle session has none: its
+		// transaction ended.)
+		delete(s.book.portals, "")
+		s.reuse.unnamedGone(&s.book)
+		return s.answerSet(plan.Setting, nil, false)
+	}
+	if apply {
+		if err := s.applyPlanned(&plan, false, nil); err != nil {
+			return err
+		}
+	}
+	if s.txPool() && plan.NeedsToken {
+		if plan.ParamTypes != nil {
+			if err := s.sendDeferred(); err != nil {
+				return err
+			}
+		} else {
+			s.sets.pooledQuery(s.pooledSet(), &plan, text)
+		}
+	}
+	if s.forget.onText(plan.Forget) {
+		s.forgetStatements()
+	}
+	s.book.onQuery(s.blockMayHaveFailed())
+	s.reuse.dropUnnamed()
+	s.forget.sent(plan.Forget)
+	if plan.ParamTypes != nil {
+		return s.queryBound(&plan)
+	}
+	return s.sendQuery(m, &plan, s.forget.takeChanging())
+}
+
+// queryBound runs a Query planned with Plan.ParamTypes bound (see Bound
+// Queries in the package documentation): the statement, its probe, and a
+// Sync.
+func (s *session) queryBound(plan *Plan) error {
+	s.book.onBoundQuery(s.failedNow())
+	if err := s.reuse.sendBound(&s.link, s.tag, plan, s.txPool()); err != nil {
+		return err
+	}
+	if p := plan.probe(); p != nil {
+		if err := s.injectProbe(p); err != nil {
+			return err
+		}
+	}
+	s.pipe.push(s.forget.syncWait(&s.pipe))
+	_, err := s.sw.Write(syncMessage)
+	return err
+}
+
+// parse handles a Parse: planned, then seen by the parts in order.
+func (s *session) parse(n int) error {
+	m, name, text, params, err := readParse(s.cr, &s.cbuf, n)
+	if err != nil {
+		return err
+	}
+	ic := s.srv.cfg.Interceptor
+	gen := ic.Generation()
+	st := s.book.record(name, text, params)
+	plan := ic.Parse(s.c, st.text)
+	if set := plan.Setting; len(name) == 0 && set != nil && s.sets.quiet() && s.sets.mayAnswer(set, &s.link, s.apply.held) && noParamTypes(st.params) {
+		if u, ok := s.unit(nil); s.sets.answersUnnamed(u, ok) {
+			st.answered(set, gen)
+			s.sets.haveStmts = true
+			s.reuse.dropUnnamed()
+			s.book.onAnsweredParse()
+			s.apply.afterPlan = false // the settings stay deferred, this one with them
+			return s.answerSet(set, &u, true)
+		}
+	}
+	if s.apply.takeAfterPlan() {
+		if err := s.applyPlanned(&plan, true, name); err != nil {
+			return err
+		}
+	}
+	if s.txPool() && plan.NeedsToken {
+		if err := s.sendDeferred(); err != nil {
+			return err
+		}
+	}
+	if s.forget.onText(plan.Forget) {
+		s.forgetStatements()
+		// which drops the record of an unnamed statement whose last Parse
+		// failed: not this one's.
+		s.book.stmts[string(name)] = st
+	}
+	s.forget.sent(plan.Forget)
+	st.planned(&plan, gen)
+	w := parseWait
+	if len(name) == 0 {
+		reuse := s.reuse.reusable(&plan, s.failed.Load(), s.txPool())
+		s.reuse.parseUnnamed(reuse)
+		s.book.unnamedGone = false
+		if reuse {
+			return s.reuse.parseReused(&s.link, s.tag, plan, params)
+		}
+		w = s.reuse.parseWait(&s.pipe, plan)
+	} else if plan.SQL != "" {
+		w = s.pipe.parseWait(plan)
+	}
+	if plan.Setting != nil {
+		w = s.sets.trackParsed(&s.pipe, st, w)
+	}
+	return s.sendParse(m, name, params, &plan, w)
+}
+
+// answerSet answers set, a SET the client sent, as Postgres would, and
+// defers it to the server: a simple Query's (u nil), or the unit u at the
+// front of the client's buffer, after its Parse if parse.
+func (s *session) answerSet(set *Setting, u *unitMessages, parse bool) error {
+	if u != nil {
+		s.cr.Discard(u.size)
+		s.c.midBatch = false
+	}
+	s.srv.cfg.Interceptor.SettingAnswered(s.c, set)
+	if s.sets.keep(set) {
+		s.idle.Store(true)
+	}
+	return s.sets.answer(s.cw, &s.book, set, u, parse)
+}
+
+// unit finds the statement's unit at the front of the client's buffer (see
+// unitAt): f, if not nil, is the Bind it starts with, decoded once.
+func (s *session) unit(f *clientFrame) (unitMessages, bool) {
+	if f != nil {
+		if m, ok, err := f.decodedBind(s.cr); err == nil && ok {
+			return unitAt(s.cr, 0, &m)
+		}
+	}
+	return unitAt(s.cr, 0, nil)
 }
 
 // peek returns up to peekLimit bytes of the next message's body, leaving the
@@ -546,6 +692,20 @@ func (s *session) wholeServerMessage(typ serverMsg) bool {
 	return w != nil && (w.kind == waitProbe || w.kind == waitSwallow || w.kind == waitSet || w.kind == waitQuery && w.inProbe())
 }
 
+// startParts gives each part of the session what it keeps of the
+// configuration; tokens are the token settings of the startup packet.
+func (s *session) startParts(tokens []Setting) {
+	cfg := &s.srv.cfg
+	s.reuse.standIn = s.srv.standIn
+	s.apply.tag, s.apply.sql = s.tag, cfg.SettingSQL
+	s.sets.answers = !cfg.ForwardSettings && cfg.SettingSQL != "" && !s.c.Replication
+	s.sets.pooled = cfg.TransactionPooling
+	if cfg.TransactionPooling {
+		// The token setting as Postgres folds it, and the Interceptor names it.
+		s.sets.startPooled(tokens, strings.ToLower(cfg.TokenSetting))
+	}
+}
+
 // forgetStatements has each part of the session prepare its statements on
 // the server again before their next use (see forgetState): every probe,
 // setStmt, and the statements prepared for reuse; and stops the session
@@ -590,16 +750,16 @@ func (s *session) sendDeferredHolding() error {
 }
 
 // applyDeferred sets the deferred settings on the server ahead of a batch
-// whose first message is typ (n bytes): joined to it when the batch is a
-// unit of one fenced write, else on their own. A Query or Parse is left
-// to applyPlanned, once it is planned.
-func (s *session) applyDeferred(typ clientMsg) error {
-	switch typ {
+// whose first message is f: joined to it when the batch is a unit of one
+// fenced write, else on their own. A Query or Parse is left to
+// applyPlanned, once it is planned.
+func (s *session) applyDeferred(f *clientFrame) error {
+	switch f.typ {
 	case clientMsgQuery, clientMsgParse:
 		s.apply.afterPlan = true
 		return nil
 	case clientMsgBind:
-		if u, ok := s.unit(0); ok {
+		if u, ok := s.unit(f); ok {
 			if st := s.book.stmts[string(u.stmt)]; st != nil && st.probe != nil {
 				return s.sendDeferred()
 			}
@@ -615,7 +775,7 @@ func (s *session) applyDeferred(typ clientMsg) error {
 func (s *session) applyPlanned(plan *Plan, parse bool, name []byte) error {
 	fenced := plan.probe() != nil && !plan.Forget
 	if parse {
-		u, ok := s.unit(0)
+		u, ok := s.unit(nil)
 		fenced = fenced && ok && bytes.Equal(u.stmt, name)
 	} else {
 		fenced = fenced && plan.ParamTypes != nil && !s.c.midBatch

@@ -92,6 +92,79 @@ func (b *stmtBook) recentUnnamed(text, params []byte) *prepared {
 	return st
 }
 
+// record returns what the book remembers of the statement name the client
+// parses now, text with params: the record it has if that is of the same
+// text, else a new one, kept in the book. Drivers that use the unnamed
+// statement parse the same few texts again and again: what is remembered
+// of them is kept rather than allocated anew (see recentUnnamed).
+func (b *stmtBook) record(name, text, params []byte) *prepared {
+	st := b.stmts[string(name)]
+	if !st.is(text, params) {
+		if len(name) == 0 {
+			st = b.recentUnnamed(text, params)
+		} else {
+			st = &prepared{text: string(text), params: bytes.Clone(params)}
+		}
+		if b.stmts == nil {
+			b.stmts = make(map[string]*prepared)
+		}
+		b.stmts[string(name)] = st
+	}
+	return st
+}
+
+// planned notes the plan of the statement's Parse, made under generation
+// gen.
+func (st *prepared) planned(plan *Plan, gen uint64) {
+	st.sent, st.probe, st.setting, st.gen, st.again = plan.SQL, plan.probe(), plan.Setting, gen, nil
+	st.token = plan.NeedsToken
+	if plan.Setting == nil {
+		st.parsed = nil
+	}
+}
+
+// answered notes that the proxy answered the statement's Parse itself, a
+// SET of set planned under generation gen: the server's unnamed statement
+// stays what it was, so the client's is prepared again before a Bind or
+// Describe of it reaches the server (see replan); one answered again is
+// not.
+func (st *prepared) answered(set *Setting, gen uint64) {
+	st.sent, st.probe, st.setting, st.gen = "", nil, set, gen
+	st.parsed, st.again = answeredParse, unprepared
+}
+
+// onQuery notes a simple Query, which destroys the unnamed statement and
+// portal; but in a failed block (mayHaveFailed says the block may have)
+// Postgres refuses its statements before they replace the portal, so one
+// a bound Query left stays (see portalGone; a Close of a portal that is
+// not there is no error).
+func (b *stmtBook) onQuery(mayHaveFailed bool) {
+	delete(b.stmts, "")
+	delete(b.portals, "")
+	if !mayHaveFailed {
+		b.portalGone = false
+	}
+}
+
+// onBoundQuery notes a Query the proxy runs bound (see Bound Queries in
+// the package documentation): Postgres would have destroyed the unnamed
+// statement and portal, but the server keeps its unnamed portal as the
+// bound Query's, and its unnamed statement as it was. In a block known to
+// have failed (failed) Postgres refuses the Parse, which leaves the
+// unnamed portal as it was, as it would leave it for the Query.
+func (b *stmtBook) onBoundQuery(failed bool) {
+	b.unnamedGone, b.unnamedClosed = true, nil
+	b.portalGone, b.portalClosed = !failed, nil
+}
+
+// onAnsweredParse notes that the proxy answered a Parse of the unnamed
+// statement and the unit binding it: the client's unnamed statement is
+// the answered one, and its unnamed portal gone.
+func (b *stmtBook) onAnsweredParse() {
+	b.unnamedGone, b.unnamedClosed = false, nil
+	delete(b.portals, "")
+}
+
 // forgetParsed stops the session answering Binds of the client's SET
 // statements until they are parsed again (see prepared.parsed): a text
 // that may deallocate statements (DEALLOCATE, DISCARD) may have
@@ -102,25 +175,24 @@ func (b *stmtBook) forgetParsed() {
 	}
 }
 
-// bind forwards a Bind (n bytes), after what the proxy sends before it,
-// if anything. It decodes the Bind only when the session tracks what
-// Binds name.
-func (s *session) bind(n int) error {
+// bind forwards the Bind f, after what the proxy sends before it, if
+// anything. Its names are decoded (once: see clientFrame) only when the
+// session tracks what Binds name.
+func (s *session) bind(f *clientFrame) error {
 	var m bindMsg
 	ok := false
 	if s.txPool() || s.book.tracking() {
-		b, err := s.peek(n)
-		if err != nil {
+		var err error
+		if m, ok, err = f.decodedBind(s.cr); err != nil {
 			return err
 		}
-		m, ok = decodeBind(b)
 	}
 	if s.txPool() && s.book.needsToken(m, ok) {
 		if err := s.sendDeferred(); err != nil {
 			return err
 		}
 	}
-	err := s.bindAs(m, ok, n)
+	err := s.bindAs(m, ok, f.n)
 	s.pipe.loose++ // after the proxy's own: its reply comes after theirs
 	return err
 }
