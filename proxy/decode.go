@@ -19,6 +19,10 @@ import (
 // answers or rewrites a message rather than forwarding it. Postgres
 // checks the rest and refuses a malformed message.
 
+// peekLimit is how much of a Bind, Execute or Close the proxy looks at to find
+// the statement and portal names before forwarding the bytes untouched.
+const peekLimit = 1024
+
 // bindMsg is a Bind.
 type bindMsg struct {
 	portal []byte // the destination portal ("" the unnamed one)

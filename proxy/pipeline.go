@@ -33,6 +33,33 @@ const (
 	waitSet                     // deferred settings the proxy sent (see applyState): want replies, kept from the client
 )
 
+// States of a serverStmt.
+const (
+	stmtAbsent  int32 = iota // not on the server (its Parse failed or was skipped, or it was deallocated)
+	stmtPending              // its Parse is sent, not yet answered
+	stmtReady                // the server has it
+)
+
+// serverStmt is a statement the proxy prepared on the session's backend.
+type serverStmt struct {
+	name   string
+	params []byte       // the Parse's parameter-type section
+	state  atomic.Int32 // written by the server side once Postgres answers
+}
+
+// unprepared marks a statement the server does not have, to be prepared
+// again before its next Bind or Describe (prepared.again): its state is
+// never anything but stmtAbsent.
+var unprepared = new(serverStmt)
+
+// parseMark is where the server side notes what became of the Parses of
+// the unnamed statement the client side numbers (reuseState.unnamedSeq): the
+// last answered with ParseComplete, and the last that failed or that
+// Postgres skipped after an earlier error in its batch.
+type parseMark struct {
+	done, dropped atomic.Uint64
+}
+
 type wait struct {
 	kind   waitKind
 	probes []ProbeAt    // waitQuery: statements whose replies are probes

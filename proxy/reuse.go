@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/binary"
 	"strconv"
-	"sync/atomic"
 )
 
 // reuseState is the statements the session prepared for reuse (see
@@ -108,25 +107,6 @@ const maxReused = 100
 // package documentation) and a number.
 const reusePrefix = "pgfence.s."
 
-// States of a serverStmt.
-const (
-	stmtAbsent  int32 = iota // not on the server (its Parse failed or was skipped, or it was deallocated)
-	stmtPending              // its Parse is sent, not yet answered
-	stmtReady                // the server has it
-)
-
-// serverStmt is a statement the proxy prepared on the session's backend.
-type serverStmt struct {
-	name   string
-	params []byte       // the Parse's parameter-type section
-	state  atomic.Int32 // written by the server side once Postgres answers
-}
-
-// unprepared marks a statement the server does not have, to be prepared
-// again before its next Bind or Describe (prepared.again): its state is
-// never anything but stmtAbsent.
-var unprepared = new(serverStmt)
-
 // standInParse returns the body of the Parse of the unnamed statement, of
 // sql (Config.StandInSQL), that answers a client's Parse the proxy reuses
 // a statement for, nil for no sql. It is never bound while the proxy knows
@@ -140,14 +120,6 @@ func standInParse(sql string) []byte {
 		return nil
 	}
 	return append(append([]byte{0}, sql...), 0, 0, 0)
-}
-
-// parseMark is where the server side notes what became of the Parses of
-// the unnamed statement the client side numbers (reuseState.unnamedSeq): the
-// last answered with ParseComplete, and the last that failed or that
-// Postgres skipped after an earlier error in its batch.
-type parseMark struct {
-	done, dropped atomic.Uint64
 }
 
 // parseWait is the wait for a Parse of the unnamed statement whose

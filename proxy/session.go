@@ -17,10 +17,6 @@ import (
 // itself never sends more than 1 GiB).
 const maxServerMessage = 1 << 30
 
-// peekLimit is how much of a Bind, Execute or Close the proxy looks at to find
-// the statement and portal names before forwarding the bytes untouched.
-const peekLimit = 1024
-
 // session relays one client connection to its own server connection.
 //
 // It has two sides. The client side reads the client's messages and writes

@@ -55,13 +55,6 @@ func NewPooledSet(names, parts []string, args []int) (*PooledSet, error) {
 	return &PooledSet{names: slices.Clone(names), parts: slices.Clone(parts), args: slices.Clone(args), ext: b.String()}, nil
 }
 
-// TxStart is a statement of a Query's SQL that starts a transaction of its
-// own (see Plan.TxStarts).
-type TxStart struct {
-	Offset int // where it starts in the SQL, in bytes
-	Index  int // its index among the SQL's statements
-}
-
 // pooledSession is what a session behind a transaction pooler keeps of its
 // own (see setState.deferred for its token settings' values).
 type pooledSession struct {
