@@ -363,7 +363,7 @@ func (s *session) replanText(f *clientFrame) (text string, ok bool) {
 		name = m.stmt
 	case clientMsgDescribe:
 		// Only a Describe of the unnamed statement plans it again.
-		b, err := s.peek(f.n)
+		b, err := peekBody(s.cr, f.n)
 		if err != nil {
 			return "", false
 		}
@@ -458,11 +458,17 @@ func (s *session) clientMessage(f *clientFrame) error {
 	case clientMsgBind:
 		return s.bind(f)
 	case clientMsgExecute:
-		return s.execute(n)
+		p, err := s.book.execute(&s.link, s.cr, n)
+		if p != nil && err == nil {
+			// Run the probe right after the Execute, in the same
+			// transaction, before whatever the client sends next.
+			err = s.injectProbe(p)
+		}
+		return err
 	case clientMsgClose:
-		return s.close(n)
+		return s.book.close(&s.link, s.cr, &s.reuse, n)
 	case clientMsgDescribe:
-		return s.describe(n)
+		return s.book.describe(&s.link, s.cr, &s.reuse, s.replanner(), n)
 	case clientMsgSync, clientMsgFunctionCall: // both end with ReadyForQuery
 		s.pipe.push(s.forget.syncWait(&s.pipe))
 		return forward(s.sw, s.cr, n)
@@ -599,6 +605,33 @@ func (s *session) parse(n int) error {
 	return s.sendParse(m, name, params, &plan, w)
 }
 
+// bind forwards the Bind f, after what the proxy sends before it, if
+// anything. Its names are decoded (once: see clientFrame) only when the
+// session tracks what Binds name.
+func (s *session) bind(f *clientFrame) error {
+	var m bindMsg
+	ok := false
+	if s.txPool() || s.book.tracking() {
+		var err error
+		if m, ok, err = f.decodedBind(s.cr); err != nil {
+			return err
+		}
+	}
+	if s.txPool() && s.book.needsToken(m, ok) {
+		if err := s.sendDeferred(); err != nil {
+			return err
+		}
+	}
+	err := s.book.bind(&s.link, s.cr, &s.reuse, s.replanner(), m, ok, f.n)
+	s.pipe.loose++ // after the proxy's own: its reply comes after theirs
+	return err
+}
+
+// replanner is what the book plans a statement again with.
+func (s *session) replanner() replanner {
+	return replanner{ic: s.srv.cfg.Interceptor, c: s.c, log: s.log}
+}
+
 // answerSet answers set, a SET the client sent, as Postgres would, and
 // defers it to the server: a simple Query's (u nil), or the unit u at the
 // front of the client's buffer, after its Parse if parse.
@@ -623,16 +656,6 @@ func (s *session) unit(f *clientFrame) (unitMessages, bool) {
 		}
 	}
 	return unitAt(s.cr, 0, nil)
-}
-
-// peek returns up to peekLimit bytes of the next message's body, leaving the
-// message in the reader.
-func (s *session) peek(n int) ([]byte, error) {
-	b, err := s.cr.Peek(5 + min(n, peekLimit))
-	if err != nil {
-		return nil, err
-	}
-	return b[5:], nil
 }
 
 // serverToClient forwards the server's replies until the session ends.
