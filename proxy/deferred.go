@@ -301,14 +301,10 @@ func (s *session) checkBackend(n int) error {
 // heldReady handles the ReadyForQuery of the proxy's own Sync after
 // deferred settings: they are set, and what was held back goes out.
 func (s *session) heldReady(n int, status txStatus) error {
-	want := txIdle
-	if s.sets.block {
-		want = txInBlock
-	}
-	if s.apply.retry == retryOwed && s.sets.ran == 0 && status == want {
+	switch s.apply.heldAt(&s.sets, status) {
+	case heldRetry:
 		return s.retryHeld(n)
-	}
-	if s.sets.ran == 0 || status != want {
+	case heldLost:
 		// Not kept (it cannot be otherwise at a unit of their own): what
 		// waits must not run without them.
 		return s.endDeferred(codeConnectionFailure, fmt.Sprintf("the server did not keep it (transaction status %q)", status))
@@ -320,6 +316,30 @@ func (s *session) heldReady(n int, status txStatus) error {
 		return err
 	}
 	return skip(s.sr, n)
+}
+
+// What becomes of deferred settings sent with a Sync of their own, at its
+// ReadyForQuery (see heldAt).
+const (
+	heldKept  = iota // Postgres kept them: what was held back goes out
+	heldRetry        // they failed on their own: try them again, once
+	heldLost         // not kept: the session ends
+)
+
+// heldAt says what becomes of the deferred settings of t sent with a Sync
+// of their own, at its ReadyForQuery with status.
+func (a *applyState) heldAt(t *setState, status txStatus) int {
+	want := txIdle
+	if t.block {
+		want = txInBlock
+	}
+	switch {
+	case a.retry == retryOwed && t.ran == 0 && status == want:
+		return heldRetry
+	case t.ran == 0 || status != want:
+		return heldLost
+	}
+	return heldKept
 }
 
 // heldBuffer collects what the proxy sends the server while it is held

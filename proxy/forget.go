@@ -33,6 +33,15 @@ func (f *forgetState) lostNow() bool {
 	return f.lost.Load() && f.lost.Swap(false) // a load is cheaper than a swap on every message
 }
 
+// atReady notes a ReadyForQuery with status (0: unknown), which ends a
+// unit of work that had a text that may have changed a setting if changed
+// says so (see settled).
+func (f *forgetState) atReady(changed bool, status txStatus) {
+	if (changed || f.reverting) && status != 0 {
+		f.settled(changed, status)
+	}
+}
+
 // settled follows a setting that a text may have changed (Plan.Forget) to
 // where the change ends. Changed inside a transaction block (SET LOCAL, or
 // any SET the block rolls back), it changes back as the block ends, after

@@ -711,6 +711,40 @@ func (s *session) wholeServerMessage(typ serverMsg) bool {
 	return w != nil && (w.kind == waitProbe || w.kind == waitSwallow || w.kind == waitSet || w.kind == waitQuery && w.inProbe())
 }
 
+// ready handles the ReadyForQuery (n bytes) that says status (0 if it is
+// malformed), answering w: the parts see it in order. done says it was
+// handled whole (it ended deferred settings the proxy sent, see heldReady,
+// or a drain); else it goes on to the client.
+func (s *session) ready(w *wait, n int, status txStatus) (done bool, err error) {
+	s.started, s.rt.ended = true, true
+	s.c.readyForQuery()
+	if s.ranSinceReady.Load() {
+		s.ranSinceReady.Store(false)
+	}
+	if w != nil && w.held {
+		return true, s.heldReady(n, status)
+	}
+	s.sets.atReady(status)
+	s.failed.Store(status == txFailed)
+	s.forget.atReady(s.pipe.ready(), status)
+	if status == 0 || s.pipe.head() != nil {
+		return false, nil
+	}
+	if status == txInBlock && s.pipe.single {
+		s.sets.quietBlock = true
+	}
+	if status == txIdle {
+		s.idle.Store(true)
+		if s.srv.draining.Load() {
+			if err := forward(s.cw, s.sr, n); err != nil {
+				return true, err
+			}
+			return true, errDrained
+		}
+	}
+	return false, nil
+}
+
 // startParts gives each part of the session what it keeps of the
 // configuration; tokens are the token settings of the startup packet.
 func (s *session) startParts(tokens []Setting) {
