@@ -17,7 +17,7 @@ import (
 // server's own unnamed statement. unnamedSeq is not 0 while the server's
 // unnamed statement may be the proxy's stand-in (see standInParse) rather
 // than what the client parsed last, until parsed says what became of the
-// Parse it numbers (see reusedUnnamed). Both are cleared together whenever
+// Parse it numbers (see unnamedNow). Both are cleared together whenever
 // the client's unnamed statement is destroyed (see dropUnnamed).
 type reuseState struct {
 	// bySQL are the statements prepared for reuse, by the SQL they hold;

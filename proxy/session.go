@@ -23,13 +23,16 @@ const maxServerMessage = 1 << 30
 // to the server (clientMessage); the server side reads the server's and
 // writes to the client (serverMessage). Relayed by goroutines, each side is
 // a goroutine of its own; on the event loop, both run on the loop's
-// goroutine. Each field says which side owns it, and each feature keeps its
-// state in a type of its own that says the same of its fields: what the
-// client has prepared and bound (stmtBook), the statements the proxy
+// goroutine. Each field says which side owns it, and each feature is a
+// part of the session (see Parts of a session in the package
+// documentation), a type of its own that says the same of its fields: what
+// the client has prepared and bound (stmtBook), the statements the proxy
 // prepares for reuse (reuseState), the SETs it answers itself (setState)
 // and how it sets them on the server (applyState), its probes
 // (probeState), what may have deallocated its statements (forgetState),
-// and what it keeps of authentication (authState).
+// and what it keeps of authentication (authState). The dispatcher below
+// (clientMessage, query, parse, bind, ready) hands them each message in
+// order.
 type session struct {
 	srv *Server
 	c   *Client

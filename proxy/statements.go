@@ -55,7 +55,7 @@ type prepared struct {
 	setting *Setting
 	// parsed, for such a statement, is stmtReady while the client has it
 	// as its Parse made it: Postgres answered that Parse (or the proxy
-	// did, see answerParse) and no text since may have deallocated it.
+	// did, see session.parse) and no text since may have deallocated it.
 	// Otherwise (nil, pending or absent) its Binds go to Postgres, to
 	// fail there if it is gone.
 	parsed *serverStmt
@@ -65,7 +65,7 @@ type prepared struct {
 	token bool
 	// again is set while the statement must be prepared again before its
 	// next Bind or Describe: the proxy's own statement the client's
-	// unnamed one stood for was forgotten (see forgetReused), or replan
+	// unnamed one stood for was forgotten (see reuseState.forget), or replan
 	// prepared it again and Postgres has not confirmed that yet (it skips
 	// the Parse after an earlier error in its batch, and so the Bind that
 	// needed it; a Bind in a later batch sends it again).
