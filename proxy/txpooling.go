@@ -2,9 +2,8 @@ package proxy
 
 import (
 	"crypto/rand"
-	"fmt"
+	"errors"
 	"slices"
-	"strconv"
 	"strings"
 	"unicode/utf8"
 
@@ -26,33 +25,26 @@ type PooledSets interface {
 // PooledSet is the statement that sets every token setting of a
 // configuration for the transaction it runs in, once per transaction (see
 // Transaction pooling in the package documentation). The Interceptor
-// writes it; the proxy only puts in the session's values and nonce.
+// writes it, in both forms; the proxy only gives it the session's values
+// and nonce.
 type PooledSet struct {
 	names []string
-	parts []string
-	args  []int
 	ext   string // the statement with parameters: $1 the nonce, $i+1 value i
+	text  func(nonce string, values []string) string
 }
 
 // NewPooledSet returns the statement that sets the settings names (lower
-// case), made of parts joined around arguments: parts[0] A0 parts[1] A1
-// ... parts[len(args)], where Aj is argument args[j], 0 for the nonce and i
-// for the session's value of names[i-1] ("" for none), each put in as a
-// text literal or parameter. It is immutable and safe for concurrent use.
-func NewPooledSet(names, parts []string, args []int) (*PooledSet, error) {
-	if len(parts) != len(args)+1 {
-		return nil, fmt.Errorf("proxy: %d parts around %d arguments", len(parts), len(args))
+// case), in the two forms the Interceptor's package writes
+// (sqlrewrite.PooledSetSQL): ext, with parameters, $1 the nonce and $i+1
+// the session's value of names[i-1] ("" for none), each of type text; and
+// text, which makes it with the nonce and the values (values[i] the
+// session's value of names[i]) as literals, ended so that a Query's
+// statements can follow it. It is immutable and safe for concurrent use.
+func NewPooledSet(names []string, ext string, text func(nonce string, values []string) string) (*PooledSet, error) {
+	if ext == "" || text == nil {
+		return nil, errors.New("proxy: a PooledSet needs its statement with parameters and its text with literals")
 	}
-	var b strings.Builder
-	for i, a := range args {
-		if a < 0 || a > len(names) {
-			return nil, fmt.Errorf("proxy: argument %d of a statement setting %d token settings", a, len(names))
-		}
-		b.WriteString(parts[i])
-		b.WriteString("$" + strconv.Itoa(a+1))
-	}
-	b.WriteString(parts[len(args)])
-	return &PooledSet{names: slices.Clone(names), parts: slices.Clone(parts), args: slices.Clone(args), ext: b.String()}, nil
+	return &PooledSet{names: slices.Clone(names), ext: ext, text: text}, nil
 }
 
 // pooledSession is what a session behind a transaction pooler keeps of its
@@ -165,24 +157,17 @@ func (b *stmtBook) needsToken(m bindMsg, ok bool) bool {
 // the Query's replies to them are kept from the client (probes of their
 // own), and error positions are mapped past them.
 func (t *setState) pooledQuery(set *PooledSet, plan *Plan, text []byte) {
-	var b strings.Builder
-	for i, a := range set.args {
-		b.WriteString(set.parts[i])
-		if a == 0 {
-			b.WriteString(quoteLiteral(t.pool.nonce))
-		} else {
-			b.WriteString(quoteLiteral(t.pooledValue(set.names[a-1])))
-		}
+	values := make([]string, len(set.names))
+	for i, n := range set.names {
+		values[i] = t.pooledValue(n)
 	}
-	b.WriteString(set.parts[len(set.args)])
-	b.WriteString(";")
-	stmt := b.String()
+	stmt := set.text(t.pool.nonce, values)
 	sql := plan.SQL
 	if sql == "" {
 		sql = string(text)
 	}
 	// The statement goes first, and before each start.
-	b.Reset()
+	var b strings.Builder
 	b.WriteString(stmt)
 	at := []int{0}
 	last := 0
@@ -261,10 +246,4 @@ func (o insertOrigin) Param(c *Client, n int, params []string) int {
 		return 0
 	}
 	return o.inner.Param(c, n, params)
-}
-
-// quoteLiteral quotes s as an SQL string that means the same whatever
-// standard_conforming_strings says.
-func quoteLiteral(s string) string {
-	return "E'" + strings.ReplaceAll(strings.ReplaceAll(s, `\`, `\\`), `'`, `''`) + "'"
 }
