@@ -243,15 +243,24 @@ func (s *session) setReply(w *wait, typ serverMsg, n int) error {
 
 // setSeen counts a reply to deferred settings, done with them at the last.
 func (s *session) setSeen(w *wait) {
-	if w.seen++; w.seen == w.want {
-		// Nothing is answered while w is in flight, so sets.block is
-		// still what it was when the settings were sent.
-		s.sets.ran = w.seq
-		if s.sets.block {
-			s.sets.kept = w.seq
-		}
+	if s.sets.seen(w) {
 		s.pipe.pop()
 	}
+}
+
+// seen counts a reply to the deferred settings w waits for, and reports
+// whether it was the last: they ran.
+func (t *setState) seen(w *wait) (last bool) {
+	if w.seen++; w.seen != w.want {
+		return false
+	}
+	// Nothing is answered while w is in flight, so block is still what it
+	// was when the settings were sent.
+	t.ran = w.seq
+	if t.block {
+		t.kept = w.seq
+	}
+	return true
 }
 
 // checkBackend reads the DataRow (n bytes) of a deferred setting, which
@@ -265,37 +274,46 @@ func (s *session) checkBackend(n int) error {
 	if err != nil {
 		return err
 	}
+	pid, ok := s.apply.sameBackend(b)
+	if ok {
+		return nil
+	}
+	writeFatal(s.cw, codeConnectionFailure, fmt.Sprintf("the server process behind this session changed between transactions (%s, then %s): a transaction pooler stands between pgfence and Postgres", s.apply.backendPID, pid),
+		s.srv.cfg.Hints.Pooler)
+	s.fatal = true
+	s.log.Error("session ended: its server process changed between transactions; a transaction pooler is behind pgfence", "client", s.c.RemoteAddr, "first", s.apply.backendPID, "now", string(pid))
+	return errors.New("the server process behind the session changed: a transaction pooler is behind pgfence")
+}
+
+// sameBackend reads b, the DataRow of a deferred setting, and reports
+// whether the server process it names (pid) is the one that ran the
+// session's first (kept in backendPID): a row it cannot read is no
+// evidence either way.
+func (a *applyState) sameBackend(b []byte) (pid []byte, ok bool) {
 	// Two columns: the setting's value, then the process id.
 	if len(b) < 2 || binary.BigEndian.Uint16(b) != 2 {
-		return nil
+		return nil, true
 	}
 	b = b[2:]
 	for range 2 {
 		if len(b) < 4 {
-			return nil
+			return nil, true
 		}
 		l := int(int32(binary.BigEndian.Uint32(b)))
 		if l < 0 || len(b) < 4+l {
-			return nil
+			return nil, true
 		}
 		if len(b) == 4+l { // the last column: the process id
 			pid := b[4:]
-			if s.apply.backendPID == "" {
-				s.apply.backendPID = string(pid)
-				return nil
+			if a.backendPID == "" {
+				a.backendPID = string(pid)
+				return pid, true
 			}
-			if string(pid) == s.apply.backendPID {
-				return nil
-			}
-			writeFatal(s.cw, codeConnectionFailure, fmt.Sprintf("the server process behind this session changed between transactions (%s, then %s): a transaction pooler stands between pgfence and Postgres", s.apply.backendPID, pid),
-				s.srv.cfg.Hints.Pooler)
-			s.fatal = true
-			s.log.Error("session ended: its server process changed between transactions; a transaction pooler is behind pgfence", "client", s.c.RemoteAddr, "first", s.apply.backendPID, "now", string(pid))
-			return errors.New("the server process behind the session changed: a transaction pooler is behind pgfence")
+			return pid, string(pid) == a.backendPID
 		}
 		b = b[4+l:]
 	}
-	return nil
+	return nil, true
 }
 
 // heldReady handles the ReadyForQuery of the proxy's own Sync after

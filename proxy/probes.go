@@ -101,7 +101,7 @@ func (s *session) probeReply(w *wait, typ serverMsg, n int) error {
 		w.ready.Store(true)
 	case serverMsgBindComplete, serverMsgCommandComplete, serverMsgCloseComplete:
 	case serverMsgDataRow:
-		if err := s.captureRow(w, n); err != nil {
+		if err := s.probes.captureRow(w, s.sr, &s.sbuf, n); err != nil {
 			return err
 		}
 		w.seen++
@@ -136,7 +136,7 @@ func (s *session) queryProbeReply(w *wait, typ serverMsg, n int) error {
 	case serverMsgRowDescription:
 		return skip(s.sr, n)
 	case serverMsgDataRow:
-		return s.captureRow(w, n)
+		return s.probes.captureRow(w, s.sr, &s.sbuf, n)
 	case serverMsgCommandComplete:
 		p, row := w.probes[0].Probe, w.row
 		w.probes = w.probes[1:]
@@ -166,14 +166,14 @@ func (s *session) probed(p *Probe, row [][]byte) error {
 	return err
 }
 
-// captureRow keeps a probe's DataRow (n bytes) for its ProbeFunc, in w and
-// the session's probe buffers (see probeState).
-func (s *session) captureRow(w *wait, n int) error {
-	b, err := body(s.sr, n, &s.sbuf)
+// captureRow reads a probe's DataRow (n bytes) from sr, through buf, and
+// keeps it for its ProbeFunc, in w and the state's buffers.
+func (ps *probeState) captureRow(w *wait, sr msgReader, buf *[]byte, n int) error {
+	b, err := body(sr, n, buf)
 	if err != nil {
 		return err
 	}
-	row, err := s.probes.capture(b)
+	row, err := ps.capture(b)
 	if err != nil {
 		return err
 	}
