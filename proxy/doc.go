@@ -36,7 +36,7 @@
 // parts (a Bind's deferred settings go with it when the book says its
 // statement is a fenced write; a probe's statement is prepared again when
 // forgetting says it may be lost) is the dispatcher's, in session.go, and
-// small. A message is decoded once (clientFrame) for all the parts that
+// small. A Bind is decoded once (clientFrame) for all the parts that
 // look at it. A change to one feature touches its part's file and, if its
 // order or inputs change, the dispatcher.
 //
