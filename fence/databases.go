@@ -196,8 +196,8 @@ func (d *Databases) PooledSet(c *proxy.Client) *proxy.PooledSet {
 
 // noPooledSet sets no token setting.
 var noPooledSet = func() *proxy.PooledSet {
-	parts, args := sqlrewrite.PooledSet(nil)
-	set, err := proxy.NewPooledSet(nil, parts, args)
+	ext, text := sqlrewrite.PooledSetSQL(nil)
+	set, err := proxy.NewPooledSet(nil, ext, text)
 	if err != nil {
 		panic(err)
 	}

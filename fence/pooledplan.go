@@ -82,10 +82,10 @@ func (p *Policy) PooledSet(*proxy.Client) *proxy.PooledSet {
 		return ps.set
 	}
 	names := st.tokens.Names()
-	parts, args := sqlrewrite.PooledSet(names)
-	set, err := proxy.NewPooledSet(names, parts, args)
+	ext, text := sqlrewrite.PooledSetSQL(names)
+	set, err := proxy.NewPooledSet(names, ext, text)
 	if err != nil {
-		panic(err) // sqlrewrite.PooledSet makes as many parts as it must
+		panic(err) // sqlrewrite.PooledSetSQL makes both forms
 	}
 	p.pooled.Store(&pooledSet{st, set})
 	return set

@@ -42,7 +42,7 @@ func (s *session) saslInitial(n int) error {
 	if !s.auth.sasl.CompareAndSwap(true, false) {
 		return forward(s.sw, s.cr, n)
 	}
-	b, err := s.peek(n)
+	b, err := peekBody(s.cr, n)
 	if err != nil {
 		return err
 	}

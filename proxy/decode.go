@@ -19,6 +19,10 @@ import (
 // answers or rewrites a message rather than forwarding it. Postgres
 // checks the rest and refuses a malformed message.
 
+// peekLimit is how much of a Bind, Execute or Close the proxy looks at to find
+// the statement and portal names before forwarding the bytes untouched.
+const peekLimit = 1024
+
 // bindMsg is a Bind.
 type bindMsg struct {
 	portal []byte // the destination portal ("" the unnamed one)
@@ -129,4 +133,33 @@ func decodeTargeted(b []byte) (t target, name, rest []byte, ok bool) {
 		return 0, nil, nil, false
 	}
 	return target(b[0]), name, rest, true
+}
+
+// clientFrame is the client message being handled: its header, and for a
+// Bind its names, decoded at most once however many parts look at them
+// (the hold check, the answered SET, the deferred settings, the handler)
+// and only when one does. It is made anew for each message, and whenever
+// a message held back is taken up again: what it decoded points into the
+// reader's buffer, valid until the next read from it.
+type clientFrame struct {
+	typ clientMsg
+	n   int
+	// bind is the Bind's names (see decodeBind) once decoded; bindOK says
+	// they were whole.
+	bind            bindMsg
+	bindOK, decoded bool
+}
+
+// decodedBind returns the Bind's names (ok: whole, see decodeBind),
+// decoding them from the front of cr the first time it is asked.
+func (f *clientFrame) decodedBind(cr msgReader) (m bindMsg, ok bool, err error) {
+	if !f.decoded {
+		b, err := cr.Peek(5 + min(f.n, peekLimit))
+		if err != nil {
+			return bindMsg{}, false, err
+		}
+		f.bind, f.bindOK = decodeBind(b[5:])
+		f.decoded = true
+	}
+	return f.bind, f.bindOK, nil
 }

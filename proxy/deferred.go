@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -23,6 +22,10 @@ import (
 // once Postgres has kept the settings (see hold and release). retry is
 // retryNone while not held.
 type applyState struct {
+	// tag is the session's (see Statement names in the package
+	// documentation) and sql the statement that sets a setting
+	// (Config.SettingSQL): both set as the session starts.
+	tag, sql string
 	// ready is set once the backend has the session's setStmt, whose
 	// Close and Parse prep holds; name is its name (see stmtName).
 	ready bool
@@ -43,28 +46,30 @@ type applyState struct {
 	heldWriter msgWriter
 }
 
+// forget has the session prepare setStmt again before its next use (see
+// forgetState).
+func (a *applyState) forget() { a.ready = false }
+
 // setStmt names the portal of the proxy's own statement that sets a
 // deferred setting; the statement is setStmt.<the session's tag> (see
 // Statement names in the package documentation).
 const setStmt = "pgfence.set"
 
-// stmtName names the statement that sets deferred settings of the session
-// tagged tag.
-func (a *applyState) stmtName(tag string) string {
+// stmtName names the statement that sets the session's deferred settings.
+func (a *applyState) stmtName() string {
 	if a.name == "" {
-		a.name = setStmt + "." + tag
+		a.name = setStmt + "." + a.tag
 	}
 	return a.name
 }
 
-// prepare returns the Close and Parse of the session's setStmt, of sql
-// (Config.SettingSQL; tag is the session's): Close first, so that
-// preparing again after the client may have deallocated it does not fail
-// on a statement that still exists.
-func (a *applyState) prepare(tag, sql string) []byte {
+// prepare returns the Close and Parse of the session's setStmt, of sql:
+// Close first, so that preparing again after the client may have
+// deallocated it does not fail on a statement that still exists.
+func (a *applyState) prepare() []byte {
 	if a.prep == nil {
-		b, _ := (&pgproto3.Close{ObjectType: byte(targetStatement), Name: a.stmtName(tag)}).Encode(nil)
-		a.prep, _ = (&pgproto3.Parse{Name: a.stmtName(tag), Query: sql,
+		b, _ := (&pgproto3.Close{ObjectType: byte(targetStatement), Name: a.stmtName()}).Encode(nil)
+		a.prep, _ = (&pgproto3.Parse{Name: a.stmtName(), Query: a.sql,
 			ParameterOIDs: []uint32{25, 25, 16}}).Encode(b)
 	}
 	return a.prep
@@ -106,118 +111,91 @@ const (
 	setRunReplies     = 4
 )
 
-// applyNow reports whether deferred settings are to be set on the server
-// ahead of the client's message typ, which starts a batch (start): they
-// go ahead of the first message of every batch but a lone Sync or a
-// Terminate, never into the middle of one (a Sync of the proxy's there
-// would end the skip after an error that Postgres owes the client's
-// batch), until Postgres keeps them. While they are held (see
-// applyState.held) they
-// are ahead of everything already.
-func (s *session) applyNow(typ clientMsg, start bool) bool {
-	return start && typ != clientMsgSync && typ != clientMsgTerminate && !s.apply.held && s.deferredPending()
+// now reports whether deferred settings, if any are pending, are to be set
+// on the server ahead of the client's message typ, which starts a batch
+// (start): they go ahead of the first message of every batch but
+// a lone Sync or a Terminate, never into the middle of one (a Sync of the
+// proxy's there would end the skip after an error that Postgres owes the
+// client's batch), until Postgres keeps them. While they are held (see
+// held) they are ahead of everything already.
+func (a *applyState) now(typ clientMsg, start bool) bool {
+	return start && typ != clientMsgSync && typ != clientMsgTerminate && !a.held
 }
 
-// applyDeferred sets the deferred settings on the server ahead of a batch
-// whose first message is typ (n bytes): joined to it when the batch is a
-// unit of one fenced write, else on their own. A Query or Parse is left
-// to applyPlanned, once it is planned.
-func (s *session) applyDeferred(typ clientMsg, n int) error {
-	switch typ {
-	case clientMsgQuery, clientMsgParse:
-		s.apply.afterPlan = true
-		return nil
-	case clientMsgBind:
-		if u, ok := s.unit(0); ok {
-			if st := s.book.stmts[string(u.stmt)]; st != nil && st.probe != nil {
-				return s.sendDeferred(false)
-			}
-		}
-	}
-	return s.sendDeferredHolding()
+// takeAfterPlan reports, once, whether the Query or Parse being planned
+// starts a batch that the deferred settings go ahead of (see afterPlan).
+func (a *applyState) takeAfterPlan() bool {
+	after := a.afterPlan
+	a.afterPlan = false
+	return after
 }
 
-// applyPlanned is applyDeferred for a batch that starts with a Query or
-// with a Parse of name (read from the buffer), now that plan says what it
-// is: a bound Query is a unit of one fenced write, and so is a Parse of
-// one followed by a unit that binds it.
-func (s *session) applyPlanned(plan *Plan, parse bool, name []byte) error {
-	fenced := plan.probe() != nil && !plan.Forget
-	if parse {
-		u, ok := s.unit(0)
-		fenced = fenced && ok && bytes.Equal(u.stmt, name)
-	} else {
-		fenced = fenced && plan.ParamTypes != nil && !s.c.midBatch
-	}
-	if fenced {
-		return s.sendDeferred(false)
-	}
-	return s.sendDeferredHolding()
-}
-
-// sendDeferredHolding sends the deferred settings with a Sync of their own
-// and holds back what the proxy sends after them until Postgres answers.
-func (s *session) sendDeferredHolding() error {
-	if err := s.sendDeferred(true); err != nil {
+// sendHolding sends the deferred settings of t through l with a Sync of
+// their own and holds back what the proxy sends after them until Postgres
+// answers (see send for the rest).
+func (a *applyState) sendHolding(l *link, t *setState, pooled *PooledSet, lost bool) error {
+	if err := a.send(l, t, pooled, lost, true); err != nil {
 		return err
 	}
-	s.sw = s.apply.hold(s.sw)
+	l.sw = a.hold(l.sw)
 	return nil
 }
 
-// sendDeferred sends setStmt for each deferred setting, preparing it first
-// if the backend may not have it, and with sync a Sync whose
-// ReadyForQuery releases what is held back after them (see heldReady).
-func (s *session) sendDeferred(sync bool) error {
-	if s.forget.lost.Load() {
-		// A text since setStmt was prepared may have deallocated it (see
-		// forgetState): the client's statement being planned has not made
-		// the session forget it yet.
-		s.apply.ready = false
+// send sends through l setStmt for each deferred setting of t (or, under
+// transaction pooling, pooled: see writePooled), preparing it first if
+// the backend may not have it, and with sync a Sync whose ReadyForQuery
+// releases what is held back after them (see heldReady). lost says a text
+// since setStmt was prepared may have deallocated it (see forgetState):
+// the client's statement being planned has not made the session forget it
+// yet.
+func (a *applyState) send(l *link, t *setState, pooled *PooledSet, lost, sync bool) error {
+	if lost {
+		a.ready = false
 	}
-	w := s.pipe.get(waitSet)
-	w.seq, w.held = s.sets.ver, sync
-	if err := s.writeDeferred(s.sw, w); err != nil {
+	w := l.pipe.get(waitSet)
+	w.seq, w.held = t.ver, sync
+	if err := a.write(l, l.sw, t, pooled, w); err != nil {
 		return err
 	}
-	s.pushSwallow(w)
+	l.pushSwallow(w)
 	if !sync {
 		return nil
 	}
-	r := s.pipe.get(waitReady)
+	r := l.pipe.get(waitReady)
 	r.held = true
-	s.pipe.push(r)
-	_, err := s.sw.Write(syncMessage)
+	l.pipe.push(r)
+	_, err := l.sw.Write(syncMessage)
 	return err
 }
 
-// writeDeferred writes to out setStmt's Bind, Execute and Close for each
-// deferred setting, after its Close and Parse unless the backend has it,
-// and sets the replies w, their wait, wants.
-func (s *session) writeDeferred(out msgWriter, w *wait) error {
-	if s.txPool() {
-		return s.writePooled(out, w)
+// write writes to out (built in l's buffer) setStmt's Bind, Execute and
+// Close for each deferred setting of t, after its Close and Parse unless
+// the backend has it, and sets the replies w, their wait, wants. Under
+// transaction pooling (pooled not nil) it writes pooled instead.
+func (a *applyState) write(l *link, out msgWriter, t *setState, pooled *PooledSet, w *wait) error {
+	if pooled != nil {
+		return t.writePooled(l, out, pooled, a.stmtName(), w)
 	}
-	w.want = setRunReplies * len(s.sets.deferred)
-	if !s.apply.ready {
+	w.want = setRunReplies * len(t.deferred)
+	if !a.ready {
 		w.want += setPrepareReplies
-		if _, err := out.Write(s.apply.prepare(s.tag, s.srv.cfg.SettingSQL)); err != nil {
+		if _, err := out.Write(a.prepare()); err != nil {
 			return err
 		}
 	}
-	for _, set := range s.sets.deferred {
+	for _, set := range t.deferred {
 		// Bind setStmt to its portal: the values in text, results in text.
-		s.out = append(append(s.out[:0], byte(clientMsgBind), 0, 0, 0, 0), setStmt...)
-		s.out = append(append(s.out, 0), s.apply.stmtName(s.tag)...)
-		s.out = append(s.out, 0, 0, 0, 0, 3)
+		l.out = append(append(l.out[:0], byte(clientMsgBind), 0, 0, 0, 0), setStmt...)
+		l.out = append(append(l.out, 0), a.stmtName()...)
+		l.out = append(l.out, 0, 0, 0, 0, 3)
 		for _, v := range [3]string{set.Name, set.Value, boolText(set.Local)} {
-			s.out = binary.BigEndian.AppendUint32(s.out, uint32(len(v)))
-			s.out = append(s.out, v...)
+			l.out = binary.BigEndian.AppendUint32(l.out, uint32(len(v)))
+			l.out = append(l.out, v...)
 		}
-		s.out = append(s.out, 0, 0)
-		binary.BigEndian.PutUint32(s.out[1:5], uint32(len(s.out)-1))
-		s.out = append(s.out, setRunTail...)
-		if _, err := out.Write(s.out); err != nil {
+		l.out = append(l.out, 0, 0)
+		binary.BigEndian.PutUint32(l.out[1:5], uint32(len(l.out)-1))
+		l.out = append(l.out, setRunTail...)
+		if _, err := out.Write(l.out); err != nil {
 			return err
 		}
 	}
@@ -265,15 +243,24 @@ func (s *session) setReply(w *wait, typ serverMsg, n int) error {
 
 // setSeen counts a reply to deferred settings, done with them at the last.
 func (s *session) setSeen(w *wait) {
-	if w.seen++; w.seen == w.want {
-		// Nothing is answered while w is in flight, so sets.block is
-		// still what it was when the settings were sent.
-		s.sets.ran = w.seq
-		if s.sets.block {
-			s.sets.kept = w.seq
-		}
+	if s.sets.seen(w) {
 		s.pipe.pop()
 	}
+}
+
+// seen counts a reply to the deferred settings w waits for, and reports
+// whether it was the last: they ran.
+func (t *setState) seen(w *wait) (last bool) {
+	if w.seen++; w.seen != w.want {
+		return false
+	}
+	// Nothing is answered while w is in flight, so block is still what it
+	// was when the settings were sent.
+	t.ran = w.seq
+	if t.block {
+		t.kept = w.seq
+	}
+	return true
 }
 
 // checkBackend reads the DataRow (n bytes) of a deferred setting, which
@@ -287,50 +274,55 @@ func (s *session) checkBackend(n int) error {
 	if err != nil {
 		return err
 	}
+	pid, ok := s.apply.sameBackend(b)
+	if ok {
+		return nil
+	}
+	writeFatal(s.cw, codeConnectionFailure, fmt.Sprintf("the server process behind this session changed between transactions (%s, then %s): a transaction pooler stands between pgfence and Postgres", s.apply.backendPID, pid),
+		s.srv.cfg.Hints.Pooler)
+	s.fatal = true
+	s.log.Error("session ended: its server process changed between transactions; a transaction pooler is behind pgfence", "client", s.c.RemoteAddr, "first", s.apply.backendPID, "now", string(pid))
+	return errors.New("the server process behind the session changed: a transaction pooler is behind pgfence")
+}
+
+// sameBackend reads b, the DataRow of a deferred setting, and reports
+// whether the server process it names (pid) is the one that ran the
+// session's first (kept in backendPID): a row it cannot read is no
+// evidence either way.
+func (a *applyState) sameBackend(b []byte) (pid []byte, ok bool) {
 	// Two columns: the setting's value, then the process id.
 	if len(b) < 2 || binary.BigEndian.Uint16(b) != 2 {
-		return nil
+		return nil, true
 	}
 	b = b[2:]
 	for range 2 {
 		if len(b) < 4 {
-			return nil
+			return nil, true
 		}
 		l := int(int32(binary.BigEndian.Uint32(b)))
 		if l < 0 || len(b) < 4+l {
-			return nil
+			return nil, true
 		}
 		if len(b) == 4+l { // the last column: the process id
 			pid := b[4:]
-			if s.apply.backendPID == "" {
-				s.apply.backendPID = string(pid)
-				return nil
+			if a.backendPID == "" {
+				a.backendPID = string(pid)
+				return pid, true
 			}
-			if string(pid) == s.apply.backendPID {
-				return nil
-			}
-			writeFatal(s.cw, codeConnectionFailure, fmt.Sprintf("the server process behind this session changed between transactions (%s, then %s): a transaction pooler stands between pgfence and Postgres", s.apply.backendPID, pid),
-				s.srv.cfg.Hints.Pooler)
-			s.fatal = true
-			s.log.Error("session ended: its server process changed between transactions; a transaction pooler is behind pgfence", "client", s.c.RemoteAddr, "first", s.apply.backendPID, "now", string(pid))
-			return errors.New("the server process behind the session changed: a transaction pooler is behind pgfence")
+			return pid, string(pid) == a.backendPID
 		}
 		b = b[4+l:]
 	}
-	return nil
+	return nil, true
 }
 
 // heldReady handles the ReadyForQuery of the proxy's own Sync after
 // deferred settings: they are set, and what was held back goes out.
 func (s *session) heldReady(n int, status txStatus) error {
-	want := txIdle
-	if s.sets.block {
-		want = txInBlock
-	}
-	if s.apply.retry == retryOwed && s.sets.ran == 0 && status == want {
+	switch s.apply.heldAt(&s.sets, status) {
+	case heldRetry:
 		return s.retryHeld(n)
-	}
-	if s.sets.ran == 0 || status != want {
+	case heldLost:
 		// Not kept (it cannot be otherwise at a unit of their own): what
 		// waits must not run without them.
 		return s.endDeferred(codeConnectionFailure, fmt.Sprintf("the server did not keep it (transaction status %q)", status))
@@ -342,6 +334,30 @@ func (s *session) heldReady(n int, status txStatus) error {
 		return err
 	}
 	return skip(s.sr, n)
+}
+
+// What becomes of deferred settings sent with a Sync of their own, at its
+// ReadyForQuery (see heldAt).
+const (
+	heldKept  = iota // Postgres kept them: what was held back goes out
+	heldRetry        // they failed on their own: try them again, once
+	heldLost         // not kept: the session ends
+)
+
+// heldAt says what becomes of the deferred settings of t sent with a Sync
+// of their own, at its ReadyForQuery with status.
+func (a *applyState) heldAt(t *setState, status txStatus) int {
+	want := txIdle
+	if t.block {
+		want = txInBlock
+	}
+	switch {
+	case a.retry == retryOwed && t.ran == 0 && status == want:
+		return heldRetry
+	case t.ran == 0 || status != want:
+		return heldLost
+	}
+	return heldKept
 }
 
 // heldBuffer collects what the proxy sends the server while it is held
@@ -400,7 +416,7 @@ func (s *session) retryHeld(n int) error {
 	s.apply.retry = retrySent
 	w := s.pipe.get(waitSet)
 	w.seq, w.held = s.sets.ver, true
-	if err := s.writeDeferred(s.apply.heldWriter, w); err != nil {
+	if err := s.apply.write(&s.link, s.apply.heldWriter, &s.sets, s.pooledSet(), w); err != nil {
 		return err
 	}
 	if _, err := s.apply.heldWriter.Write(syncMessage); err != nil {

@@ -5,6 +5,46 @@
 // The notes below are the design of what the proxy sends the server in the
 // client's place; the code refers to them by their headings.
 //
+// # Parts of a session
+//
+// A session is its two sides (session.go) and the parts that each keep
+// one feature's state and decide what it needs from each message: the
+// book of the client's statements and portals (stmtBook, statements.go),
+// the statements prepared for reuse (reuseState, reuse.go), the SETs the
+// proxy answers itself (setState, settings.go) and how they are set on
+// the server (applyState, deferred.go), transaction pooling (setState's
+// pool and the pooled statements, txpooling.go), probes (probeState,
+// probes.go) and forgetting (forgetState, forget.go). A part is a type
+// with hooks for the messages it acts on (stmtBook.onQuery and bind,
+// forgetState.onText and atReady, reuseState.parseReused, setState.keep
+// and the like) that take what they need: the link (link.go:
+// the writer to the server, the pipeline, the buffer the proxy builds
+// messages in, and whether the block failed), the client's reader, the
+// decoded message, and another part's state where they change it (the
+// reuse part marks the book's unnamed statement gone), never the session.
+// Configuration a part keeps is given to it as the session starts
+// (session.startParts).
+//
+// A short dispatcher in session.go hands each message to the parts in
+// order: clientMessage (and query, parse, bind for the messages that
+// matter) on the client side, ready for a ReadyForQuery on the server
+// side. The order is the relay's correctness: for a Query, the answered
+// SET first (it takes the Query whole), then deferred settings ahead of
+// it, then the token settings behind a pooler, then forgetting, then the
+// book and the reuse part, which the Query's destruction of the unnamed
+// statement updates, and last what is sent and waited for. What joins two
+// parts (a Bind's deferred settings go with it when the book says its
+// statement is a fenced write; a probe's statement is prepared again when
+// forgetting says it may be lost) is the dispatcher's, in session.go, and
+// small. A Bind is decoded once (clientFrame) for all the parts that
+// look at it. A change to one feature touches its part's file and, if its
+// order or inputs change, the dispatcher.
+//
+// The server side still handles the replies to the proxy's own messages
+// in session methods next to their part (setReply, heldReady, probeReply
+// and the like), since they relay and report errors to the client: the
+// parts decide (applyState.heldAt), the session writes.
+//
 // # Statement reuse
 //
 // Drivers in the extended protocol without named statements (pgx's default,
@@ -16,7 +56,8 @@
 // its own and answers later Parses of it with a Parse of a stand-in (see
 // standInParse), whose ParseComplete the client takes for its own, and
 // points the client's Binds and Describes of the unnamed statement at the
-// prepared one.
+// prepared one. The stand-in's text is the Interceptor's package's
+// (Config.StandInSQL): without one, the unnamed statement is not reused.
 //
 // # Bound Queries
 //

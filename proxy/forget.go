@@ -33,6 +33,15 @@ func (f *forgetState) lostNow() bool {
 	return f.lost.Load() && f.lost.Swap(false) // a load is cheaper than a swap on every message
 }
 
+// atReady notes a ReadyForQuery with status (0: unknown), which ends a
+// unit of work that had a text that may have changed a setting if changed
+// says so (see settled).
+func (f *forgetState) atReady(changed bool, status txStatus) {
+	if (changed || f.reverting) && status != 0 {
+		f.settled(changed, status)
+	}
+}
+
 // settled follows a setting that a text may have changed (Plan.Forget) to
 // where the change ends. Changed inside a transaction block (SET LOCAL, or
 // any SET the block rolls back), it changes back as the block ends, after
@@ -53,26 +62,39 @@ func (f *forgetState) settled(changed bool, status txStatus) {
 	}
 }
 
-// syncWait returns the wait for the ReadyForQuery that a Sync (or a
-// FunctionCall) ends with: marked when a Parse since the last one may have
-// changed a setting.
-func (s *session) syncWait() *wait {
-	if !s.forget.changing {
-		return readyWait
-	}
-	s.forget.changing = false
-	w := s.pipe.get(waitReady)
-	w.changes = true
-	return w
+// onText notes a Query or Parse planned with forget (Plan.Forget), and
+// reports whether the session's parts are to forget their statements
+// before it goes to the server: it says so, or something since the last
+// text may have deallocated them (see lost).
+func (f *forgetState) onText(forget bool) bool {
+	return forget || f.lostNow()
 }
 
-// forgetStatements has every probe, setStmt and statement prepared for
-// reuse prepared again before its next use, and stops the session
-// answering Binds of the client's SET statements until they are parsed
-// again.
-func (s *session) forgetStatements() {
-	s.probes.forget()
-	s.apply.ready = false
-	s.forgetReused()
-	s.book.forgetParsed()
+// sent notes that a text planned with forget is on its way: the wait for
+// the ReadyForQuery that ends its unit of work carries it (see
+// takeChanging).
+func (f *forgetState) sent(forget bool) {
+	if forget {
+		f.changing = true
+	}
+}
+
+// takeChanging reports, once, whether a text since the last wait that
+// ended a unit of work may have changed a setting (see wait.changes).
+func (f *forgetState) takeChanging() bool {
+	c := f.changing
+	f.changing = false
+	return c
+}
+
+// syncWait returns the wait for the ReadyForQuery that a Sync (or a
+// FunctionCall) ends with, from p: marked when a Parse since the last one
+// may have changed a setting.
+func (f *forgetState) syncWait(p *pipeline) *wait {
+	if !f.takeChanging() {
+		return readyWait
+	}
+	w := p.get(waitReady)
+	w.changes = true
+	return w
 }

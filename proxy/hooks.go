@@ -115,6 +115,13 @@ type Plan struct {
 	TxStarts []TxStart
 }
 
+// TxStart is a statement of a Query's SQL that starts a transaction of its
+// own (see Plan.TxStarts).
+type TxStart struct {
+	Offset int // where it starts in the SQL, in bytes
+	Index  int // its index among the SQL's statements
+}
+
 // Setting is a session setting and its value, as set_config takes them.
 type Setting struct {
 	Name, Value string

@@ -14,16 +14,51 @@ import (
 
 type waitKind uint8
 
+// Waits that carry no state are shared, so the common path allocates nothing.
+var (
+	readyWait   = &wait{kind: waitReady}
+	queryWait   = &wait{kind: waitQuery}
+	executeWait = &wait{kind: waitExecute}
+	parseWait   = &wait{kind: waitParse}
+)
+
 const (
 	waitReady   waitKind = iota // Sync, FunctionCall or startup: ends with ReadyForQuery
 	waitQuery                   // simple Query: statements, then ReadyForQuery
 	waitExecute                 // Execute: ends with CommandComplete, EmptyQueryResponse or PortalSuspended
-	waitProbe                   // an injected probe: want replies (see injectProbe), all kept from the client
+	waitProbe                   // an injected probe: want replies (see probeState.inject), all kept from the client
 	waitSwallow                 // messages the proxy sent on its own: want replies (ParseComplete, BindComplete, CloseComplete), kept from the client
 	waitParse                   // Parse: ends with ParseComplete
 	waitPass                    // want BindComplete and CloseComplete the client's, passed on (see pipeline.loose)
 	waitSet                     // deferred settings the proxy sent (see applyState): want replies, kept from the client
 )
+
+// States of a serverStmt.
+const (
+	stmtAbsent  int32 = iota // not on the server (its Parse failed or was skipped, or it was deallocated)
+	stmtPending              // its Parse is sent, not yet answered
+	stmtReady                // the server has it
+)
+
+// serverStmt is a statement the proxy prepared on the session's backend.
+type serverStmt struct {
+	name   string
+	params []byte       // the Parse's parameter-type section
+	state  atomic.Int32 // written by the server side once Postgres answers
+}
+
+// unprepared marks a statement the server does not have, to be prepared
+// again before its next Bind or Describe (prepared.again): its state is
+// never anything but stmtAbsent.
+var unprepared = new(serverStmt)
+
+// parseMark is where the server side notes what became of the Parses of
+// the unnamed statement the client side numbers (reuseState.unnamedSeq): the
+// last answered with ParseComplete, and the last that failed or that
+// Postgres skipped after an earlier error in its batch.
+type parseMark struct {
+	done, dropped atomic.Uint64
+}
 
 type wait struct {
 	kind   waitKind
@@ -279,4 +314,15 @@ func (p *pipeline) ready() bool {
 		}
 	}
 	return false
+}
+
+// parseWait returns the wait for the reply to a Parse of plan.SQL: the
+// shared one unless it maps error positions.
+func (p *pipeline) parseWait(plan Plan) *wait {
+	if plan.Origin == nil {
+		return parseWait
+	}
+	w := p.get(waitParse)
+	w.origin = plan.Origin
+	return w
 }

@@ -58,38 +58,39 @@ func (ps *probeState) capture(b []byte) ([][]byte, error) {
 	return row, nil
 }
 
-// injectProbe runs p, preparing its statement first unless this session's
-// backend is known to have it.
-func (s *session) injectProbe(p *Probe) error {
-	ready := s.probes.readyFlag(p)
-	w := s.pipe.get(waitProbe)
+// inject runs p through l, preparing its statement first unless the
+// backend is known to have it and nothing since may have deallocated it
+// (lost, see forgetState: Postgres may have confirmed the prepare after
+// the text that did was planned). pooled says a transaction pooler is
+// behind the proxy: the statement is prepared in each transaction, and
+// closed once bound.
+func (ps *probeState) inject(l *link, p *Probe, lost, pooled bool) error {
+	ready := ps.readyFlag(p)
+	w := l.pipe.get(waitProbe)
 	w.probe, w.want, w.ready = p, probeRunReplies, ready
-	// Prepared again also while a text that may have deallocated it is
-	// yet to make the session forget it (see forgetState): Postgres may have
-	// confirmed the prepare after the text was planned.
-	if !ready.Load() || s.forget.lost.Load() || s.txPool() {
+	if !ready.Load() || lost || pooled {
 		w.want += probePrepareReplies
-		if _, err := s.sw.Write(p.prepare); err != nil {
+		if _, err := l.sw.Write(p.prepare); err != nil {
 			return err
 		}
 	}
-	if n := s.pipe.loose; n > 0 {
+	if n := l.pipe.loose; n > 0 {
 		// After the client's Binds and Closes that have not been
 		// answered yet (none right after an Execute): their replies come
 		// first, and are the client's.
-		pw := s.pipe.get(waitPass)
+		pw := l.pipe.get(waitPass)
 		pw.want = n
-		s.pipe.push(pw)
+		l.pipe.push(pw)
 	}
-	s.pipe.push(w)
-	if s.txPool() {
+	l.pipe.push(w)
+	if pooled {
 		// Closed once bound, so that it does not outlive the transaction.
 		w.want++
-		s.out = append(append(append(s.out[:0], p.run[:p.bindLen]...), p.closeStmt...), p.run[p.bindLen:]...)
-		_, err := s.sw.Write(s.out)
+		l.out = append(append(append(l.out[:0], p.run[:p.bindLen]...), p.closeStmt...), p.run[p.bindLen:]...)
+		_, err := l.sw.Write(l.out)
 		return err
 	}
-	_, err := s.sw.Write(p.run)
+	_, err := l.sw.Write(p.run)
 	return err
 }
 
@@ -100,7 +101,7 @@ func (s *session) probeReply(w *wait, typ serverMsg, n int) error {
 		w.ready.Store(true)
 	case serverMsgBindComplete, serverMsgCommandComplete, serverMsgCloseComplete:
 	case serverMsgDataRow:
-		if err := s.captureRow(w, n); err != nil {
+		if err := s.probes.captureRow(w, s.sr, &s.sbuf, n); err != nil {
 			return err
 		}
 		w.seen++
@@ -135,7 +136,7 @@ func (s *session) queryProbeReply(w *wait, typ serverMsg, n int) error {
 	case serverMsgRowDescription:
 		return skip(s.sr, n)
 	case serverMsgDataRow:
-		return s.captureRow(w, n)
+		return s.probes.captureRow(w, s.sr, &s.sbuf, n)
 	case serverMsgCommandComplete:
 		p, row := w.probes[0].Probe, w.row
 		w.probes = w.probes[1:]
@@ -165,14 +166,14 @@ func (s *session) probed(p *Probe, row [][]byte) error {
 	return err
 }
 
-// captureRow keeps a probe's DataRow (n bytes) for its ProbeFunc, in w and
-// the session's probe buffers (see probeState).
-func (s *session) captureRow(w *wait, n int) error {
-	b, err := body(s.sr, n, &s.sbuf)
+// captureRow reads a probe's DataRow (n bytes) from sr, through buf, and
+// keeps it for its ProbeFunc, in w and the state's buffers.
+func (ps *probeState) captureRow(w *wait, sr msgReader, buf *[]byte, n int) error {
+	b, err := body(sr, n, buf)
 	if err != nil {
 		return err
 	}
-	row, err := s.probes.capture(b)
+	row, err := ps.capture(b)
 	if err != nil {
 		return err
 	}

@@ -42,32 +42,8 @@ func (s *session) reply(w *wait, typ serverMsg, n int) error {
 		if b, err := s.sr.Peek(6); err == nil && n == 1 {
 			status = txStatus(b[5])
 		}
-		s.started, s.rt.ended = true, true
-		s.c.readyForQuery()
-		if s.ranSinceReady.Load() {
-			s.ranSinceReady.Store(false)
-		}
-		if w != nil && w.held {
-			return s.heldReady(n, status)
-		}
-		s.sets.atReady(status)
-		s.failed.Store(status == txFailed)
-		if changed := s.pipe.ready(); (changed || s.forget.reverting) && status != 0 {
-			s.forget.settled(changed, status)
-		}
-		if status != 0 && s.pipe.head() == nil {
-			if status == txInBlock && s.pipe.single {
-				s.sets.quietBlock = true
-			}
-			if status == txIdle {
-				s.idle.Store(true)
-				if s.srv.draining.Load() {
-					if err := forward(s.cw, s.sr, n); err != nil {
-						return err
-					}
-					return errDrained
-				}
-			}
+		if done, err := s.ready(w, n, status); done || err != nil {
+			return err
 		}
 	case serverMsgErrorResponse:
 		if w != nil && w.held {

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/binary"
 	"strconv"
-	"sync/atomic"
 )
 
 // reuseState is the statements the session prepared for reuse (see
@@ -18,7 +17,7 @@ import (
 // server's own unnamed statement. unnamedSeq is not 0 while the server's
 // unnamed statement may be the proxy's stand-in (see standInParse) rather
 // than what the client parsed last, until parsed says what became of the
-// Parse it numbers (see reusedUnnamed). Both are cleared together whenever
+// Parse it numbers (see unnamedNow). Both are cleared together whenever
 // the client's unnamed statement is destroyed (see dropUnnamed).
 type reuseState struct {
 	// bySQL are the statements prepared for reuse, by the SQL they hold;
@@ -37,6 +36,9 @@ type reuseState struct {
 	parses     uint64
 	// parsed is written by the server side, read by the client side.
 	parsed parseMark
+	// standIn is the body of the stand-in Parse (see standInParse); nil,
+	// no Parse of the unnamed statement is reused for.
+	standIn []byte
 }
 
 // lookup returns the statement prepared for reuse for sql with the
@@ -105,192 +107,210 @@ const maxReused = 100
 // package documentation) and a number.
 const reusePrefix = "pgfence.s."
 
-// States of a serverStmt.
-const (
-	stmtAbsent  int32 = iota // not on the server (its Parse failed or was skipped, or it was deallocated)
-	stmtPending              // its Parse is sent, not yet answered
-	stmtReady                // the server has it
-)
-
-// serverStmt is a statement the proxy prepared on the session's backend.
-type serverStmt struct {
-	name   string
-	params []byte       // the Parse's parameter-type section
-	state  atomic.Int32 // written by the server side once Postgres answers
+// standInParse returns the body of the Parse of the unnamed statement, of
+// sql (Config.StandInSQL), that answers a client's Parse the proxy reuses
+// a statement for, nil for no sql. It is never bound while the proxy knows
+// what the server's unnamed statement is; should it be (a Parse Postgres
+// skipped in a batch the client sent before Postgres answered the one
+// before, see docs/relaying.md), the text the Interceptor's package gives
+// fails saying what to do, rather than run as an empty statement, a write
+// silently not done.
+func standInParse(sql string) []byte {
+	if sql == "" {
+		return nil
+	}
+	return append(append([]byte{0}, sql...), 0, 0, 0)
 }
 
-// unprepared marks a statement the server does not have, to be prepared
-// again before its next Bind or Describe (prepared.again): its state is
-// never anything but stmtAbsent.
-var unprepared = new(serverStmt)
-
-// standInParse is the body of the Parse of the unnamed statement that
-// answers a client's Parse the proxy reuses a statement for. Postgres
-// parses its text without a catalog lookup, and refuses it, as it would
-// the client's, in a failed transaction block. It is never bound while the
-// proxy knows what the server's unnamed statement is; should it be (a
-// Parse Postgres skipped in a batch the client sent before Postgres
-// answered the one before, see docs/relaying.md), it fails with 26000 saying what
-// to do, rather than run as an empty statement, a write silently not done.
-var standInParse = []byte("\x00EXECUTE \"pgfence: Parse the unnamed statement again\"\x00\x00\x00")
-
-// parseMark is where the server side notes what became of the Parses of
-// the unnamed statement the client side numbers (reuseState.unnamedSeq): the
-// last answered with ParseComplete, and the last that failed or that
-// Postgres skipped after an earlier error in its batch.
-type parseMark struct {
-	done, dropped atomic.Uint64
-}
-
-// unnamedParseWait is the wait for a Parse of the unnamed statement whose
+// parseWait is the wait for a Parse of the unnamed statement whose
 // rewrite plan gives: one that notes its fate while the session numbers
 // such Parses.
-func (s *session) unnamedParseWait(plan Plan) *wait {
-	if s.reuse.unnamedSeq == 0 {
-		return s.parseWaitFor(plan)
+func (r *reuseState) parseWait(p *pipeline, plan Plan) *wait {
+	if r.unnamedSeq == 0 {
+		return p.parseWait(plan)
 	}
-	return s.numberedParseWait(plan)
+	return r.numberedParseWait(p, plan)
 }
 
 // numberedParseWait is a wait of its own for the Parse numbered
-// reuseState.unnamedSeq.
-func (s *session) numberedParseWait(plan Plan) *wait {
-	w := s.pipe.get(waitParse)
-	w.origin, w.mark, w.seq = plan.Origin, &s.reuse.parsed, s.reuse.unnamedSeq
+// unnamedSeq.
+func (r *reuseState) numberedParseWait(p *pipeline, plan Plan) *wait {
+	w := p.get(waitParse)
+	w.origin, w.mark, w.seq = plan.Origin, &r.parsed, r.unnamedSeq
 	return w
 }
 
-// parseReused sends the Parse of the unnamed statement whose rewrite is
-// sql, reusing this session's server-side statement of sql when it has one,
-// else preparing one.
-func (s *session) parseReused(plan Plan, params []byte) error {
+// parseReused sends through l the Parse of the unnamed statement whose
+// rewrite is sql, reusing this session's server-side statement of sql
+// when it has one, else preparing one named for the session tagged tag.
+func (r *reuseState) parseReused(l *link, tag string, plan Plan, params []byte) error {
 	sql := plan.SQL
-	ss := s.reuse.lookup(sql, params)
+	ss := r.lookup(sql, params)
 	switch {
 	case ss != nil && ss.state.Load() == stmtReady:
-		s.reuse.unnamed = ss
-		s.pipe.push(s.unnamedParseWait(plan))
-		return writeMessage(s.sw, clientMsgParse, standInParse)
+		r.unnamed = ss
+		l.pipe.push(r.parseWait(&l.pipe, plan))
+		return writeMessage(l.sw, clientMsgParse, r.standIn)
 	case ss != nil && ss.state.Load() == stmtPending:
 		// Its Parse may yet fail: parse this one as sent.
-		return s.parseAs("", sql, params, s.unnamedParseWait(plan))
-	case s.blockMayHaveFailed():
-		return s.parseAs("", sql, params, s.unnamedParseWait(plan))
+		return l.parseAs("", sql, params, r.parseWait(&l.pipe, plan))
+	case l.blockMayHaveFailed():
+		return l.parseAs("", sql, params, r.parseWait(&l.pipe, plan))
 	case ss != nil:
 		// Its Parse failed or was skipped, so the name is free: try again.
-	case s.reuse.full():
-		return s.parseAs("", sql, params, s.unnamedParseWait(plan))
+	case r.full():
+		return l.parseAs("", sql, params, r.parseWait(&l.pipe, plan))
 	default:
-		ss = s.reuse.add(s.tag, sql, params)
+		ss = r.add(tag, sql, params)
 	}
 	ss.state.Store(stmtPending)
 	// Postgres drops its unnamed statement before it parses the next one,
 	// even one that fails; a Parse of ss.name leaves it, so close it.
-	if err := s.closeQuietly(closeUnnamedMessage, nil); err != nil {
+	if err := l.closeQuietly(closeUnnamedMessage, nil); err != nil {
 		return err
 	}
 	// Binds that follow reach the statement before anything else the
 	// server runs, or are skipped with it if its Parse fails.
-	s.reuse.unnamed = ss
-	w := s.numberedParseWait(plan) // parse numbers every Parse reused for
+	r.unnamed = ss
+	w := r.numberedParseWait(&l.pipe, plan) // parseUnnamed numbers every Parse reused for
 	w.reuse = ss
-	return s.parseAs(ss.name, sql, params, w)
+	return l.parseAs(ss.name, sql, params, w)
 }
 
-// blockMayHaveFailed reports whether the transaction block may have
-// failed by the time Postgres reads what the client sends now: the last
-// ReadyForQuery said so, or the client is ahead of the replies. The proxy
-// then sends no Parse of a name of its own: Postgres 15 (15.18 here)
-// crashes, every session with it, on a named Parse refused in a block
-// that an error such as DISCARD ALL's or a missing savepoint's failed,
-// followed by an Execute of the unnamed portal that failed statement
-// left, where the client's unnamed Parse in its place does not (see
-// README).
-func (s *session) blockMayHaveFailed() bool {
-	return s.failed.Load() || s.pipe.awaitsReady()
-}
-
-// failedNow reports whether the transaction block is known to have failed
-// when Postgres reads what the client sends now: the last ReadyForQuery
-// said so, and the client sent nothing since that ends with another.
-func (s *session) failedNow() bool {
-	return s.failed.Load() && !s.pipe.awaitsReady()
-}
-
-// parseAs sends a Parse of sql named name, answered by w.
-func (s *session) parseAs(name, sql string, params []byte, w *wait) error {
-	s.pipe.push(w)
-	s.out = append(append(s.out[:0], byte(clientMsgParse), 0, 0, 0, 0), name...)
-	s.out = append(append(append(s.out, 0), sql...), 0)
-	s.out = append(s.out, params...)
-	binary.BigEndian.PutUint32(s.out[1:5], uint32(len(s.out)-1))
-	_, err := s.sw.Write(s.out)
-	return err
-}
-
-// bindReused forwards the client's Bind of the unnamed statement to portal,
-// whose body is n bytes, as a Bind of ss.
-func (s *session) bindReused(ss *serverStmt, portal []byte, n int) error {
+// bind forwards through l the client's Bind of the unnamed statement to
+// portal, whose body is n bytes in cr, as a Bind of the statement it
+// stands for (unnamed, not nil).
+func (r *reuseState) bind(l *link, cr msgReader, portal []byte, n int) error {
+	ss := r.unnamed
 	prefix := len(portal) + 2
-	s.out = append(append(s.out[:0], byte(clientMsgBind), 0, 0, 0, 0), portal...)
-	s.out = append(append(append(s.out, 0), ss.name...), 0)
-	binary.BigEndian.PutUint32(s.out[1:5], uint32(4+n+len(ss.name)))
-	if _, err := s.sw.Write(s.out); err != nil {
+	l.out = append(append(l.out[:0], byte(clientMsgBind), 0, 0, 0, 0), portal...)
+	l.out = append(append(append(l.out, 0), ss.name...), 0)
+	binary.BigEndian.PutUint32(l.out[1:5], uint32(4+n+len(ss.name)))
+	if _, err := l.sw.Write(l.out); err != nil {
 		return err
 	}
-	if _, err := s.cr.Discard(5 + prefix); err != nil {
+	if _, err := cr.Discard(5 + prefix); err != nil {
 		return err
 	}
-	return forwardBytes(s.sw, s.cr, n-prefix)
+	return forwardBytes(l.sw, cr, n-prefix)
 }
 
-// reusedUnnamed returns the statement the client's unnamed statement
-// stands for (reuseState.unnamed), nil when it is the server's own. One whose
-// Parse failed stands for none: Postgres drops the unnamed statement before
-// it parses the next, so the unnamed statement is then gone (see
-// stmtBook.unnamedGone). A Parse skipped after an earlier error in its batch
-// counts as failed too, where Postgres would still have the statement
-// before it: a Bind of it then fails rather than runs what the client
-// meant to replace, or the proxy's stand-in. So does any Parse of
-// the unnamed statement that the session numbers (see reuseState.unnamedSeq).
-// What the session remembers of a gone statement is dropped with it, so
-// it is not prepared again.
-func (s *session) reusedUnnamed() *serverStmt {
-	if s.reuse.unnamedSeq != 0 {
-		switch s.reuse.unnamedSeq {
-		case s.reuse.parsed.dropped.Load():
-			s.unnamedGoneNow()
-		case s.reuse.parsed.done.Load():
-			s.reuse.unnamedSeq = 0
+// unnamedNow returns the statement the client's unnamed statement stands
+// for (unnamed), nil when it is the server's own. One whose Parse failed
+// stands for none: Postgres drops the unnamed statement before it parses
+// the next, so the unnamed statement is then gone (see
+// stmtBook.unnamedGone). A Parse skipped after an earlier error in its
+// batch counts as failed too, where Postgres would still have the
+// statement before it: a Bind of it then fails rather than runs what the
+// client meant to replace, or the proxy's stand-in. So does any Parse of
+// the unnamed statement that the session numbers (see unnamedSeq). What
+// the book remembers of a gone statement is dropped with it, so it is not
+// prepared again.
+func (r *reuseState) unnamedNow(b *stmtBook) *serverStmt {
+	if r.unnamedSeq != 0 {
+		switch r.unnamedSeq {
+		case r.parsed.dropped.Load():
+			r.unnamedGone(b)
+		case r.parsed.done.Load():
+			r.unnamedSeq = 0
 		}
 	}
-	if s.reuse.unnamed != nil && s.reuse.unnamed.state.Load() == stmtAbsent {
-		s.unnamedGoneNow()
+	if r.unnamed != nil && r.unnamed.state.Load() == stmtAbsent {
+		r.unnamedGone(b)
 	}
-	return s.reuse.unnamed
+	return r.unnamed
 }
 
-// unnamedGoneNow notes that the client's unnamed statement is gone (its
+// unnamedGone notes that the client's unnamed statement is gone (its
 // last Parse failed or was skipped, the client closed it, or the proxy
 // answered a Query that destroyed it) where the server may still have
 // one: a Bind or Describe of it closes that first (see
 // stmtBook.unnamedGone).
-func (s *session) unnamedGoneNow() {
-	s.reuse.dropUnnamed()
-	s.book.unnamedGone, s.book.unnamedClosed = true, nil
-	delete(s.book.stmts, "")
+func (r *reuseState) unnamedGone(b *stmtBook) {
+	r.dropUnnamed()
+	b.unnamedGone, b.unnamedClosed = true, nil
+	delete(b.stmts, "")
 }
 
-// forgetReused drops what the session knows of its server-side statements,
-// after a text that may have deallocated them or changed what they mean.
-func (s *session) forgetReused() {
-	if s.reusedUnnamed() != nil { // not one whose Parse failed
+// forget drops what the session knows of its server-side statements,
+// after a text that may have deallocated them or changed what they mean;
+// a client's unnamed statement that stood for one is marked in b to be
+// prepared again.
+func (r *reuseState) forget(b *stmtBook) {
+	if r.unnamedNow(b) != nil { // not one whose Parse failed
 		// The client still has its unnamed statement (unless this is a
 		// Query or a Parse of it, which drop this record).
-		s.reuse.unnamed = nil
-		if st := s.book.stmts[""]; st != nil {
+		r.unnamed = nil
+		if st := b.stmts[""]; st != nil {
 			st.again = unprepared
 		}
 	}
-	s.reuse.dropAll()
+	r.dropAll()
+}
+
+// Bound Queries: see the package documentation.
+
+// sendBound sends through l a Query's plan.SQL as a prepared statement
+// bound to plan.Params, up to its Execute: Parse (unless the backend has
+// the statement this session prepared of it, or prepares one named for
+// the session tagged tag), Bind and Execute. pooled says a transaction
+// pooler is behind the proxy, where no statement outlives a transaction.
+func (r *reuseState) sendBound(l *link, tag string, plan *Plan, pooled bool) error {
+	ss := r.lookup(plan.SQL, plan.ParamTypes)
+	name := ""
+	swallow := l.pipe.get(waitSwallow)
+	swallow.want = 2 // ParseComplete, BindComplete
+	swallow.origin = plan.Origin
+	for _, v := range plan.Params {
+		// Kept for an error reading them (see serverError); copied, for
+		// they may share the read buffer.
+		swallow.params = append(swallow.params, v...)
+		swallow.ends = append(swallow.ends, int32(len(swallow.params)))
+	}
+	switch {
+	case ss != nil && ss.state.Load() == stmtReady:
+		name, swallow.want = ss.name, 1
+	case ss != nil && ss.state.Load() == stmtPending, ss == nil && r.full(), l.blockMayHaveFailed(), pooled:
+		// Parse it unnamed: the pending Parse may yet fail, or the session
+		// prepared all it may, or a named Parse might meet a failed block.
+	default:
+		if ss == nil {
+			ss = r.add(tag, plan.SQL, plan.ParamTypes)
+		}
+		ss.state.Store(stmtPending)
+		name, swallow.reuse = ss.name, ss
+	}
+	if swallow.want == 2 {
+		if err := l.parseAs(name, plan.SQL, plan.ParamTypes, swallow); err != nil {
+			return err
+		}
+	} else {
+		l.pipe.push(swallow)
+	}
+	// Bind the unnamed portal, all values in text, all results in text.
+	l.out = append(append(l.out[:0], byte(clientMsgBind), 0, 0, 0, 0, 0), name...)
+	l.out = append(l.out, 0, 0, 0)
+	l.out = binary.BigEndian.AppendUint16(l.out, uint16(len(plan.Params)))
+	for _, v := range plan.Params {
+		l.out = binary.BigEndian.AppendUint32(l.out, uint32(len(v)))
+		l.out = append(l.out, v...)
+	}
+	l.out = append(l.out, 0, 0)
+	binary.BigEndian.PutUint32(l.out[1:5], uint32(len(l.out)-1))
+	l.out = append(l.out, byte(clientMsgExecute), 0, 0, 0, 9, 0, 0, 0, 0, 0) // Execute the unnamed portal, all rows
+	if _, err := l.sw.Write(l.out); err != nil {
+		return err
+	}
+	l.pipe.push(executeWait)
+	return nil
+}
+
+// reusable reports whether a Parse of the unnamed statement planned as
+// plan may be answered with a statement prepared for reuse: the plan
+// allows it, and there is a stand-in to answer it with; not in a failed
+// transaction block (failed), where Postgres refuses the Parse and the
+// stand-in, so the text itself is sent, to be refused; nor behind a
+// transaction pooler (pooled), where no statement outlives a transaction.
+func (r *reuseState) reusable(plan *Plan, failed, pooled bool) bool {
+	return plan.Reuse && plan.SQL != "" && !plan.Forget && !failed && !pooled && r.standIn != nil
 }

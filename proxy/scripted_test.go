@@ -266,7 +266,7 @@ func playSequence(t *testing.T, sq sequence, goroutines bool) {
 	ic := newScriptIC()
 	pg := ps.Listen(t)
 	logs := &pgtest.LogBuffer{}
-	cfg := proxy.Config{Upstream: pg.Addr(), Interceptor: ic, GoroutineRelay: goroutines, SettingSQL: setSQL,
+	cfg := proxy.Config{Upstream: pg.Addr(), Interceptor: ic, GoroutineRelay: goroutines, SettingSQL: setSQL, StandInSQL: standInSQL,
 		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))}
 	if sq.config != nil {
 		sq.config(&cfg)
@@ -356,9 +356,12 @@ const (
 	// setSQL is Config.SettingSQL, which the Interceptor's package
 	// provides: fence's is sqlrewrite.SettingSQL; the comment shows the
 	// proxy runs what it is given.
-	setSQL     = "SELECT pg_catalog.set_config($1, $2, $3), pg_catalog.pg_backend_pid() -- scripted"
-	probeName  = "pgfence.probe.{probe}"
-	standInSQL = `EXECUTE "pgfence: Parse the unnamed statement again"`
+	setSQL    = "SELECT pg_catalog.set_config($1, $2, $3), pg_catalog.pg_backend_pid() -- scripted"
+	probeName = "pgfence.probe.{probe}"
+	// standInSQL is Config.StandInSQL, which the Interceptor's package
+	// provides too: fence's is sqlrewrite.StandInSQL; the comment shows
+	// the proxy sends the stand-in it is given.
+	standInSQL = `EXECUTE "pgfence: Parse the unnamed statement again" -- scripted`
 	// backendPID is what the scripted backend says pg_backend_pid() is.
 	backendPID = "4201"
 )

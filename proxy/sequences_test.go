@@ -170,6 +170,26 @@ func TestScriptedSequences(t *testing.T) {
 			calls: []string{"Parse: " + write, "Parse: " + write, "Parse: " + write, "Parse: " + write},
 		},
 		{
+			// Without a stand-in to answer a reused Parse with, the proxy
+			// writes none of its own: each Parse of the unnamed statement
+			// goes to the server as planned, and its Binds with it.
+			name:   "statement reuse off without StandInSQL",
+			config: func(c *proxy.Config) { c.StandInSQL = "" },
+			script: func(x *scriptEnv) []ps.Step {
+				x.ic.parse[write] = proxy.Plan{SQL: fenced, Reuse: true}
+				var steps []ps.Step
+				for _, v := range []string{"a", "b"} {
+					steps = append(steps,
+						ps.ClientSends(ps.Parse(write, 25, 20), ps.Bind("", v, "1"), ps.Execute(""), ps.Sync),
+						ps.BackendGets(ps.Parse(fenced, 25, 20), ps.Bind("", v, "1"), ps.Execute(""), ps.Sync),
+						ps.BackendSends(ps.ParseComplete, ps.BindComplete, ps.Complete("UPDATE 1"), ps.Ready(ps.Idle)),
+						ps.ClientGets(ps.ParseComplete, ps.BindComplete, ps.Complete("UPDATE 1"), ps.Ready(ps.Idle)))
+				}
+				return steps
+			},
+			calls: []string{"Parse: " + write, "Parse: " + write},
+		},
+		{
 			// A bound Query runs as Parse (once), Bind, Execute and Sync of
 			// the proxy's; the client sees only what a Query gets.
 			name: "bound simple Query",

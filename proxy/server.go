@@ -79,6 +79,15 @@ type Config struct {
 	// (sqlrewrite.SettingSQL): the proxy writes no SQL of its own. ""
 	// forwards every SET as sent, as ForwardSettings does.
 	SettingSQL string
+	// StandInSQL is the text of the Parse of the unnamed statement that
+	// answers a client's Parse the proxy reuses a statement for (see
+	// Plan.Reuse and Statement reuse in the package documentation): one
+	// Postgres parses cheaply, refuses in a failed transaction block as it
+	// would the client's text, and refuses to run if it is ever bound. The
+	// Interceptor's package provides it (sqlrewrite.StandInSQL). "" turns
+	// reuse for the unnamed statement off: each Parse of it is sent as
+	// planned (a bound Query, Plan.ParamTypes, still reuses its statement).
+	StandInSQL string
 	// TransactionPooling says a transaction pooler (PgBouncer with
 	// pool_mode = transaction) stands between the proxy and Postgres, so
 	// the server connection behind a session may serve other clients
@@ -162,6 +171,9 @@ type Server struct {
 	loopSessions []int
 	nextLoop     int
 	stopOnce     sync.Once
+	// standIn is the body of the Parse of Config.StandInSQL, nil without
+	// one (see reuseState.standIn).
+	standIn []byte
 }
 
 // New returns a Server for cfg.
@@ -206,7 +218,10 @@ func New(cfg Config) (*Server, error) {
 	if cfg.EventLoops == 0 {
 		cfg.EventLoops = runtime.GOMAXPROCS(0)
 	}
-	srv := &Server{cfg: cfg, log: log, conns: make(map[net.Conn]*session)}
+	if strings.IndexByte(cfg.StandInSQL, 0) >= 0 {
+		return nil, errors.New("proxy: Config.StandInSQL holds a zero byte, which no SQL text may")
+	}
+	srv := &Server{cfg: cfg, log: log, conns: make(map[net.Conn]*session), standIn: standInParse(cfg.StandInSQL)}
 	if !cfg.GoroutineRelay && haveEventLoop {
 		loops, err := startLoops(cfg.EventLoops)
 		if err != nil {
@@ -458,8 +473,8 @@ func (s *Server) handle(conn net.Conn) {
 	c.setApplicationName(startup.Parameters["application_name"])
 	c.TLS = cc.tls
 	sess := &session{srv: s, c: c, log: log, client: cc.Conn, cr: cc.r, cw: cc.w, tag: sessionTag(id)}
+	sess.startParts(settings.tokens)
 	c.answered, c.ended = sess.pipe.whenDrained, sess.pipe.ended
-	sess.startPooled(settings.tokens)
 	if !s.admit(conn, sess) {
 		log.Warn("client refused: too many client connections", "max_client_conns", s.cfg.MaxClientConns)
 		writeError(cw, "FATAL", codeTooManyConnections, fmt.Sprintf("too many client connections: pgfence allows %d at once", s.cfg.MaxClientConns), s.cfg.Hints.TooManyClients)

@@ -2,30 +2,20 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"io"
 	"log/slog"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"unsafe"
 )
 
-// Waits that carry no state are shared, so the common path allocates nothing.
-var (
-	readyWait   = &wait{kind: waitReady}
-	queryWait   = &wait{kind: waitQuery}
-	executeWait = &wait{kind: waitExecute}
-	parseWait   = &wait{kind: waitParse}
-)
-
 // maxServerMessage bounds what the server may send in one message (Postgres
 // itself never sends more than 1 GiB).
 const maxServerMessage = 1 << 30
-
-// peekLimit is how much of a Bind, Execute or Close the proxy looks at to find
-// the statement and portal names before forwarding the bytes untouched.
-const peekLimit = 1024
 
 // session relays one client connection to its own server connection.
 //
@@ -33,13 +23,16 @@ const peekLimit = 1024
 // to the server (clientMessage); the server side reads the server's and
 // writes to the client (serverMessage). Relayed by goroutines, each side is
 // a goroutine of its own; on the event loop, both run on the loop's
-// goroutine. Each field says which side owns it, and each feature keeps its
-// state in a type of its own that says the same of its fields: what the
-// client has prepared and bound (stmtBook), the statements the proxy
+// goroutine. Each field says which side owns it, and each feature is a
+// part of the session (see Parts of a session in the package
+// documentation), a type of its own that says the same of its fields: what
+// the client has prepared and bound (stmtBook), the statements the proxy
 // prepares for reuse (reuseState), the SETs it answers itself (setState)
 // and how it sets them on the server (applyState), its probes
 // (probeState), what may have deallocated its statements (forgetState),
-// and what it keeps of authentication (authState).
+// and what it keeps of authentication (authState). The dispatcher below
+// (clientMessage, query, parse, bind, ready) hands them each message in
+// order.
 type session struct {
 	srv *Server
 	c   *Client
@@ -66,24 +59,23 @@ type session struct {
 
 	// The relay reads and writes through these: bufio over the connections
 	// when goroutines relay, the event loop's buffers when it does. The
-	// client side reads cr and writes sw, the server side reads sr and
-	// writes cw; on the event loop each may write the other's too (the
+	// client side reads cr and writes link.sw, the server side reads sr
+	// and writes cw; on the event loop each may write the other's too (the
 	// client side answering a SET, the server side retrying deferred
 	// settings), and once both have stopped finish writes cw.
 	cr, sr msgReader
-	cw, sw msgWriter
-	// pipe matches the server's replies to what the client side sent.
-	pipe pipeline
+	cw     msgWriter
+	// link is the way to the server the parts share: sw, the pipeline,
+	// the out buffer, and whether the block failed.
+	link
 
 	// idle is true while the session is outside a transaction with nothing
 	// in flight, so a drain may end it. Both sides write it; the Server
 	// reads it.
 	idle atomic.Bool
-	// failed is true while the last ReadyForQuery said the transaction
-	// block failed; written by the server side. ranSinceReady is set by a
-	// statement's end (CommandComplete, EmptyQueryResponse,
-	// PortalSuspended) until the next ReadyForQuery.
-	failed, ranSinceReady atomic.Bool
+	// ranSinceReady is set by a statement's end (CommandComplete,
+	// EmptyQueryResponse, PortalSuspended) until the next ReadyForQuery.
+	ranSinceReady atomic.Bool
 	// terminated is set by the client side when the client sent Terminate:
 	// the server closing its end afterwards is the expected end, not a
 	// failure.
@@ -98,11 +90,9 @@ type session struct {
 	fatal bool
 	rt    roundTrip // for Config.RoundTrip; the event loop's only
 
-	// cbuf holds the client message being handled and out the messages the
-	// proxy builds for the server: the client side's (and the server
-	// side's too on the event loop, see retryHeld). sbuf holds the server
-	// message being handled: the server side's.
-	cbuf, out, sbuf []byte
+	// cbuf holds the client message being handled (the client side's),
+	// sbuf the server message being handled (the server side's).
+	cbuf, sbuf []byte
 
 	auth   authState
 	forget forgetState
@@ -231,9 +221,9 @@ func (s *session) clientToServer() error {
 		if err != nil {
 			return s.framingError(err)
 		}
-		ct := clientMsg(typ)
-		for mayHold(ct) {
-			ch, _, err := s.holdFor(ct, n)
+		f := clientFrame{typ: clientMsg(typ), n: n}
+		for mayHold(f.typ) {
+			ch, _, err := s.holdFor(&f)
 			if err != nil {
 				return err
 			}
@@ -249,7 +239,7 @@ func (s *session) clientToServer() error {
 				return net.ErrClosed
 			}
 		}
-		if err := s.clientMessage(ct, n); err != nil {
+		if err := s.clientMessage(&f); err != nil {
 			return err
 		}
 	}
@@ -265,10 +255,10 @@ func mayHold(typ clientMsg) bool {
 	return false
 }
 
-// holdFor returns what the client's message, whose header is typ and n,
-// must wait for before the Interceptor sees it, nil for nothing: for a
-// Query or Parse, the hold a text before it asked for
-// (Client.HoldNextStatement); for a Query or Parse sent before the server
+// holdFor returns what the client's message f must wait for before the
+// Interceptor sees it, nil for nothing: for a Query or Parse, the hold a
+// text before it asked for (Client.HoldNextStatement); for a Query or
+// Parse sent before the server
 // said how it reads SQL after what came before, and for a Bind or
 // Describe that plans a prepared statement's text again (see replan), the
 // server's answer, when what the Interceptor makes of the text depends on
@@ -279,8 +269,8 @@ func mayHold(typ clientMsg) bool {
 // the caller waits and asks again, until holdFor returns nil. local says
 // the channel is the pipeline's own (see pipeline.whenDrained), which the
 // server side closes.
-func (s *session) holdFor(typ clientMsg, n int) (ch <-chan struct{}, local bool, err error) {
-	c := s.c
+func (s *session) holdFor(f *clientFrame) (ch <-chan struct{}, local bool, err error) {
+	c, typ, n := s.c, f.typ, f.n
 	if typ == clientMsgFunctionCall {
 		// A FunctionCall runs a function the Interceptor never sees: it
 		// waits for a hold as a statement does (the first read of its
@@ -316,7 +306,7 @@ func (s *session) holdFor(typ clientMsg, n int) (ch <-chan struct{}, local bool,
 		text, ok := "", true
 		if statement {
 			text, ok = s.peekText(typ, n)
-		} else if text, ok = s.replanText(typ, n); !ok {
+		} else if text, ok = s.replanText(f); !ok {
 			return nil, false, nil
 		}
 		if ok && !s.srv.cfg.Interceptor.DependsOnReading(c, text) {
@@ -360,27 +350,26 @@ func (s *session) waitFor(statement bool) (ch <-chan struct{}, local bool, err e
 }
 
 // replanText returns the text of the prepared statement that the Bind or
-// Describe (typ, n bytes) next in the client's reader plans again before
-// it is sent (see replan), without reading it; ok is false when it plans
-// none.
-func (s *session) replanText(typ clientMsg, n int) (text string, ok bool) {
+// Describe f next in the client's reader plans again before it is sent
+// (see replan), without reading it; ok is false when it plans none.
+func (s *session) replanText(f *clientFrame) (text string, ok bool) {
 	if len(s.book.stmts) == 0 {
 		return "", false
 	}
-	b, err := s.peek(n)
-	if err != nil {
-		return "", false
-	}
 	var name []byte
-	switch typ {
+	switch f.typ {
 	case clientMsgBind:
-		m, ok := decodeBind(b)
-		if !ok {
+		m, ok, err := f.decodedBind(s.cr)
+		if err != nil || !ok {
 			return "", false
 		}
 		name = m.stmt
 	case clientMsgDescribe:
 		// Only a Describe of the unnamed statement plans it again.
+		b, err := peekBody(s.cr, f.n)
+		if err != nil {
+			return "", false
+		}
 		if m, ok := decodeDescribe(b); !ok || !m.exact() || !m.unnamed(targetStatement) {
 			return "", false
 		}
@@ -429,22 +418,25 @@ func (s *session) peekText(typ clientMsg, n int) (text string, ok bool) {
 	return unsafe.String(unsafe.SliceData(t), len(t)), true
 }
 
-// clientMessage forwards the client's next message, whose header is typ
-// and n, handing the few that matter to the Interceptor. It returns io.EOF
-// after the client's Terminate.
-func (s *session) clientMessage(typ clientMsg, n int) error {
+// clientMessage forwards the client's next message f, handing the few
+// that matter to the Interceptor and the parts of the session, in order
+// (see Parts of a session in the package documentation). It returns
+// io.EOF after the client's Terminate.
+func (s *session) clientMessage(f *clientFrame) error {
+	typ, n := f.typ, f.n
 	idle := s.idle.Load()
 	if idle { // a load is cheaper than a store on every message
 		s.idle.Store(false)
 	}
 	s.sets.arrive(idle)
-	if typ == clientMsgBind && s.sets.quiet() {
-		if ok, err := s.answerBind(n); ok || err != nil {
-			return err
+	if typ == clientMsgBind && s.sets.quiet() && s.sets.haveStmts {
+		u, ok := s.unit(f)
+		if set := s.sets.bindAnswer(u, ok, &s.book, s.srv.cfg.Interceptor.Generation(), &s.link, s.apply.held); set != nil {
+			return s.answerSet(set, &u, false)
 		}
 	}
-	if len(s.sets.deferred) > 0 && !s.txPool() && s.applyNow(typ, !s.c.midBatch) {
-		if err := s.applyDeferred(typ, n); err != nil {
+	if len(s.sets.deferred) > 0 && !s.txPool() && s.apply.now(typ, !s.c.midBatch) && s.sets.pending(false) {
+		if err := s.applyDeferred(f); err != nil {
 			return err
 		}
 	}
@@ -467,15 +459,21 @@ func (s *session) clientMessage(typ clientMsg, n int) error {
 	case clientMsgParse:
 		return s.parse(n)
 	case clientMsgBind:
-		return s.bind(n)
+		return s.bind(f)
 	case clientMsgExecute:
-		return s.execute(n)
+		p, err := s.book.execute(&s.link, s.cr, n)
+		if p != nil && err == nil {
+			// Run the probe right after the Execute, in the same
+			// transaction, before whatever the client sends next.
+			err = s.injectProbe(p)
+		}
+		return err
 	case clientMsgClose:
-		return s.close(n)
+		return s.book.close(&s.link, s.cr, &s.reuse, n)
 	case clientMsgDescribe:
-		return s.describe(n)
+		return s.book.describe(&s.link, s.cr, &s.reuse, s.replanner(), n)
 	case clientMsgSync, clientMsgFunctionCall: // both end with ReadyForQuery
-		s.pipe.push(s.syncWait())
+		s.pipe.push(s.forget.syncWait(&s.pipe))
 		return forward(s.sw, s.cr, n)
 	case clientMsgPassword:
 		return s.saslInitial(n)
@@ -493,14 +491,174 @@ func (s *session) clientMessage(typ clientMsg, n int) error {
 	return forward(s.sw, s.cr, n)
 }
 
-// peek returns up to peekLimit bytes of the next message's body, leaving the
-// message in the reader.
-func (s *session) peek(n int) ([]byte, error) {
-	b, err := s.cr.Peek(5 + min(n, peekLimit))
+// query handles a Query: planned, then seen by the parts in order.
+func (s *session) query(n int) error {
+	m, text, err := readQuery(s.cr, &s.cbuf, n)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	return b[5:], nil
+	plan := s.srv.cfg.Interceptor.Query(s.c, unsafe.String(unsafe.SliceData(text), len(text)))
+	apply := s.apply.takeAfterPlan()
+	if plan.Setting != nil && s.sets.mayAnswer(plan.Setting, &s.link, s.apply.held) {
+		// As for a bound Query, the server keeps the unnamed statement the
+		// client's view of the session says the Query destroyed, and in a
+		// block the unnamed portal too. (An idle session has none: its
+		// transaction ended.)
+		delete(s.book.portals, "")
+		s.reuse.unnamedGone(&s.book)
+		return s.answerSet(plan.Setting, nil, false)
+	}
+	if apply {
+		if err := s.applyPlanned(&plan, false, nil); err != nil {
+			return err
+		}
+	}
+	if s.txPool() && plan.NeedsToken {
+		if plan.ParamTypes != nil {
+			if err := s.sendDeferred(); err != nil {
+				return err
+			}
+		} else {
+			s.sets.pooledQuery(s.pooledSet(), &plan, text)
+		}
+	}
+	if s.forget.onText(plan.Forget) {
+		s.forgetStatements()
+	}
+	s.book.onQuery(s.blockMayHaveFailed())
+	s.reuse.dropUnnamed()
+	s.forget.sent(plan.Forget)
+	if plan.ParamTypes != nil {
+		return s.queryBound(&plan)
+	}
+	return s.sendQuery(m, &plan, s.forget.takeChanging())
+}
+
+// queryBound runs a Query planned with Plan.ParamTypes bound (see Bound
+// Queries in the package documentation): the statement, its probe, and a
+// Sync.
+func (s *session) queryBound(plan *Plan) error {
+	s.book.onBoundQuery(s.failedNow())
+	if err := s.reuse.sendBound(&s.link, s.tag, plan, s.txPool()); err != nil {
+		return err
+	}
+	if p := plan.probe(); p != nil {
+		if err := s.injectProbe(p); err != nil {
+			return err
+		}
+	}
+	s.pipe.push(s.forget.syncWait(&s.pipe))
+	_, err := s.sw.Write(syncMessage)
+	return err
+}
+
+// parse handles a Parse: planned, then seen by the parts in order.
+func (s *session) parse(n int) error {
+	m, name, text, params, err := readParse(s.cr, &s.cbuf, n)
+	if err != nil {
+		return err
+	}
+	ic := s.srv.cfg.Interceptor
+	gen := ic.Generation()
+	st := s.book.record(name, text, params)
+	plan := ic.Parse(s.c, st.text)
+	if set := plan.Setting; len(name) == 0 && set != nil && s.sets.quiet() && s.sets.mayAnswer(set, &s.link, s.apply.held) && noParamTypes(st.params) {
+		if u, ok := s.unit(nil); s.sets.answersUnnamed(u, ok) {
+			st.answered(set, gen)
+			s.sets.haveStmts = true
+			s.reuse.dropUnnamed()
+			s.book.onAnsweredParse()
+			s.apply.afterPlan = false // the settings stay deferred, this one with them
+			return s.answerSet(set, &u, true)
+		}
+	}
+	if s.apply.takeAfterPlan() {
+		if err := s.applyPlanned(&plan, true, name); err != nil {
+			return err
+		}
+	}
+	if s.txPool() && plan.NeedsToken {
+		if err := s.sendDeferred(); err != nil {
+			return err
+		}
+	}
+	if s.forget.onText(plan.Forget) {
+		s.forgetStatements()
+		// which drops the record of an unnamed statement whose last Parse
+		// failed: not this one's.
+		s.book.stmts[string(name)] = st
+	}
+	s.forget.sent(plan.Forget)
+	st.planned(&plan, gen)
+	w := parseWait
+	if len(name) == 0 {
+		reuse := s.reuse.reusable(&plan, s.failed.Load(), s.txPool())
+		s.reuse.parseUnnamed(reuse)
+		s.book.unnamedGone = false
+		if reuse {
+			return s.reuse.parseReused(&s.link, s.tag, plan, params)
+		}
+		w = s.reuse.parseWait(&s.pipe, plan)
+	} else if plan.SQL != "" {
+		w = s.pipe.parseWait(plan)
+	}
+	if plan.Setting != nil {
+		w = s.sets.trackParsed(&s.pipe, st, w)
+	}
+	return s.sendParse(m, name, params, &plan, w)
+}
+
+// bind forwards the Bind f, after what the proxy sends before it, if
+// anything. Its names are decoded (once: see clientFrame) only when the
+// session tracks what Binds name.
+func (s *session) bind(f *clientFrame) error {
+	var m bindMsg
+	ok := false
+	if s.txPool() || s.book.tracking() {
+		var err error
+		if m, ok, err = f.decodedBind(s.cr); err != nil {
+			return err
+		}
+	}
+	if s.txPool() && s.book.needsToken(m, ok) {
+		if err := s.sendDeferred(); err != nil {
+			return err
+		}
+	}
+	err := s.book.bind(&s.link, s.cr, &s.reuse, s.replanner(), m, ok, f.n)
+	s.pipe.loose++ // after the proxy's own: its reply comes after theirs
+	return err
+}
+
+// replanner is what the book plans a statement again with.
+func (s *session) replanner() replanner {
+	return replanner{ic: s.srv.cfg.Interceptor, c: s.c, log: s.log}
+}
+
+// answerSet answers set, a SET the client sent, as Postgres would, and
+// defers it to the server: a simple Query's (u nil), or the unit u at the
+// front of the client's buffer, after its Parse if parse.
+func (s *session) answerSet(set *Setting, u *unitMessages, parse bool) error {
+	if u != nil {
+		s.cr.Discard(u.size)
+		s.c.midBatch = false
+	}
+	s.srv.cfg.Interceptor.SettingAnswered(s.c, set)
+	if s.sets.keep(set) {
+		s.idle.Store(true)
+	}
+	return s.sets.answer(s.cw, &s.book, set, u, parse)
+}
+
+// unit finds the statement's unit at the front of the client's buffer (see
+// unitAt): f, if not nil, is the Bind it starts with, decoded once.
+func (s *session) unit(f *clientFrame) (unitMessages, bool) {
+	if f != nil {
+		if m, ok, err := f.decodedBind(s.cr); err == nil && ok {
+			return unitAt(s.cr, 0, &m)
+		}
+	}
+	return unitAt(s.cr, 0, nil)
 }
 
 // serverToClient forwards the server's replies until the session ends.
@@ -554,4 +712,132 @@ func (s *session) wholeServerMessage(typ serverMsg) bool {
 	}
 	w := s.pipe.head()
 	return w != nil && (w.kind == waitProbe || w.kind == waitSwallow || w.kind == waitSet || w.kind == waitQuery && w.inProbe())
+}
+
+// ready handles the ReadyForQuery (n bytes) that says status (0 if it is
+// malformed), answering w: the parts see it in order. done says it was
+// handled whole (it ended deferred settings the proxy sent, see heldReady,
+// or a drain); else it goes on to the client.
+func (s *session) ready(w *wait, n int, status txStatus) (done bool, err error) {
+	s.started, s.rt.ended = true, true
+	s.c.readyForQuery()
+	if s.ranSinceReady.Load() {
+		s.ranSinceReady.Store(false)
+	}
+	if w != nil && w.held {
+		return true, s.heldReady(n, status)
+	}
+	s.sets.atReady(status)
+	s.failed.Store(status == txFailed)
+	s.forget.atReady(s.pipe.ready(), status)
+	if status == 0 || s.pipe.head() != nil {
+		return false, nil
+	}
+	if status == txInBlock && s.pipe.single {
+		s.sets.quietBlock = true
+	}
+	if status == txIdle {
+		s.idle.Store(true)
+		if s.srv.draining.Load() {
+			if err := forward(s.cw, s.sr, n); err != nil {
+				return true, err
+			}
+			return true, errDrained
+		}
+	}
+	return false, nil
+}
+
+// startParts gives each part of the session what it keeps of the
+// configuration; tokens are the token settings of the startup packet.
+func (s *session) startParts(tokens []Setting) {
+	cfg := &s.srv.cfg
+	s.reuse.standIn = s.srv.standIn
+	s.apply.tag, s.apply.sql = s.tag, cfg.SettingSQL
+	s.sets.answers = !cfg.ForwardSettings && cfg.SettingSQL != "" && !s.c.Replication
+	s.sets.pooled = cfg.TransactionPooling
+	if cfg.TransactionPooling {
+		// The token setting as Postgres folds it, and the Interceptor names it.
+		s.sets.startPooled(tokens, strings.ToLower(cfg.TokenSetting))
+	}
+}
+
+// forgetStatements has each part of the session prepare its statements on
+// the server again before their next use (see forgetState): every probe,
+// setStmt, and the statements prepared for reuse; and stops the session
+// answering Binds of the client's SET statements until they are parsed
+// again.
+func (s *session) forgetStatements() {
+	s.probes.forget()
+	s.apply.forget()
+	s.reuse.forget(&s.book)
+	s.book.forgetParsed()
+}
+
+// injectProbe runs p through the probes part, after what was sent so far.
+func (s *session) injectProbe(p *Probe) error {
+	return s.probes.inject(&s.link, p, s.forget.lost.Load(), s.txPool())
+}
+
+// txPool reports whether a transaction pooler stands behind the proxy.
+func (s *session) txPool() bool { return s.srv.cfg.TransactionPooling }
+
+// pooledSet returns the statement that sets the session's token settings
+// under the configuration in force, nil unless a transaction pooler
+// stands behind the proxy (see Transaction pooling in the package
+// documentation).
+func (s *session) pooledSet() *PooledSet {
+	if !s.txPool() {
+		return nil
+	}
+	return s.srv.cfg.Interceptor.(PooledSets).PooledSet(s.c)
+}
+
+// sendDeferred sends the deferred settings ahead of the client's message
+// being handled, in its unit of work (see applyState.send).
+func (s *session) sendDeferred() error {
+	return s.apply.send(&s.link, &s.sets, s.pooledSet(), s.forget.lost.Load(), false)
+}
+
+// sendDeferredHolding sends the deferred settings with a Sync of their own
+// and holds back what the proxy sends after them until Postgres answers.
+func (s *session) sendDeferredHolding() error {
+	return s.apply.sendHolding(&s.link, &s.sets, s.pooledSet(), s.forget.lost.Load())
+}
+
+// applyDeferred sets the deferred settings on the server ahead of a batch
+// whose first message is f: joined to it when the batch is a unit of one
+// fenced write, else on their own. A Query or Parse is left to
+// applyPlanned, once it is planned.
+func (s *session) applyDeferred(f *clientFrame) error {
+	switch f.typ {
+	case clientMsgQuery, clientMsgParse:
+		s.apply.afterPlan = true
+		return nil
+	case clientMsgBind:
+		if u, ok := s.unit(f); ok {
+			if st := s.book.stmts[string(u.stmt)]; st != nil && st.probe != nil {
+				return s.sendDeferred()
+			}
+		}
+	}
+	return s.sendDeferredHolding()
+}
+
+// applyPlanned is applyDeferred for a batch that starts with a Query or
+// with a Parse of name (read from the buffer), now that plan says what it
+// is: a bound Query is a unit of one fenced write, and so is a Parse of
+// one followed by a unit that binds it.
+func (s *session) applyPlanned(plan *Plan, parse bool, name []byte) error {
+	fenced := plan.probe() != nil && !plan.Forget
+	if parse {
+		u, ok := s.unit(nil)
+		fenced = fenced && ok && bytes.Equal(u.stmt, name)
+	} else {
+		fenced = fenced && plan.ParamTypes != nil && !s.c.midBatch
+	}
+	if fenced {
+		return s.sendDeferred()
+	}
+	return s.sendDeferredHolding()
 }

@@ -35,8 +35,14 @@ type setState struct {
 	block          bool
 	// haveStmts is set once the client has prepared a statement that is a
 	// SET the proxy may answer, so that a session that never did spends
-	// nothing looking for one at every Bind (see answerBind).
+	// nothing looking for one at every Bind (see bindAnswer).
 	haveStmts bool
+	// answers says the proxy may answer SETs at all (Config.SettingSQL is
+	// set, Config.ForwardSettings is not, and the session is no
+	// replication connection, whose deferred set_config would need the
+	// extended protocol); pooled that a transaction pooler is behind it.
+	// Both are set as the session starts.
+	answers, pooled bool
 	// wasIdle says the message being handled came while the session was
 	// idle.
 	wasIdle bool
@@ -107,151 +113,120 @@ var (
 )
 
 // mayAnswer reports whether the proxy may answer set itself now: the
-// client sent it with nothing in flight while the session was idle (not a
-// SET LOCAL, which does nothing there but warn) or in a block that has
-// not failed, and the event loop relays the session (its client side may
-// then write replies of its own). Settings answered while idle and in a
-// block are kept differently, so one still pending from the other stops
-// it (it cannot be: the statement that opens or ends a block carries
-// them).
-func (s *session) mayAnswer(set *Setting) bool {
-	if s.c.Replication {
-		return false // the deferred set_config would need the extended protocol
+// client sent it with nothing in flight (l says what is) while the
+// session was idle (not a SET LOCAL, which does nothing there but warn)
+// or in a block that has not failed, and the event loop relays the
+// session (its client side may then write replies of its own). Settings
+// answered while idle and in a block are kept differently, so one still
+// pending from the other stops it (it cannot be: the statement that opens
+// or ends a block carries them). held says deferred settings are held
+// (see applyState.held).
+func (t *setState) mayAnswer(set *Setting, l *link, held bool) bool {
+	if !t.answers {
+		return false
 	}
-	block := s.sets.wasBlock
-	if s.txPool() && (block || set.Local) || set.Reset && !s.txPool() {
+	block := t.wasBlock
+	if t.pooled && (block || set.Local) || set.Reset && !t.pooled {
 		// Pooled, a setting answered in a block would have to follow
 		// the block's fate; a SET LOCAL runs on the server as sent.
 		return false
 	}
-	if !block && (!s.sets.wasIdle || set.Local) {
+	if !block && (!t.wasIdle || set.Local) {
 		return false
 	}
-	return !s.srv.cfg.ForwardSettings && s.srv.cfg.SettingSQL != "" && s.pipe.single && !s.apply.held && s.pipe.head() == nil &&
-		(s.sets.block == block || !s.deferredPending())
+	return l.pipe.single && !held && l.pipe.head() == nil && (t.block == block || !t.pending(t.pooled))
 }
 
-// deferSetting keeps set, answered by the proxy, for the server.
-func (s *session) deferSetting(set *Setting) {
-	s.srv.cfg.Interceptor.SettingAnswered(s.c, set)
-	if s.txPool() {
-		s.idle.Store(true)
-		s.sets.keepPooled(set)
-		return
+// keep keeps set, answered by the proxy, for the server, and reports
+// whether the session is idle again as the client sees it (else it is
+// in the block it was in).
+func (t *setState) keep(set *Setting) (idle bool) {
+	if t.pooled {
+		t.keepPooled(set)
+		return true
 	}
-	s.sets.add(set)
+	t.add(set)
 	// As the client sees it, the session is as it was.
-	if s.sets.wasBlock {
-		s.sets.quietBlock = true
-	} else {
-		s.idle.Store(true)
-	}
-}
-
-// deferredPending reports whether deferred settings are still to be set,
-// forgetting them once Postgres has kept them.
-func (s *session) deferredPending() bool {
-	if len(s.sets.deferred) == 0 || s.txPool() {
-		return len(s.sets.deferred) > 0
-	}
-	if s.sets.kept == s.sets.ver {
-		s.sets.deferred = s.sets.deferred[:0]
+	if t.wasBlock {
+		t.quietBlock = true
 		return false
 	}
 	return true
 }
 
-// answered writes the ReadyForQuery that ends the proxy's answer to a SET:
-// the transaction status it was sent in.
-func (s *session) answered() error {
-	if s.sets.wasBlock {
+// pending reports whether deferred settings are still to be set,
+// forgetting them once Postgres has kept them; pooled says a transaction
+// pooler is behind the proxy, where they are the session's token settings,
+// always to be set.
+func (t *setState) pending(pooled bool) bool {
+	if len(t.deferred) == 0 || pooled {
+		return len(t.deferred) > 0
+	}
+	if t.kept == t.ver {
+		t.deferred = t.deferred[:0]
+		return false
+	}
+	return true
+}
+
+// answer writes to cw what Postgres would answer set with: for the unit
+// u (nil for a simple Query), after its Parse if parse, its replies; then
+// the ReadyForQuery with the transaction status it was sent in.
+func (t *setState) answer(cw msgWriter, b *stmtBook, set *Setting, u *unitMessages, parse bool) error {
+	if parse {
+		cw.Write(parseCompleteMessage)
+	}
+	if u != nil {
+		cw.Write(bindCompleteMessage)
+		if u.describe {
+			cw.Write(noDataMessage)
+		}
+	}
+	cw.Write(completeMessage(set))
+	if t.wasBlock {
 		// The client's unnamed portal is now the SET's, or gone; the
 		// server's is still what it was.
-		s.book.portalGone, s.book.portalClosed = true, nil
-		_, err := s.cw.Write(readyBlockMessage)
+		b.portalGone, b.portalClosed = true, nil
+		_, err := cw.Write(readyBlockMessage)
 		return err
 	}
-	_, err := s.cw.Write(readyIdleMessage)
+	_, err := cw.Write(readyIdleMessage)
 	return err
 }
 
-// answerQuery answers a simple-protocol SET.
-func (s *session) answerQuery(set *Setting) error {
-	s.deferSetting(set)
-	s.cw.Write(completeMessage(set))
-	return s.answered()
+// bindAnswer returns what the unit u (ok: whole in hand, see unitAt) at
+// the front of the client's buffer sets when the proxy may answer it: it
+// runs a statement of the book whose plan under generation gen is a
+// Setting, binds it no values, and comes where the proxy may answer a SET
+// (l and held as for mayAnswer). nil if not.
+func (t *setState) bindAnswer(u unitMessages, ok bool, b *stmtBook, gen uint64, l *link, held bool) *Setting {
+	if !ok || !t.mayBind(u) {
+		return nil
+	}
+	st := b.stmts[string(u.stmt)]
+	if st == nil || st.setting == nil || st.gen != gen || !u.noParams || !noParamTypes(st.params) ||
+		st.parsed == nil || st.parsed.state.Load() != stmtReady || !t.mayAnswer(st.setting, l, held) {
+		return nil
+	}
+	return st.setting
 }
 
-// answerBind answers, if it may, the unit at the front of the client's
-// buffer (a Bind of n bytes first) when it runs a statement whose plan is
-// a Setting, binds it no values, and is whole in hand (see unit). It
-// reports whether it did.
-func (s *session) answerBind(n int) (bool, error) {
-	if !s.sets.haveStmts {
-		return false, nil
-	}
-	u, ok := s.unit(0)
-	if !ok || !s.mayBind(u) {
-		return false, nil
-	}
-	st := s.book.stmts[string(u.stmt)]
-	if st == nil || st.setting == nil || st.gen != s.srv.cfg.Interceptor.Generation() || !u.noParams || !noParamTypes(st.params) ||
-		st.parsed == nil || st.parsed.state.Load() != stmtReady || !s.mayAnswer(st.setting) {
-		return false, nil
-	}
-	return true, s.answerUnit(u, false, st.setting)
-}
-
-// answerParse answers, if it may, a Parse of the unnamed statement whose
-// plan is set (st is what the session now remembers of it) together with
-// the unit that follows it in the client's buffer, when that unit binds
-// the unnamed statement no values and is whole in hand: what drivers send
-// for a statement they do not prepare (libpq's PQexecParams, pgbench -M
-// extended, JDBC before its prepareThreshold). It reports whether it did.
-//
-// The server's unnamed statement stays what it was, so the session marks
-// the client's to be prepared again before a Bind or Describe of it
-// reaches the server (see replan); one answered again does not.
-func (s *session) answerParse(st *prepared, set *Setting, gen uint64) (bool, error) {
-	if !s.mayAnswer(set) || !noParamTypes(st.params) {
-		return false, nil
-	}
-	u, ok := s.unit(0)
-	if !ok || len(u.stmt) != 0 || !u.noParams || !s.mayBind(u) {
-		return false, nil
-	}
-	st.sent, st.probe, st.setting, st.gen = "", nil, set, gen
-	st.parsed, st.again = answeredParse, unprepared
-	s.sets.haveStmts = true
-	s.reuse.dropUnnamed()
-	s.book.unnamedGone, s.book.unnamedClosed = false, nil
-	delete(s.book.portals, "")
-	return true, s.answerUnit(u, true, set)
+// answersUnnamed reports whether the proxy may answer, with a Parse of
+// the unnamed statement that is a SET it may answer, the unit u that
+// follows it in the client's buffer (ok: whole in hand): one that binds
+// the unnamed statement no values. That is what drivers send for a
+// statement they do not prepare (libpq's PQexecParams, pgbench -M
+// extended, JDBC before its prepareThreshold).
+func (t *setState) answersUnnamed(u unitMessages, ok bool) bool {
+	return ok && len(u.stmt) == 0 && u.noParams && t.mayBind(u)
 }
 
 // mayBind reports whether the proxy may answer the unit u: in a block, its
 // portal outlives it, and only the unnamed one is followed (see
 // stmtBook.portalGone). Idle, the portal ends with the unit's implicit
 // transaction, on the server as for the client.
-func (s *session) mayBind(u unitMessages) bool {
-	return !s.sets.wasBlock || !u.namedPortal
-}
-
-// answerUnit takes the unit u (after its Parse, if parse) from the
-// client's buffer and answers it as Postgres would a SET, deferring set.
-func (s *session) answerUnit(u unitMessages, parse bool, set *Setting) error {
-	s.cr.Discard(u.size)
-	s.c.midBatch = false
-	s.deferSetting(set)
-	if parse {
-		s.cw.Write(parseCompleteMessage)
-	}
-	s.cw.Write(bindCompleteMessage)
-	if u.describe {
-		s.cw.Write(noDataMessage)
-	}
-	s.cw.Write(completeMessage(set))
-	return s.answered()
+func (t *setState) mayBind(u unitMessages) bool {
+	return !t.wasBlock || !u.namedPortal
 }
 
 // completeMessage is the CommandComplete of set.
@@ -271,8 +246,10 @@ var answeredParse = func() *serverStmt {
 }()
 
 // trackParsed returns w, the wait for the Parse of st, a SET the proxy may
-// answer Binds of, made to note in st.parsed whether Postgres has it.
-func (s *session) trackParsed(st *prepared, w *wait) *wait {
+// answer Binds of, made (from p) to note in st.parsed whether Postgres has
+// it.
+func (t *setState) trackParsed(p *pipeline, st *prepared, w *wait) *wait {
+	t.haveStmts = true
 	// A record no wait holds any more (its Parse was answered or
 	// skipped) is reused, so that parsing the same SET again does not
 	// allocate.
@@ -281,7 +258,7 @@ func (s *session) trackParsed(st *prepared, w *wait) *wait {
 	}
 	st.parsed.state.Store(stmtPending)
 	if w == parseWait { // shared: take one of its own
-		w = s.pipe.get(waitParse)
+		w = p.get(waitParse)
 	}
 	w.reuse = st.parsed
 	return w
@@ -296,11 +273,12 @@ type unitMessages struct {
 	namedPortal bool   // the Bind names its portal
 }
 
-// unit reports whether the client's buffer holds, whole, from offset off,
-// one statement's unit: a Bind, an optional Describe of its portal, an
-// Execute of that portal and a Sync, and nothing else.
-func (s *session) unit(off int) (u unitMessages, ok bool) {
-	b, _ := s.cr.Peek(s.cr.Buffered())
+// unitAt reports whether cr's buffer holds, whole, from offset off, one
+// statement's unit: a Bind, an optional Describe of its portal, an Execute
+// of that portal and a Sync, and nothing else. bind, if not nil, is the
+// Bind at off, already decoded (see clientFrame).
+func unitAt(cr msgReader, off int, bind *bindMsg) (u unitMessages, ok bool) {
+	b, _ := cr.Peek(cr.Buffered())
 	pos := off
 	next := func() (clientMsg, []byte) {
 		if len(b) < pos+5 {
@@ -318,15 +296,17 @@ func (s *session) unit(off int) (u unitMessages, ok bool) {
 	if typ != clientMsgBind {
 		return u, false
 	}
-	bind, ok := decodeBind(body)
-	if !ok {
+	var m bindMsg
+	if bind != nil {
+		m = *bind
+	} else if m, ok = decodeBind(body); !ok {
 		return u, false
 	}
-	u.stmt, u.noParams, u.namedPortal = bind.stmt, bind.noParams(), len(bind.portal) > 0
+	u.stmt, u.noParams, u.namedPortal = m.stmt, m.noParams(), len(m.portal) > 0
 	typ, body = next()
 	if typ == clientMsgDescribe {
 		d, ok := decodeDescribe(body)
-		if !ok || !d.exact() || d.target != targetPortal || !bytes.Equal(d.name, bind.portal) {
+		if !ok || !d.exact() || d.target != targetPortal || !bytes.Equal(d.name, m.portal) {
 			return u, false
 		}
 		u.describe = true
@@ -335,7 +315,7 @@ func (s *session) unit(off int) (u unitMessages, ok bool) {
 	if typ != clientMsgExecute {
 		return u, false
 	}
-	if e, ok := decodeExecute(body); !ok || !e.exact() || !e.runs(bind.portal) {
+	if e, ok := decodeExecute(body); !ok || !e.exact() || !e.runs(m.portal) {
 		return u, false
 	}
 	if typ, body = next(); typ != clientMsgSync || len(body) != 0 {

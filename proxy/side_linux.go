@@ -162,13 +162,13 @@ func (x *side) dispatch() error {
 			return nil
 		}
 		if x.client {
-			ct := clientMsg(typ)
-			if mayHold(ct) {
-				if parked, err := x.hold(ct, n); parked || err != nil {
+			f := clientFrame{typ: clientMsg(typ), n: n}
+			if mayHold(f.typ) {
+				if parked, err := x.hold(&f); parked || err != nil {
 					return err
 				}
 			}
-			err = s.clientMessage(ct, n)
+			err = s.clientMessage(&f)
 		} else {
 			err = s.serverMessage(serverMsg(typ), n)
 		}
@@ -178,11 +178,11 @@ func (x *side) dispatch() error {
 	}
 }
 
-// hold parks x, the client side, while its message (typ, n) must wait
-// (see session.holdFor), and reports whether it did.
-func (x *side) hold(typ clientMsg, n int) (parked bool, err error) {
+// hold parks x, the client side, while its message f must wait (see
+// session.holdFor), and reports whether it did.
+func (x *side) hold(f *clientFrame) (parked bool, err error) {
 	for {
-		ch, local, err := x.ls.s.holdFor(typ, n)
+		ch, local, err := x.ls.s.holdFor(f)
 		if ch == nil || err != nil {
 			return false, err
 		}

@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"encoding/binary"
+	"log/slog"
 
 	"github.com/jackc/pgx/v5/pgproto3"
 )
@@ -54,7 +55,7 @@ type prepared struct {
 	setting *Setting
 	// parsed, for such a statement, is stmtReady while the client has it
 	// as its Parse made it: Postgres answered that Parse (or the proxy
-	// did, see answerParse) and no text since may have deallocated it.
+	// did, see session.parse) and no text since may have deallocated it.
 	// Otherwise (nil, pending or absent) its Binds go to Postgres, to
 	// fail there if it is gone.
 	parsed *serverStmt
@@ -64,7 +65,7 @@ type prepared struct {
 	token bool
 	// again is set while the statement must be prepared again before its
 	// next Bind or Describe: the proxy's own statement the client's
-	// unnamed one stood for was forgotten (see forgetReused), or replan
+	// unnamed one stood for was forgotten (see reuseState.forget), or replan
 	// prepared it again and Postgres has not confirmed that yet (it skips
 	// the Parse after an earlier error in its batch, and so the Bind that
 	// needed it; a Bind in a later batch sends it again).
@@ -92,6 +93,79 @@ func (b *stmtBook) recentUnnamed(text, params []byte) *prepared {
 	return st
 }
 
+// record returns what the book remembers of the statement name the client
+// parses now, text with params: the record it has if that is of the same
+// text, else a new one, kept in the book. Drivers that use the unnamed
+// statement parse the same few texts again and again: what is remembered
+// of them is kept rather than allocated anew (see recentUnnamed).
+func (b *stmtBook) record(name, text, params []byte) *prepared {
+	st := b.stmts[string(name)]
+	if !st.is(text, params) {
+		if len(name) == 0 {
+			st = b.recentUnnamed(text, params)
+		} else {
+			st = &prepared{text: string(text), params: bytes.Clone(params)}
+		}
+		if b.stmts == nil {
+			b.stmts = make(map[string]*prepared)
+		}
+		b.stmts[string(name)] = st
+	}
+	return st
+}
+
+// planned notes the plan of the statement's Parse, made under generation
+// gen.
+func (st *prepared) planned(plan *Plan, gen uint64) {
+	st.sent, st.probe, st.setting, st.gen, st.again = plan.SQL, plan.probe(), plan.Setting, gen, nil
+	st.token = plan.NeedsToken
+	if plan.Setting == nil {
+		st.parsed = nil
+	}
+}
+
+// answered notes that the proxy answered the statement's Parse itself, a
+// SET of set planned under generation gen: the server's unnamed statement
+// stays what it was, so the client's is prepared again before a Bind or
+// Describe of it reaches the server (see replan); one answered again is
+// not.
+func (st *prepared) answered(set *Setting, gen uint64) {
+	st.sent, st.probe, st.setting, st.gen = "", nil, set, gen
+	st.parsed, st.again = answeredParse, unprepared
+}
+
+// onQuery notes a simple Query, which destroys the unnamed statement and
+// portal; but in a failed block (mayHaveFailed says the block may have)
+// Postgres refuses its statements before they replace the portal, so one
+// a bound Query left stays (see portalGone; a Close of a portal that is
+// not there is no error).
+func (b *stmtBook) onQuery(mayHaveFailed bool) {
+	delete(b.stmts, "")
+	delete(b.portals, "")
+	if !mayHaveFailed {
+		b.portalGone = false
+	}
+}
+
+// onBoundQuery notes a Query the proxy runs bound (see Bound Queries in
+// the package documentation): Postgres would have destroyed the unnamed
+// statement and portal, but the server keeps its unnamed portal as the
+// bound Query's, and its unnamed statement as it was. In a block known to
+// have failed (failed) Postgres refuses the Parse, which leaves the
+// unnamed portal as it was, as it would leave it for the Query.
+func (b *stmtBook) onBoundQuery(failed bool) {
+	b.unnamedGone, b.unnamedClosed = true, nil
+	b.portalGone, b.portalClosed = !failed, nil
+}
+
+// onAnsweredParse notes that the proxy answered a Parse of the unnamed
+// statement and the unit binding it: the client's unnamed statement is
+// the answered one, and its unnamed portal gone.
+func (b *stmtBook) onAnsweredParse() {
+	b.unnamedGone, b.unnamedClosed = false, nil
+	delete(b.portals, "")
+}
+
 // forgetParsed stops the session answering Binds of the client's SET
 // statements until they are parsed again (see prepared.parsed): a text
 // that may deallocate statements (DEALLOCATE, DISCARD) may have
@@ -102,200 +176,159 @@ func (b *stmtBook) forgetParsed() {
 	}
 }
 
-// bind forwards a Bind (n bytes), after what the proxy sends before it,
-// if anything. It decodes the Bind only when the session tracks what
-// Binds name.
-func (s *session) bind(n int) error {
-	var m bindMsg
-	ok := false
-	if s.txPool() || s.book.tracking() {
-		b, err := s.peek(n)
-		if err != nil {
-			return err
-		}
-		m, ok = decodeBind(b)
-	}
-	if s.txPool() {
-		if err := s.pooledBind(m, ok); err != nil {
-			return err
-		}
-	}
-	err := s.bindAs(m, ok, n)
-	s.pipe.loose++ // after the proxy's own: its reply comes after theirs
-	return err
-}
-
 // tracking reports whether the book has anything a Bind, Describe or Close
 // may concern; if not, they are forwarded undecoded.
 func (b *stmtBook) tracking() bool {
 	return len(b.stmts) > 0 || b.unnamedGone || b.portalGone
 }
 
-// bindAs forwards the Bind m (n bytes; ok says m was decoded whole, see
-// decodeBind) as the statement it names stands for.
-func (s *session) bindAs(m bindMsg, ok bool, n int) error {
-	if !s.book.tracking() {
-		return forward(s.sw, s.cr, n)
+// bind forwards through l the Bind m (n bytes in cr; ok says m was
+// decoded whole, see decodeBind) as the statement it names stands for: a
+// statement prepared for reuse (r), or one planned again first (see
+// replan).
+func (b *stmtBook) bind(l *link, cr msgReader, r *reuseState, pl replanner, m bindMsg, ok bool, n int) error {
+	if !b.tracking() {
+		return forward(l.sw, cr, n)
 	}
 	portal, stmt := m.portal, m.stmt
-	if len(portal) == 0 && s.book.portalGone {
+	if len(portal) == 0 && b.portalGone {
 		// The Bind replaces the portal a bound Query left only if it
 		// succeeds: close that first. After it the portal is the
 		// client's, or there is none, unless Postgres skips the Close
 		// (and so the Bind) after an earlier error in its batch: the flag
 		// stays until it confirms the Close (see closeGone).
-		if err := s.closeUnnamedPortal(); err != nil {
+		if err := b.closeUnnamedPortal(l); err != nil {
 			return err
 		}
 	}
 	if !ok {
 		// Names longer than peekLimit: Postgres limits names to 63 bytes, so
 		// the server will refuse this Bind; nothing to track.
-		return forward(s.sw, s.cr, n)
+		return forward(l.sw, cr, n)
 	}
 	var p *Probe
 	if len(stmt) == 0 {
-		s.reusedUnnamed() // first: its Parse may have failed
+		r.unnamedNow(b) // first: its Parse may have failed
 	}
-	if st := s.book.stmts[string(stmt)]; st != nil {
-		if err := s.replan(stmt, st); err != nil {
+	if st := b.stmts[string(stmt)]; st != nil {
+		if err := b.replan(l, r, pl, stmt, st); err != nil {
 			return err
 		}
 		p = st.probe
 	}
 	if p != nil {
-		if s.book.portals == nil {
-			s.book.portals = make(map[string]*Probe)
+		if b.portals == nil {
+			b.portals = make(map[string]*Probe)
 		}
-		s.book.portals[string(portal)] = p
-	} else if len(s.book.portals) > 0 {
-		delete(s.book.portals, string(portal))
+		b.portals[string(portal)] = p
+	} else if len(b.portals) > 0 {
+		delete(b.portals, string(portal))
 	}
-	if len(stmt) == 0 && s.reusedUnnamed() != nil {
-		return s.bindReused(s.reuse.unnamed, portal, n)
+	if len(stmt) == 0 && r.unnamedNow(b) != nil {
+		return r.bind(l, cr, portal, n)
 	}
-	if len(stmt) == 0 && s.book.unnamedGone {
-		if err := s.closeUnnamed(); err != nil {
+	if len(stmt) == 0 && b.unnamedGone {
+		if err := b.closeUnnamed(l); err != nil {
 			return err
 		}
 	}
-	return forward(s.sw, s.cr, n)
+	return forward(l.sw, cr, n)
 }
 
 // describe forwards a Describe, pointing one of the unnamed statement at
 // the statement it stands for, closing it first if a bound Query
 // destroyed it for the client (see stmtBook.unnamedGone), or preparing it
 // again first if it must be (see replan).
-func (s *session) describe(n int) error {
-	if !s.book.tracking() || n != 2 { // 2: the unnamed statement or portal
-		return forward(s.sw, s.cr, n)
+func (b *stmtBook) describe(l *link, cr msgReader, r *reuseState, pl replanner, n int) error {
+	if !b.tracking() || n != 2 { // 2: the unnamed statement or portal
+		return forward(l.sw, cr, n)
 	}
-	b, err := s.peek(n)
+	body, err := peekBody(cr, n)
 	if err != nil {
 		return err
 	}
-	m, ok := decodeDescribe(b)
-	if ok && m.unnamed(targetPortal) && s.book.portalGone {
-		if err := s.closeUnnamedPortal(); err != nil {
+	m, ok := decodeDescribe(body)
+	if ok && m.unnamed(targetPortal) && b.portalGone {
+		if err := b.closeUnnamedPortal(l); err != nil {
 			return err
 		}
 	}
 	if !ok || !m.unnamed(targetStatement) {
-		return forward(s.sw, s.cr, n)
+		return forward(l.sw, cr, n)
 	}
-	s.reusedUnnamed() // first: its Parse may have failed
-	if st := s.book.stmts[""]; st != nil {
-		if err := s.replan(nil, st); err != nil {
+	r.unnamedNow(b) // first: its Parse may have failed
+	if st := b.stmts[""]; st != nil {
+		if err := b.replan(l, r, pl, nil, st); err != nil {
 			return err
 		}
 	}
-	if s.reusedUnnamed() == nil {
-		if s.book.unnamedGone {
-			if err := s.closeUnnamed(); err != nil {
+	if r.unnamedNow(b) == nil {
+		if b.unnamedGone {
+			if err := b.closeUnnamed(l); err != nil {
 				return err
 			}
 		}
-		return forward(s.sw, s.cr, n)
+		return forward(l.sw, cr, n)
 	}
-	if _, err := s.cr.Discard(5 + n); err != nil {
+	if _, err := cr.Discard(5 + n); err != nil {
 		return err
 	}
-	s.out = append(append(append(s.out[:0], byte(targetStatement)), s.reuse.unnamed.name...), 0)
-	return writeMessage(s.sw, clientMsgDescribe, s.out)
+	l.out = append(append(append(l.out[:0], byte(targetStatement)), r.unnamed.name...), 0)
+	return writeMessage(l.sw, clientMsgDescribe, l.out)
 }
 
-// execute forwards an Execute (n bytes), and after it the probe of the
-// portal it runs, if that has one.
-func (s *session) execute(n int) error {
-	var p *Probe
-	if len(s.book.portals) > 0 || s.book.portalGone {
-		b, err := s.peek(n)
+// execute forwards through l an Execute (n bytes in cr), and returns the
+// probe of the portal it runs, if that has one, to run right after it.
+func (b *stmtBook) execute(l *link, cr msgReader, n int) (p *Probe, err error) {
+	if len(b.portals) > 0 || b.portalGone {
+		body, err := peekBody(cr, n)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		if m, ok := decodeExecute(b); ok {
-			p = s.book.portals[string(m.portal)]
-			if len(m.portal) == 0 && s.book.portalGone {
-				if err := s.closeUnnamedPortal(); err != nil {
-					return err
+		if m, ok := decodeExecute(body); ok {
+			p = b.portals[string(m.portal)]
+			if len(m.portal) == 0 && b.portalGone {
+				if err := b.closeUnnamedPortal(l); err != nil {
+					return nil, err
 				}
 			}
 		}
 	}
-	s.pipe.push(executeWait)
-	if err := forward(s.sw, s.cr, n); err != nil {
-		return err
-	}
-	if p != nil {
-		// Run the probe right after the Execute, in the same transaction,
-		// before whatever the client sends next.
-		return s.injectProbe(p)
-	}
-	return nil
+	l.pipe.push(executeWait)
+	return p, forward(l.sw, cr, n)
 }
 
-// close forwards a Close (n bytes), forgetting what the book has of what
-// it closes.
-func (s *session) close(n int) error {
-	s.pipe.loose++
-	if len(s.book.stmts) == 0 && len(s.book.portals) == 0 {
-		return forward(s.sw, s.cr, n)
+// close forwards through l a Close (n bytes in cr), forgetting what the
+// book has of what it closes, and the statement prepared for reuse (r)
+// the client's unnamed statement stood for.
+func (b *stmtBook) close(l *link, cr msgReader, r *reuseState, n int) error {
+	l.pipe.loose++
+	if len(b.stmts) == 0 && len(b.portals) == 0 {
+		return forward(l.sw, cr, n)
 	}
-	b, err := s.peek(n)
+	body, err := peekBody(cr, n)
 	if err != nil {
 		return err
 	}
 	// Only a Close that Postgres will carry out: after a malformed one the
 	// server keeps the statement, and so must the book, or a later Bind of
 	// it would go unplanned.
-	if m, ok := decodeClose(b); ok && m.exact() {
+	if m, ok := decodeClose(body); ok && m.exact() {
 		switch m.target {
 		case targetStatement:
-			delete(s.book.stmts, string(m.name))
-			if len(m.name) == 0 && (s.reuse.unnamed != nil || s.reuse.unnamedSeq != 0) {
+			delete(b.stmts, string(m.name))
+			if len(m.name) == 0 && (r.unnamed != nil || r.unnamedSeq != 0) {
 				// If Postgres skips this Close (after an error in its
 				// batch), the client's unnamed statement stays, but the
 				// server's may be the proxy's stand-in: fail a Bind of it
 				// rather than run that.
-				s.unnamedGoneNow()
+				r.unnamedGone(b)
 			}
 		case targetPortal:
-			delete(s.book.portals, string(m.name))
+			delete(b.portals, string(m.name))
 		}
 	}
-	return forward(s.sw, s.cr, n)
-}
-
-// pushSwallow pushes w, a waitSwallow for messages the proxy sends in the
-// middle of the client's, after a waitPass for the replies to the client's
-// Binds and Closes before them.
-func (s *session) pushSwallow(w *wait) {
-	if n := s.pipe.loose; n > 0 {
-		pw := s.pipe.get(waitPass)
-		pw.want = n
-		s.pipe.push(pw)
-	}
-	s.pipe.push(w)
+	return forward(l.sw, cr, n)
 }
 
 // Closes of the unnamed statement and portal.
@@ -306,24 +339,24 @@ var (
 
 // closeUnnamed closes the server's unnamed statement, which the client's
 // view of the session says a Query destroyed (see stmtBook.unnamedGone).
-func (s *session) closeUnnamed() error {
-	return s.closeGone(&s.book.unnamedGone, &s.book.unnamedClosed, &s.book.closeRecs[0], closeUnnamedMessage)
+func (b *stmtBook) closeUnnamed(l *link) error {
+	return closeGone(l, &b.unnamedGone, &b.unnamedClosed, &b.closeRecs[0], closeUnnamedMessage)
 }
 
 // closeUnnamedPortal does the same for the unnamed portal (see
 // stmtBook.portalGone).
-func (s *session) closeUnnamedPortal() error {
-	return s.closeGone(&s.book.portalGone, &s.book.portalClosed, &s.book.closeRecs[1], closeUnnamedPortalMessage)
+func (b *stmtBook) closeUnnamedPortal(l *link) error {
+	return closeGone(l, &b.portalGone, &b.portalClosed, &b.closeRecs[1], closeUnnamedPortalMessage)
 }
 
-// closeGone sends the Close message m for what gone says is gone, noting
+// closeGone sends through l the Close message m for what gone says is gone, noting
 // it in rec (or a new record while a reply to the last is owed), unless
 // Postgres confirmed the one sent last (closed), which clears gone, or has
 // yet to answer it: that one is ahead of whatever the client sends now,
 // and if Postgres skips it, it skips what follows in its batch too. (A
 // second Close would close the portal a client's Bind after the first
 // made.)
-func (s *session) closeGone(gone *bool, closed **serverStmt, rec *serverStmt, m []byte) error {
+func closeGone(l *link, gone *bool, closed **serverStmt, rec *serverStmt, m []byte) error {
 	if c := *closed; c != nil {
 		switch c.state.Load() {
 		case stmtReady:
@@ -339,17 +372,7 @@ func (s *session) closeGone(gone *bool, closed **serverStmt, rec *serverStmt, m 
 	}
 	c.state.Store(stmtPending)
 	*closed = c
-	return s.closeQuietly(m, c)
-}
-
-// closeQuietly sends the Close message m, keeping its reply from the
-// client; done, if not nil, notes when Postgres answers it.
-func (s *session) closeQuietly(m []byte, done *serverStmt) error {
-	w := s.pipe.get(waitSwallow)
-	w.want, w.reuse = 1, done // CloseComplete
-	s.pushSwallow(w)
-	_, err := s.sw.Write(m)
-	return err
+	return l.closeQuietly(m, c)
 }
 
 // replan plans a statement prepared under an older configuration again.
@@ -358,10 +381,10 @@ func (s *session) closeQuietly(m []byte, done *serverStmt) error {
 // configuration change reaches statements prepared before it. So is one
 // marked to be prepared again (prepared.again). stmt is the statement's
 // name as the Bind holds it: made a string only here, off the path of
-// every Bind.
-func (s *session) replan(stmt []byte, st *prepared) error {
-	ic := s.srv.cfg.Interceptor
-	gen := ic.Generation()
+// every Bind. It is sent through l; the statement prepared for reuse (r)
+// that the client's unnamed statement stood for is dropped.
+func (b *stmtBook) replan(l *link, r *reuseState, pl replanner, stmt []byte, st *prepared) error {
+	gen := pl.ic.Generation()
 	redo := st.again != nil && st.again.state.Load() != stmtReady
 	if !redo {
 		st.again = nil
@@ -370,39 +393,57 @@ func (s *session) replan(stmt []byte, st *prepared) error {
 		return nil
 	}
 	name := string(stmt)
-	if name != "" && s.failedNow() {
+	if name != "" && l.failedNow() {
 		// Postgres refuses the Bind (a statement to plan again is no
 		// ROLLBACK), so prepare it at the next: a named Parse here can
 		// crash Postgres (see blockMayHaveFailed).
 		return nil
 	}
-	plan := ic.Parse(s.c, st.text)
+	plan := pl.ic.Parse(pl.c, st.text)
 	st.gen, st.probe, st.setting, st.token = gen, plan.probe(), plan.Setting, plan.NeedsToken
 	if plan.SQL == st.sent && !redo {
 		return nil
 	}
 	st.sent = plan.SQL
 	if name == "" {
-		s.reuse.unnamed = nil // it stood for the statement of the old rewrite
+		r.unnamed = nil // it stood for the statement of the old rewrite
 	}
 	sql := plan.SQL
 	if sql == "" {
 		sql = st.text
 	}
-	s.log.Debug("re-preparing a statement after a configuration or setting change", "statement", name)
+	pl.log.Debug("re-preparing a statement after a configuration or setting change", "statement", name)
 	st.again = &serverStmt{name: name}
 	st.again.state.Store(stmtPending)
-	w := s.pipe.get(waitSwallow)
+	w := l.pipe.get(waitSwallow)
 	w.want, w.origin, w.reuse = 2, plan.Origin, st.again
-	s.pushSwallow(w)
-	out, _ := (&pgproto3.Close{ObjectType: byte(targetStatement), Name: name}).Encode(s.out[:0])
-	s.out = out
-	if _, err := s.sw.Write(out); err != nil {
+	l.pushSwallow(w)
+	out, _ := (&pgproto3.Close{ObjectType: byte(targetStatement), Name: name}).Encode(l.out[:0])
+	l.out = out
+	if _, err := l.sw.Write(out); err != nil {
 		return err
 	}
-	s.out = append(append(append(s.out[:0], byte(clientMsgParse), 0, 0, 0, 0), name...), 0)
-	s.out = append(append(append(s.out, sql...), 0), st.params...)
-	binary.BigEndian.PutUint32(s.out[1:5], uint32(len(s.out)-1))
-	_, err := s.sw.Write(s.out)
+	l.out = append(append(append(l.out[:0], byte(clientMsgParse), 0, 0, 0, 0), name...), 0)
+	l.out = append(append(append(l.out, sql...), 0), st.params...)
+	binary.BigEndian.PutUint32(l.out[1:5], uint32(len(l.out)-1))
+	_, err := l.sw.Write(l.out)
 	return err
+}
+
+// replanner is what replan plans a statement's text again with: the
+// Interceptor, for the session's client, logging to log.
+type replanner struct {
+	ic  Interceptor
+	c   *Client
+	log *slog.Logger
+}
+
+// peekBody returns up to peekLimit bytes of the body of the message next
+// in cr, leaving it there.
+func peekBody(cr msgReader, n int) ([]byte, error) {
+	b, err := cr.Peek(5 + min(n, peekLimit))
+	if err != nil {
+		return nil, err
+	}
+	return b[5:], nil
 }

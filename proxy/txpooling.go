@@ -2,9 +2,8 @@ package proxy
 
 import (
 	"crypto/rand"
-	"fmt"
+	"errors"
 	"slices"
-	"strconv"
 	"strings"
 	"unicode/utf8"
 
@@ -26,40 +25,26 @@ type PooledSets interface {
 // PooledSet is the statement that sets every token setting of a
 // configuration for the transaction it runs in, once per transaction (see
 // Transaction pooling in the package documentation). The Interceptor
-// writes it; the proxy only puts in the session's values and nonce.
+// writes it, in both forms; the proxy only gives it the session's values
+// and nonce.
 type PooledSet struct {
 	names []string
-	parts []string
-	args  []int
 	ext   string // the statement with parameters: $1 the nonce, $i+1 value i
+	text  func(nonce string, values []string) string
 }
 
 // NewPooledSet returns the statement that sets the settings names (lower
-// case), made of parts joined around arguments: parts[0] A0 parts[1] A1
-// ... parts[len(args)], where Aj is argument args[j], 0 for the nonce and i
-// for the session's value of names[i-1] ("" for none), each put in as a
-// text literal or parameter. It is immutable and safe for concurrent use.
-func NewPooledSet(names, parts []string, args []int) (*PooledSet, error) {
-	if len(parts) != len(args)+1 {
-		return nil, fmt.Errorf("proxy: %d parts around %d arguments", len(parts), len(args))
+// case), in the two forms the Interceptor's package writes
+// (sqlrewrite.PooledSetSQL): ext, with parameters, $1 the nonce and $i+1
+// the session's value of names[i-1] ("" for none), each of type text; and
+// text, which makes it with the nonce and the values (values[i] the
+// session's value of names[i]) as literals, ended so that a Query's
+// statements can follow it. It is immutable and safe for concurrent use.
+func NewPooledSet(names []string, ext string, text func(nonce string, values []string) string) (*PooledSet, error) {
+	if ext == "" || text == nil {
+		return nil, errors.New("proxy: a PooledSet needs its statement with parameters and its text with literals")
 	}
-	var b strings.Builder
-	for i, a := range args {
-		if a < 0 || a > len(names) {
-			return nil, fmt.Errorf("proxy: argument %d of a statement setting %d token settings", a, len(names))
-		}
-		b.WriteString(parts[i])
-		b.WriteString("$" + strconv.Itoa(a+1))
-	}
-	b.WriteString(parts[len(args)])
-	return &PooledSet{names: slices.Clone(names), parts: slices.Clone(parts), args: slices.Clone(args), ext: b.String()}, nil
-}
-
-// TxStart is a statement of a Query's SQL that starts a transaction of its
-// own (see Plan.TxStarts).
-type TxStart struct {
-	Offset int // where it starts in the SQL, in bytes
-	Index  int // its index among the SQL's statements
+	return &PooledSet{names: slices.Clone(names), ext: ext, text: text}, nil
 }
 
 // pooledSession is what a session behind a transaction pooler keeps of its
@@ -78,12 +63,6 @@ type pooledSession struct {
 	startup []Setting
 }
 
-// pooledSet returns the statement that sets the session's token settings
-// under the configuration in force.
-func (s *session) pooledSet() *PooledSet {
-	return s.srv.cfg.Interceptor.(PooledSets).PooledSet(s.c)
-}
-
 // pooledValue returns the session's value of the token setting name.
 func (t *setState) pooledValue(name string) string {
 	for _, d := range t.deferred {
@@ -99,12 +78,11 @@ func (t *setState) pooledValue(name string) string {
 // CloseComplete of the portal.
 const pooledSetReplies = 7
 
-// writePooled writes to out the statement that sets the session's token
-// settings in the transaction, and sets the replies w wants.
-func (s *session) writePooled(out msgWriter, w *wait) error {
-	set := s.pooledSet()
-	name := s.apply.stmtName(s.tag)
-	b := s.out[:0]
+// writePooled writes to out (built in l's buffer) set, the statement that
+// sets the session's token settings in the transaction, as the statement
+// name, and sets the replies w wants.
+func (t *setState) writePooled(l *link, out msgWriter, set *PooledSet, name string, w *wait) error {
+	b := l.out[:0]
 	b, _ = (&pgproto3.Close{ObjectType: byte(targetStatement), Name: name}).Encode(b)
 	types := make([]uint32, len(set.names)+1)
 	for i := range types {
@@ -112,36 +90,30 @@ func (s *session) writePooled(out msgWriter, w *wait) error {
 	}
 	b, _ = (&pgproto3.Parse{Name: name, Query: set.ext, ParameterOIDs: types}).Encode(b)
 	values := make([][]byte, 0, len(types))
-	values = append(values, []byte(s.sets.pool.nonce))
+	values = append(values, []byte(t.pool.nonce))
 	for _, n := range set.names {
-		values = append(values, []byte(s.sets.pooledValue(n)))
+		values = append(values, []byte(t.pooledValue(n)))
 	}
 	b, _ = (&pgproto3.Bind{DestinationPortal: setStmt, PreparedStatement: name, Parameters: values}).Encode(b)
 	// Closed before its portal runs, so that no error can leave it behind.
 	b, _ = (&pgproto3.Close{ObjectType: byte(targetStatement), Name: name}).Encode(b)
 	b = append(b, setRunTail...)
-	s.out = b
+	l.out = b
 	w.want = pooledSetReplies
 	_, err := out.Write(b)
 	return err
 }
 
-// txPool reports whether a transaction pooler stands behind the proxy.
-func (s *session) txPool() bool { return s.srv.cfg.TransactionPooling }
-
-// startPooled readies a session for transaction pooling: it has the token
-// settings of its startup packet, a nonce, and the token setting, unset
-// unless the startup packet set it.
-func (s *session) startPooled(startup []Setting) {
-	if !s.txPool() {
-		return
-	}
-	s.sets.pool.nonce = rand.Text()
-	s.sets.pool.startup = startup
-	s.sets.deferred = append(s.sets.deferred[:0], startup...)
-	token := strings.ToLower(s.srv.cfg.TokenSetting) // as Postgres folds it, and the Interceptor names it
+// startPooled readies the session for transaction pooling: it has the
+// token settings of its startup packet, a nonce, and the token setting
+// (token, as the Interceptor names it), unset unless the startup packet
+// set it.
+func (t *setState) startPooled(startup []Setting, token string) {
+	t.pool.nonce = rand.Text()
+	t.pool.startup = startup
+	t.deferred = append(t.deferred[:0], startup...)
 	if !slices.ContainsFunc(startup, func(set Setting) bool { return set.Name == token }) {
-		s.sets.deferred = append(s.sets.deferred, Setting{Name: token})
+		t.deferred = append(t.deferred, Setting{Name: token})
 	}
 }
 
@@ -167,44 +139,35 @@ func (t *setState) keepPooled(set *Setting) {
 	t.deferred = append(t.deferred, Setting{Name: set.Name, Value: value})
 }
 
-// pooledBind sets the token settings ahead of the client's Bind m (ok
-// says it was decoded whole) of a statement that may need them (or one
-// the proxy does not know: prepared with SQL PREPARE, say).
-func (s *session) pooledBind(m bindMsg, ok bool) error {
+// needsToken reports whether the token settings go ahead of the client's
+// Bind m (ok says it was decoded whole) under transaction pooling: it
+// binds a statement that may need them, or one the book does not know
+// (prepared with SQL PREPARE, say).
+func (b *stmtBook) needsToken(m bindMsg, ok bool) bool {
 	if !ok {
-		return nil // the server refuses it
+		return false // the server refuses it
 	}
-	if st := s.book.stmts[string(m.stmt)]; st != nil && !st.token {
-		return nil
-	}
-	return s.sendDeferred(false)
+	st := b.stmts[string(m.stmt)]
+	return st == nil || st.token
 }
 
-// pooledQuery puts the statement that sets the token settings in front of
-// a Query whose text is text and plan needs them, and again at each
+// pooledQuery puts set, the statement that sets the token settings, in
+// front of a Query whose text is text and plan needs them, and again at each
 // statement of it that starts a transaction of its own (Plan.TxStarts):
 // the Query's replies to them are kept from the client (probes of their
 // own), and error positions are mapped past them.
-func (s *session) pooledQuery(plan *Plan, text []byte) {
-	set := s.pooledSet()
-	var b strings.Builder
-	for i, a := range set.args {
-		b.WriteString(set.parts[i])
-		if a == 0 {
-			b.WriteString(quoteLiteral(s.sets.pool.nonce))
-		} else {
-			b.WriteString(quoteLiteral(s.sets.pooledValue(set.names[a-1])))
-		}
+func (t *setState) pooledQuery(set *PooledSet, plan *Plan, text []byte) {
+	values := make([]string, len(set.names))
+	for i, n := range set.names {
+		values[i] = t.pooledValue(n)
 	}
-	b.WriteString(set.parts[len(set.args)])
-	b.WriteString(";")
-	stmt := b.String()
+	stmt := set.text(t.pool.nonce, values)
 	sql := plan.SQL
 	if sql == "" {
 		sql = string(text)
 	}
 	// The statement goes first, and before each start.
-	b.Reset()
+	var b strings.Builder
 	b.WriteString(stmt)
 	at := []int{0}
 	last := 0
@@ -283,10 +246,4 @@ func (o insertOrigin) Param(c *Client, n int, params []string) int {
 		return 0
 	}
 	return o.inner.Param(c, n, params)
-}
-
-// quoteLiteral quotes s as an SQL string that means the same whatever
-// standard_conforming_strings says.
-func quoteLiteral(s string) string {
-	return "E'" + strings.ReplaceAll(strings.ReplaceAll(s, `\`, `\\`), `'`, `''`) + "'"
 }

@@ -15,6 +15,15 @@ const ReadingProbeSQL = "SELECT pg_catalog.current_setting('standard_conforming_
 // pooler that would run it on a connection other than the session's.
 const SettingSQL = "SELECT pg_catalog.set_config($1, $2, $3), pg_catalog.pg_backend_pid()"
 
+// StandInSQL is the text of the Parse of the unnamed statement the proxy
+// sends in place of a client's Parse that it answers with a statement it
+// prepared for reuse (see proxy.Config.StandInSQL). Postgres parses it
+// without a catalog lookup, and refuses it, as it would the client's, in a
+// failed transaction block. Should it ever be bound, it fails with 26000
+// (no such prepared statement), which says what to do, rather than run as
+// an empty statement: a write silently not done.
+const StandInSQL = `EXECUTE "pgfence: Parse the unnamed statement again"`
+
 // ReadsAlike reports whether Postgres reads sql the same under every
 // client_encoding and either standard_conforming_strings: it is all ASCII
 // and has no backslash inside a '...' literal (see Reading differentials).

@@ -1,6 +1,7 @@
 package sqlrewrite
 
 import (
+	"strconv"
 	"strings"
 
 	pg_query "github.com/pganalyze/pg_query_go/v6"
@@ -366,4 +367,34 @@ func PooledSet(names []string) (parts []string, args []int) {
 		text += "NULL" // nothing to set: still one statement, one column
 	}
 	return append(parts, text), args
+}
+
+// PooledSetSQL is PooledSet's statement for names as the proxy sends it
+// (see proxy.NewPooledSet), so that the proxy writes no SQL of its own:
+// ext has the arguments as parameters, $1 the nonce and $i+1 the value of
+// names[i-1]; text makes it with them as literals, nonce and values
+// (values[i] the session's value of names[i]), ended with a semicolon to
+// go in front of a Query's statements.
+func PooledSetSQL(names []string) (ext string, text func(nonce string, values []string) string) {
+	parts, args := PooledSet(names)
+	var b strings.Builder
+	for i, a := range args {
+		b.WriteString(parts[i])
+		b.WriteString("$" + strconv.Itoa(a+1))
+	}
+	b.WriteString(parts[len(args)])
+	return b.String(), func(nonce string, values []string) string {
+		var b strings.Builder
+		for i, a := range args {
+			b.WriteString(parts[i])
+			if a == 0 {
+				b.WriteString(quoteLiteral(nonce))
+			} else {
+				b.WriteString(quoteLiteral(values[a-1]))
+			}
+		}
+		b.WriteString(parts[len(args)])
+		b.WriteString(";")
+		return b.String()
+	}
 }

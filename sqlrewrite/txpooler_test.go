@@ -232,3 +232,32 @@ func TestPooledSetParts(t *testing.T) {
 		}
 	}
 }
+
+// TestPooledSetSQL: both forms of the statement the proxy sends behind a
+// transaction pooler are written here, so the proxy writes no SQL: the
+// one with parameters, and the one with the nonce and values as literals,
+// ended to go in front of a Query's statements.
+func TestPooledSetSQL(t *testing.T) {
+	names := []string{"fence.token", "fence.token.billing"}
+	ext, text := PooledSetSQL(names)
+	if tree, err := pg_query.Parse(ext); err != nil || len(tree.Stmts) != 1 {
+		t.Fatalf("%s: %v", ext, err)
+	}
+	if !strings.Contains(ext, "pg_catalog.set_config(E'fence.token.billing', $3::pg_catalog.text, true)") {
+		t.Errorf("the statement with parameters lacks the second value's:\n%s", ext)
+	}
+	sql := text(`n'1`, []string{`4\2`, ""})
+	if !strings.HasSuffix(sql, ";") {
+		t.Errorf("the statement with literals does not end with a semicolon:\n%s", sql)
+	}
+	if tree, err := pg_query.Parse(sql + " SELECT 1"); err != nil || len(tree.Stmts) != 2 {
+		t.Fatalf("%s SELECT 1: %v", sql, err)
+	}
+	for _, want := range []string{`pg_catalog.set_config(E'fence.token', E'4\\2'::pg_catalog.text, true)`,
+		`pg_catalog.set_config(E'fence.token.billing', E''::pg_catalog.text, true)`,
+		`pg_catalog.set_config(E'pgfence.tx.fence.token', E'n''1'::pg_catalog.text, true)`} {
+		if !strings.Contains(sql, want) {
+			t.Errorf("the statement with literals lacks %s:\n%s", want, sql)
+		}
+	}
+}

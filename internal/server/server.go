@@ -75,6 +75,9 @@ func New(cfg Config) (*Server, error) {
 	if pc.SettingSQL == "" {
 		pc.SettingSQL = sqlrewrite.SettingSQL
 	}
+	if pc.StandInSQL == "" {
+		pc.StandInSQL = sqlrewrite.StandInSQL
+	}
 	if pc.UpstreamFailed == nil {
 		pc.UpstreamFailed = relay.upstreamFailed
 	}
