@@ -83,22 +83,6 @@ func (s *session) serverError(w *wait, n int) error {
 			}
 		}
 	}
-	if w != nil {
-		switch w.kind {
-		case waitQuery:
-			if w.probes != nil {
-				w.probes = nil // the rest of the query string is not run
-			}
-		case waitExecute, waitProbe, waitSwallow, waitParse, waitPass:
-			s.pipe.skipToSync()
-		}
-	} else {
-		// Nothing awaited: the error is a Bind's, Describe's or Close's
-		// (or FATAL), and Postgres skips what follows up to a Sync. What
-		// the proxy sends before it (a reading probe, see holdFor) gets
-		// no reply: waits for it must not be kept.
-		s.pipe.skipToSync()
-	}
 	if e.Severity == "FATAL" || e.Severity == "PANIC" {
 		s.fatal = true
 	}
@@ -110,6 +94,7 @@ func (s *session) serverError(w *wait, n int) error {
 		// offered it to pgfence: a mismatch no client setting but one can
 		// fix. Say which.
 		e.Message, e.Hint = "pgfence: "+channelBindingHelp, channelBindingHint
+		s.skipAfterError(w)
 		out, err := e.Encode(s.out[:0:0])
 		if err != nil {
 			return err
@@ -117,7 +102,11 @@ func (s *session) serverError(w *wait, n int) error {
 		_, err = s.cw.Write(out)
 		return err
 	}
+	// The Interceptor hears of the error before the pipeline lets what the
+	// error skips go (a held statement among it): on the goroutine relay the
+	// client side would otherwise plan that statement before it.
 	r := s.srv.cfg.Interceptor.Error(s.c, &e)
+	s.skipAfterError(w)
 	if r == nil && moved {
 		r = &e
 	}
@@ -130,6 +119,24 @@ func (s *session) serverError(w *wait, n int) error {
 		return err
 	}
 	return writeMessage(s.cw, serverMsgErrorResponse, b)
+}
+
+// skipAfterError drops the waits for what Postgres skips after an error
+// that w awaited (nil: a Bind's, Describe's or Close's, or a FATAL one).
+func (s *session) skipAfterError(w *wait) {
+	if w == nil {
+		// Postgres skips what follows up to a Sync. What the proxy sends
+		// before it (a reading probe, see holdFor) gets no reply: waits
+		// for it must not be kept.
+		s.pipe.skipToSync()
+		return
+	}
+	switch w.kind {
+	case waitQuery:
+		w.probes = nil // the rest of the query string is not run
+	case waitExecute, waitProbe, waitSwallow, waitParse, waitPass:
+		s.pipe.skipToSync()
+	}
 }
 
 // readError consumes the server's ErrorResponse of n bytes and returns
