@@ -129,9 +129,9 @@ func (p *Policy) DependsOnReading(c *proxy.Client, sql string) bool {
 	if st.cfg.TransactionPooling {
 		return true
 	}
-	cl := st.rw.Classify(sql)
-	if !cl.Has(sqlrewrite.Writes) && !sqlrewrite.MayBeDDL(sql, cl) {
+	a := st.rw.Analyze(sql, false)
+	if !a.Class.Has(sqlrewrite.Writes) && !a.MayBeDDL() {
 		return false // neither a write nor DDL that may weaken a backstop (see sqlrewrite/weaken.go)
 	}
-	return cl.Has(sqlrewrite.Touches) || sessionOf(c).mayExecute(cl) || st.nonASCIINames && !isASCII(sql)
+	return a.Class.Has(sqlrewrite.Touches) || sessionOf(c).mayExecute(a.Class) || st.nonASCIINames && !isASCII(sql)
 }

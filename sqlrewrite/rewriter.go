@@ -36,6 +36,11 @@ type Rewriter struct {
 	// firsts are the bytes a needle, or a Unicode escape (u&), may start
 	// with, either case.
 	firsts [256]bool
+	// tokens are the token settings: the token setting and its lock
+	// domains'.
+	tokens TokenSettings
+	// words are what Analyze's pass looks for.
+	words *needles
 }
 
 // guardInfo is a guard with the SQL fragments derived from it.
@@ -111,6 +116,14 @@ func New(cfg Config) (*Rewriter, error) {
 		r.needles = append(r.needles, "pgfence")
 		r.firsts['p'], r.firsts['P'] = true, true
 	}
+	var domains []string
+	for _, g := range cfg.Guards {
+		if g.Domain != "" {
+			domains = append(domains, g.Domain)
+		}
+	}
+	r.tokens = NewTokenSettings(cfg.TokenSetting, domains)
+	r.words = newNeedles(asciiLower(cfg.TokenSetting))
 	return r, nil
 }
 

@@ -31,7 +31,7 @@ func NewTokenSettings(token string, domains []string) TokenSettings {
 		if slices.Contains(ts.names, name) {
 			continue
 		}
-		set, ok := parseTokenSet("SET " + name + " = '1'")
+		set, ok := parseTokenSet("SET "+name+" = '1'", 0)
 		ts.names = append(ts.names, name)
 		ts.plain = append(ts.plain, ok && !set.quoted && set.Value == "1" && plainSet(name))
 	}
@@ -93,19 +93,30 @@ type TokenSet struct {
 // case; Value shares sql's memory. Nothing is allocated, but for a name
 // with a quoted part, which Postgres's parser confirms.
 func (ts TokenSettings) Match(sql string) (TokenSet, bool) {
-	if len(ts.names) == 0 {
+	i := space(sql, 0)
+	if !word(sql, i, "set") {
 		return TokenSet{}, false
 	}
-	set, ok := parseTokenSet(sql)
+	set := ts.match(sql, i)
+	return set, set.Name != ""
+}
+
+// match is Match of sql, whose first word, at sql[i], is SET: the zero
+// TokenSet when it is not one plain SET of a token setting.
+func (ts TokenSettings) match(sql string, i int) TokenSet {
+	if len(ts.names) == 0 {
+		return TokenSet{}
+	}
+	set, ok := parseTokenSet(sql, i)
 	if !ok {
-		return TokenSet{}, false
+		return TokenSet{}
 	}
 	n, ok := ts.named(set.Name, set.quoted)
 	if !ok || set.quoted && !parsedAs(sql, n, pg_query.VariableSetKind_VAR_SET_VALUE, set.Local) {
-		return TokenSet{}, false
+		return TokenSet{}
 	}
 	set.Name, set.quoted = n, false
-	return set, true
+	return set
 }
 
 // named returns the token setting that spelled (a name as written: dotted
@@ -209,14 +220,11 @@ func spells(spelled, lower string) bool {
 	return j == len(lower)
 }
 
-// parseTokenSet reads sql as SET [SESSION | LOCAL] <name> { = | TO }
-// <constant>, where name is dotted parts (see settingName), returned as
-// written.
-func parseTokenSet(sql string) (set TokenSet, ok bool) {
-	i := space(sql, 0)
-	if !word(sql, i, "set") {
-		return set, false
-	}
+// parseTokenSet reads sql, whose first word, at sql[i], is SET, as SET
+// [SESSION | LOCAL] <name> { = | TO } <constant>, where name is dotted
+// parts (see settingName), returned as written.
+func parseTokenSet(sql string, i int) (set TokenSet, ok bool) {
+	counted("token setting")
 	i = space(sql, i+len("set"))
 	switch {
 	case word(sql, i, "session"):

@@ -55,11 +55,19 @@ func (ts TokenSettings) MatchReset(sql string) (TokenSet, bool) {
 	if !word(sql, i, "reset") {
 		return TokenSet{}, false
 	}
+	set := ts.matchReset(sql, i)
+	return set, set.Name != ""
+}
+
+// matchReset is MatchReset of sql, whose first word, at sql[i], is RESET:
+// the zero TokenSet when it is not one RESET of a token setting.
+func (ts TokenSettings) matchReset(sql string, i int) TokenSet {
+	counted("token setting")
 	i = space(sql, i+len("reset"))
 	start := i
 	i, quoted, ok := settingName(sql, i)
 	if !ok {
-		return TokenSet{}, false
+		return TokenSet{}
 	}
 	spelled := sql[start:i]
 	i = space(sql, i)
@@ -67,13 +75,13 @@ func (ts TokenSettings) MatchReset(sql string) (TokenSet, bool) {
 		i = space(sql, i+1)
 	}
 	if i != len(sql) {
-		return TokenSet{}, false
+		return TokenSet{}
 	}
 	n, ok := ts.named(spelled, quoted)
 	if !ok || quoted && !parsedAs(sql, n, pg_query.VariableSetKind_VAR_RESET, false) {
-		return TokenSet{}, false
+		return TokenSet{}
 	}
-	return TokenSet{Name: n, Reset: true}, true
+	return TokenSet{Name: n, Reset: true}
 }
 
 // SessionChange reports whether sql may change a token setting for the
@@ -96,6 +104,16 @@ func (ts TokenSettings) SessionChange(sql string) (form string, ok bool, unread 
 	if len(ts.names) == 0 || !mayChangeSession(sql, ts.names[0]) {
 		return "", false, nil
 	}
+	return ts.sessionChange(sql)
+}
+
+// sessionChange is SessionChange of a text its prefilter (or Analyze)
+// did not clear.
+func (ts TokenSettings) sessionChange(sql string) (form string, ok bool, unread *Refusal) {
+	if len(ts.names) == 0 {
+		return "", false, nil
+	}
+	counted("parse")
 	tree, err := pg_query.Parse(sql)
 	if err != nil {
 		if !ts.mayChangeUnread(sql) {
@@ -108,7 +126,7 @@ func (ts TokenSettings) SessionChange(sql string) (form string, ok bool, unread 
 			if ok {
 				return
 			}
-			form, ok = ts.sessionChange(m)
+			form, ok = ts.changeIn(m)
 		})
 		if ok {
 			return form, true, nil
@@ -137,7 +155,8 @@ func (ts TokenSettings) mayChangeUnread(sql string) bool {
 	return false
 }
 
-func (ts TokenSettings) sessionChange(m proto.Message) (string, bool) {
+// changeIn is the session change node m makes, if any (see SessionChange).
+func (ts TokenSettings) changeIn(m proto.Message) (string, bool) {
 	switch n := m.(type) {
 	case *pg_query.VariableSetStmt:
 		switch {
@@ -187,31 +206,48 @@ func mayChangeSession(sql, token string) bool {
 // which a statement of pgfence's ahead of them in their transaction would
 // make fail. It looks at the first words only, after comments, and says
 // false for anything it does not know or for more than one statement.
+// (Analyze says it in its pass: see Analysis.MayUseToken.)
 func WritesNothing(sql string) bool {
 	i := skipSpace(sql, 0)
+	return oneStatement(sql) && leadWritesNothing(sql, i, ContainsFold(sql, "set_config"), ContainsFold(sql, "concurrently"))
+}
+
+// leadWritesNothing is WritesNothing of a text of one statement whose
+// first word is at sql[i]; setConfig and concurrently say whether the text
+// spells set_config and concurrently anywhere, ignoring ASCII case.
+func leadWritesNothing(sql string, i int, setConfig, concurrently bool) bool {
 	first := leadWord(sql, i)
-	if first == "" || !oneStatement(sql) {
+	if first == "" {
 		return false
 	}
-	second := leadWord(sql, skipSpace(sql, i+len(first)))
-	switch first {
-	case "begin", "start", "commit", "end", "rollback", "abort", "savepoint", "release",
+	switch {
+	case isAnyWord(first, "begin", "start", "commit", "end", "rollback", "abort", "savepoint", "release",
 		"show", "reset", "discard", "deallocate", "listen", "unlisten", "notify",
-		"vacuum", "analyze", "analyse", "checkpoint", "cluster", "load", "close", "lock", "reindex":
+		"vacuum", "analyze", "analyse", "checkpoint", "cluster", "load", "close", "lock", "reindex"):
 		return true
-	case "set":
-		return !ContainsFold(sql, "set_config")
-	case "create", "drop", "alter":
-		switch second {
-		case "database", "tablespace", "system", "subscription":
+	case isWord(first, "set"):
+		return !setConfig
+	case isAnyWord(first, "create", "drop", "alter"):
+		second := leadWord(sql, skipSpace(sql, i+len(first)))
+		if isAnyWord(second, "database", "tablespace", "system", "subscription") {
 			return true
 		}
-		return ContainsFold(sql, "concurrently") && (second == "index" || second == "unique")
+		return concurrently && isAnyWord(second, "index", "unique")
 	}
 	return false
 }
 
-// leadWord returns the ASCII word at sql[i:], lower case.
+// isAnyWord reports whether s is one of lower, ignoring ASCII case.
+func isAnyWord(s string, lower ...string) bool {
+	for _, w := range lower {
+		if isWord(s, w) {
+			return true
+		}
+	}
+	return false
+}
+
+// leadWord returns the ASCII word at sql[i:], as written.
 func leadWord(sql string, i int) string {
 	j := i
 	for j < len(sql) && (sql[j]|0x20 >= 'a' && sql[j]|0x20 <= 'z') {
@@ -220,7 +256,7 @@ func leadWord(sql string, i int) string {
 	if j < len(sql) && isIdentCont(sql[j]) {
 		return "" // part of a longer name
 	}
-	return asciiLower(sql[i:j])
+	return sql[i:j]
 }
 
 // oneStatement reports whether sql has no semicolon but, at most, a last
@@ -237,13 +273,16 @@ func oneStatement(sql string) bool {
 // escape. Behind a transaction pooler its transaction then needs the
 // session's token settings too.
 func ShowsToken(sql, token string) bool {
-	switch leadWord(sql, skipSpace(sql, 0)) {
-	case "show", "set", "reset":
-		first, _, _ := strings.Cut(token, ".")
-		return ContainsFold(sql, asciiLower(first)) || ContainsFold(sql, "u&")
+	if !leadShows(leadWord(sql, skipSpace(sql, 0))) {
+		return false
 	}
-	return false
+	first, _, _ := strings.Cut(token, ".")
+	return ContainsFold(sql, asciiLower(first)) || ContainsFold(sql, "u&")
 }
+
+// leadShows reports whether first, a text's first word, is SHOW, SET or
+// RESET.
+func leadShows(first string) bool { return isAnyWord(first, "show", "set", "reset") }
 
 // TxStart is a statement of a text that starts a transaction of its own:
 // one after a statement that ends a transaction.
@@ -270,6 +309,12 @@ func TxStarts(sql string) ([]TxStart, *Refusal) {
 	if oneStatement(sql) || !spellsTxEnd(sql) {
 		return nil, nil
 	}
+	return txStarts(sql)
+}
+
+// txStarts is TxStarts of a text its prefilter (or Analyze) did not clear.
+func txStarts(sql string) ([]TxStart, *Refusal) {
+	counted("parse")
 	tree, err := pg_query.Parse(sql)
 	if err != nil {
 		return nil, unparsableRefusal(err,
