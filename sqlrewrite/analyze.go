@@ -265,7 +265,7 @@ type scan struct {
 // nil) and notes in s what Analyze needs besides, and which of nd (nil
 // for none) appear.
 func (s *scan) run(sql string, r *Rewriter, nd *needles) Class {
-	counted("pass")
+	counted("pass", sql)
 	s.semicolon = -1
 	c := statementClass(sql, 0)
 	touch := r != nil && len(r.needles) > 0
@@ -307,12 +307,14 @@ func (s *scan) run(sql string, r *Rewriter, nd *needles) Class {
 	return c
 }
 
-// counted notes a read of a whole text by one of the package's scanners
-// for the tests (see export_test.go); nil otherwise.
-var countHook func(what string)
+// countHook, set by the tests only (see export_test.go), is told of each
+// read of a text by one of the package's scanners: what reads it, and the
+// text.
+var countHook func(what, sql string)
 
-func counted(what string) {
+// counted tells countHook of a read of sql by what.
+func counted(what, sql string) {
 	if countHook != nil {
-		countHook(what)
+		countHook(what, sql)
 	}
 }

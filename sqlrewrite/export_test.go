@@ -27,3 +27,11 @@ func (r *Rewriter) MayTouch(sql string) bool {
 func Parameterize(sql string) (p Parameterized, writes bool) {
 	return parameterize(sql, nil)
 }
+
+// CountScans has f told of each read of a text by one of the package's
+// scanners (see counted) until the function it returns is called. Not
+// for parallel tests.
+func CountScans(f func(what, sql string)) (stop func()) {
+	countHook = f
+	return func() { countHook = nil }
+}

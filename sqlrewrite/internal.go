@@ -44,7 +44,7 @@ func InternalChange(sql string) *Refusal {
 // internalChange is InternalChange of a text its prefilter (or Analyze)
 // did not clear.
 func internalChange(sql string) *Refusal {
-	counted("parse")
+	counted("parse", sql)
 	tree, err := pg_query.Parse(sql)
 	if err != nil {
 		return unparsableRefusal(err, "may set one of pgfence's own settings ("+InternalPrefix+"*)", "let it through")
@@ -118,7 +118,7 @@ func literal(n *pg_query.Node) (string, bool) {
 // mayNameInternal is InternalChange's prefilter (see there), one pass
 // over sql: every statement the proxy hands the policy goes through it.
 func mayNameInternal(sql string) bool {
-	counted("prefilter")
+	counted("prefilter", sql)
 	setConfig := false
 	for i := 0; i < len(sql); i++ {
 		if !internalFirst[sql[i]] {

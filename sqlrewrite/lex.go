@@ -16,6 +16,7 @@ import "strings"
 // asks pg_query, so that this never has to be right about the unusual.
 // FuzzParameterize checks that the two agree whenever ok is true.
 func scanLiterals(sql string, literals []textRange) (lx lexed, ok bool) {
+	counted("literals", sql)
 	if strings.IndexByte(sql, 0) >= 0 {
 		return lx, false // where Postgres's lexer, reading a C string, stops
 	}

@@ -147,6 +147,7 @@ type lexed struct {
 
 // scanLiteralsPG lexes sql with pg_query's scanner (Postgres's own).
 func scanLiteralsPG(sql string) (lx lexed, ok bool) {
+	counted("parse", sql)
 	scan, err := pg_query.Scan(sql)
 	if err != nil {
 		return lx, false

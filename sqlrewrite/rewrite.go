@@ -79,12 +79,12 @@ func (r *Rewriter) rewrite(sql string, mode Mode, s Session, cl Class, ddl bool)
 	}
 	// The scanner costs a quarter of the parser: a text without a write
 	// keyword (a SELECT naming a guarded table) needs no more.
-	counted("parse")
+	counted("parse", sql)
 	scan, err := pg_query.Scan(sql)
 	if err == nil && !hasKeyword(scan.Tokens, writeKeywords[:]) && (!ddl || !hasKeyword(scan.Tokens, ddlKeywords[:])) {
 		return &Result{SQL: sql}, nil
 	}
-	counted("parse")
+	counted("parse", sql)
 	tree, err := pg_query.Parse(sql)
 	if err != nil {
 		// The server's grammar may read it (see skew.go): fail closed, and

@@ -162,6 +162,7 @@ func validSettingName(s string) bool {
 // ContainsFold reports whether s contains needle, which must be lower-case,
 // ignoring ASCII case.
 func ContainsFold(s, needle string) bool {
+	counted("prefilter", s)
 	n := len(needle)
 	if n == 0 {
 		return true

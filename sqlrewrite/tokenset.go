@@ -134,6 +134,7 @@ func (ts TokenSettings) named(spelled string, quoted bool) (string, bool) {
 // parsedAs reports whether Postgres's parser reads sql as one SET (kind
 // VAR_SET_VALUE, LOCAL or not) or RESET (VAR_RESET) of the setting name.
 func parsedAs(sql, name string, kind pg_query.VariableSetKind, local bool) bool {
+	counted("parse", sql)
 	tree, err := pg_query.Parse(sql)
 	if err != nil || len(tree.Stmts) != 1 {
 		return false
@@ -224,7 +225,7 @@ func spells(spelled, lower string) bool {
 // [SESSION | LOCAL] <name> { = | TO } <constant>, where name is dotted
 // parts (see settingName), returned as written.
 func parseTokenSet(sql string, i int) (set TokenSet, ok bool) {
-	counted("token setting")
+	counted("token setting", sql)
 	i = space(sql, i+len("set"))
 	switch {
 	case word(sql, i, "session"):

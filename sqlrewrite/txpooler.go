@@ -62,7 +62,7 @@ func (ts TokenSettings) MatchReset(sql string) (TokenSet, bool) {
 // matchReset is MatchReset of sql, whose first word, at sql[i], is RESET:
 // the zero TokenSet when it is not one RESET of a token setting.
 func (ts TokenSettings) matchReset(sql string, i int) TokenSet {
-	counted("token setting")
+	counted("token setting", sql)
 	i = space(sql, i+len("reset"))
 	start := i
 	i, quoted, ok := settingName(sql, i)
@@ -113,7 +113,7 @@ func (ts TokenSettings) sessionChange(sql string) (form string, ok bool, unread 
 	if len(ts.names) == 0 {
 		return "", false, nil
 	}
-	counted("parse")
+	counted("parse", sql)
 	tree, err := pg_query.Parse(sql)
 	if err != nil {
 		if !ts.mayChangeUnread(sql) {
@@ -314,7 +314,7 @@ func TxStarts(sql string) ([]TxStart, *Refusal) {
 
 // txStarts is TxStarts of a text its prefilter (or Analyze) did not clear.
 func txStarts(sql string) ([]TxStart, *Refusal) {
-	counted("parse")
+	counted("parse", sql)
 	tree, err := pg_query.Parse(sql)
 	if err != nil {
 		return nil, unparsableRefusal(err,
