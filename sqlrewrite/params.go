@@ -159,7 +159,7 @@ func scanLiteralsPG(sql string) (lx lexed, ok bool) {
 		switch {
 		case t.Token == pg_query.Token_SQL_COMMENT || t.Token == pg_query.Token_C_COMMENT:
 		case t.Token == pg_query.Token_SCONST && sql[start] == '\'':
-			single, _ := quoted(sql, start, '\'', false)
+			single, _ := quotedToken(sql, start, '\'', false)
 			lx.literals = lx.plainString(lx.literals, sql, start, end, single == end)
 		case t.Token == pg_query.Token_SCONST || t.Token == pg_query.Token_USCONST ||
 			t.Token == pg_query.Token_BCONST || t.Token == pg_query.Token_XCONST:

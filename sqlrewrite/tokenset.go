@@ -2,7 +2,6 @@ package sqlrewrite
 
 import (
 	"slices"
-	"strings"
 
 	pg_query "github.com/pganalyze/pg_query_go/v6"
 )
@@ -150,21 +149,9 @@ func parsedAs(sql, name string, kind pg_query.VariableSetKind, local bool) bool 
 func settingName(sql string, i int) (end int, quoted, ok bool) {
 	for {
 		if i < len(sql) && sql[i] == '"' {
-			j := i + 1
-			for {
-				k := strings.IndexByte(sql[j:], '"')
-				if k < 0 {
-					return 0, false, false
-				}
-				j += k + 1
-				if j < len(sql) && sql[j] == '"' {
-					j++ // a doubled quote stands for one
-					continue
-				}
-				break
-			}
-			if j == i+2 {
-				return 0, false, false // "": Postgres refuses it
+			j, ok := quotedToken(sql, i, '"', false) // "" is refused
+			if !ok {
+				return 0, false, false
 			}
 			i, quoted = j, true
 		} else {
@@ -268,18 +255,17 @@ func parseTokenSet(sql string, i int) (set TokenSet, ok bool) {
 // text.
 func constant(sql string, i int) (value string, end int, ok bool) {
 	if i < len(sql) && sql[i] == '\'' {
-		for j := i + 1; j < len(sql); j++ {
-			switch c := sql[j]; {
-			case c == '\'':
-				if j+1 < len(sql) && sql[j+1] == '\'' {
-					return "", 0, false // a doubled quote: an escape
-				}
-				return sql[i+1 : j], j + 1, true
-			case c == '\\' || c < ' ' || c > '~':
+		end, ok := quotedEnd(sql, i, '\'', true)
+		if !ok {
+			return "", 0, false
+		}
+		value = sql[i+1 : end-1]
+		for j := 0; j < len(value); j++ {
+			if c := value[j]; c == '\'' || c < ' ' || c > '~' { // a doubled quote is an escape
 				return "", 0, false
 			}
 		}
-		return "", 0, false
+		return value, end, true
 	}
 	j := i
 	if j < len(sql) && sql[j] == '-' {
