@@ -34,7 +34,7 @@ func (p *Policy) plan(c *proxy.Client, sql string, mode sqlrewrite.Mode) proxy.P
 	// pgfence's own settings are its alone, in every mode. (The text the
 	// session's memo passes passed this too.)
 	if !sessionOf(c).passes(st, sql) {
-		if ref := t.analysis(st).InternalChange(sql); ref != nil {
+		if ref := t.analysis(st).InternalChange(); ref != nil {
 			p.m.refused.Inc(shardOf(c))
 			p.log.Info("statement refused", "code", ref.Code, "reason", ref.Message,
 				"client", c.RemoteAddr, "application_name", c.ApplicationName())

@@ -33,7 +33,7 @@ func (p *Policy) pooledPlan(st *state, c *proxy.Client, t *text, mode sqlrewrite
 		plan.SQL = p.pooledRefusal(st, sql, form+set.Name+", pipelined behind another statement or inside a transaction block,").plan.SQL
 		return plan
 	}
-	if form, ok, unread := a.SessionChange(sql); ok {
+	if form, ok, unread := a.SessionChange(); ok {
 		var pl *planned
 		if unread != nil {
 			// pgfence cannot read it, and the server may (see
@@ -53,7 +53,7 @@ func (p *Policy) pooledPlan(st *state, c *proxy.Client, t *text, mode sqlrewrite
 		var starts []sqlrewrite.TxStart
 		var unread *sqlrewrite.Refusal
 		if plan.SQL == "" {
-			starts, unread = a.TxStarts(sql)
+			starts, unread = a.TxStarts()
 		} else {
 			starts, unread = sqlrewrite.TxStarts(plan.SQL) // the rewrite's, another text
 		}

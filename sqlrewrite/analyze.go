@@ -13,6 +13,9 @@ import "math/bits"
 type Analysis struct {
 	// Class is what Rewriter.Classify says of the text.
 	Class Class
+	// sql is the text, lent by the caller for as long as it asks the
+	// analysis.
+	sql string
 	// set is the plain SET or RESET of a token setting the text is, when
 	// facts has fSetsToken.
 	set   TokenSet
@@ -61,17 +64,17 @@ const (
 // (TxStarts). Without, those facts are not looked for: Setting is a SET's
 // only, and SessionChange, MayUseToken and TxStarts must not be asked.
 func (r *Rewriter) Analyze(sql string, pooled bool) Analysis {
-	a := Analysis{tokens: &r.tokens}
+	a := Analysis{sql: sql, tokens: &r.tokens}
 	s := scan{want: plainNeedles}
 	if pooled {
 		s.want = allNeedles
 	}
-	a.Class = s.run(sql, r, r.words)
+	a.Class = s.run(sql, r, r.tokens.words)
 	f := s.found
-	if f.has(nPgfence) || f.has(nUAmp) || f.has(nSetConfig) && (f.has(nBackslash) || f.has(nLF) || f.has(nCR)) {
+	if f.mayNameInternal() {
 		a.facts |= fInternal
 	}
-	if f.has(nTokenFirst) || f.has(nSetConfig) || f.has(nReset) || f.has(nDiscard) || f.has(nUAmp) {
+	if f.mayChangeSession() {
 		a.facts |= fSessionChange
 	}
 	if f.has(nDrop) {
@@ -98,7 +101,7 @@ func (r *Rewriter) Analyze(sql string, pooled bool) Analysis {
 	if !pooled {
 		return a
 	}
-	one := s.semicolon < 0 || space(sql, s.semicolon+1) == len(sql) // see oneStatement
+	one := s.oneStatement(sql)
 	if !one && s.txEnd {
 		a.facts |= fTxStarts
 	}
@@ -145,33 +148,33 @@ func (a *Analysis) MayUseToken() bool {
 	return a.Class.Has(Writes) || a.facts&fCalls != 0
 }
 
-// InternalChange is the package's InternalChange of sql, the analysed
-// text: it parses sql only when the analysis says it may set one of
-// pgfence's own settings.
-func (a *Analysis) InternalChange(sql string) *Refusal {
+// InternalChange is the package's InternalChange of the analysed text: it
+// parses the text only when the analysis says it may set one of pgfence's
+// own settings.
+func (a *Analysis) InternalChange() *Refusal {
 	if a.facts&fInternal == 0 {
 		return nil
 	}
-	return internalChange(sql)
+	return internalChange(a.sql)
 }
 
-// SessionChange is TokenSettings.SessionChange of sql, the analysed text:
-// it parses sql only when the analysis says it may change a token setting
-// for the session.
-func (a *Analysis) SessionChange(sql string) (form string, ok bool, unread *Refusal) {
+// SessionChange is TokenSettings.SessionChange of the analysed text: it
+// parses the text only when the analysis says it may change a token
+// setting for the session.
+func (a *Analysis) SessionChange() (form string, ok bool, unread *Refusal) {
 	if a.facts&fSessionChange == 0 {
 		return "", false, nil
 	}
-	return a.tokens.sessionChange(sql)
+	return a.tokens.sessionChange(a.sql)
 }
 
-// TxStarts is the package's TxStarts of sql, the analysed text: it parses
-// sql only when the analysis says it may have such statements.
-func (a *Analysis) TxStarts(sql string) ([]TxStart, *Refusal) {
+// TxStarts is the package's TxStarts of the analysed text: it parses the
+// text only when the analysis says it may have such statements.
+func (a *Analysis) TxStarts() ([]TxStart, *Refusal) {
 	if a.facts&fTxStarts == 0 {
 		return nil, nil
 	}
-	return txStarts(sql)
+	return txStarts(a.sql)
 }
 
 // The strings the pass looks for anywhere in a text, ignoring ASCII case:
@@ -207,11 +210,30 @@ type found uint16
 // The needles a pass looks for: those of every analysis, and those only
 // the pooled path needs besides (see Analyze).
 const (
-	plainNeedles = 1<<nPgfence | 1<<nUAmp | 1<<nSetConfig | 1<<nBackslash | 1<<nLF | 1<<nCR | 1<<nDrop
-	allNeedles   = 1<<nNeedles - 1
+	internalNeedles = 1<<nPgfence | 1<<nUAmp | 1<<nSetConfig | 1<<nBackslash | 1<<nLF | 1<<nCR
+	sessionNeedles  = 1<<nTokenFirst | 1<<nSetConfig | 1<<nReset | 1<<nDiscard | 1<<nUAmp
+	plainNeedles    = internalNeedles | 1<<nDrop
+	allNeedles      = 1<<nNeedles - 1
 )
 
 func (f found) has(n int) bool { return f&(1<<n) != 0 }
+
+// mayNameInternal is InternalChange's prefilter: the text spells pgfence,
+// a Unicode escape (U&), or set_config together with a backslash or a line
+// break (the escapes and string continuations that could spell the name
+// in a literal), ignoring ASCII case.
+func (f found) mayNameInternal() bool {
+	return f.has(nPgfence) || f.has(nUAmp) || f.has(nSetConfig) && (f.has(nBackslash) || f.has(nLF) || f.has(nCR))
+}
+
+// mayChangeSession is SessionChange's prefilter: the text spells the
+// token setting's first part ("fence" of fence.token, which every spelling
+// of it and of every lock domain's has, quoted or spaced out), set_config,
+// RESET, DISCARD, or a Unicode escape (U&"...", which could spell any of
+// them), ignoring ASCII case.
+func (f found) mayChangeSession() bool {
+	return f.has(nTokenFirst) || f.has(nSetConfig) || f.has(nReset) || f.has(nDiscard) || f.has(nUAmp)
+}
 
 // newNeedles returns the needles of a configuration whose token setting
 // is token (lower case).
@@ -260,6 +282,17 @@ type scan struct {
 	want       uint16 // the needles to look for
 	found      found
 }
+
+// oneStatement reports whether sql, which s ran over, has no semicolon
+// but, at most, a last one followed by white space: a semicolon in a
+// string counts, which errs towards "more than one".
+func (s *scan) oneStatement(sql string) bool {
+	return s.semicolon < 0 || space(sql, s.semicolon+1) == len(sql)
+}
+
+// fixedNeedles are the needles of no token setting, for the package's
+// functions of one fact, which have no Rewriter.
+var fixedNeedles = newNeedles("")
 
 // run is the pass: it returns sql's Class (with Touches when r is not
 // nil) and notes in s what Analyze needs besides, and which of nd (nil

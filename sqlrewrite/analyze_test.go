@@ -45,23 +45,23 @@ func checkAnalyze(t *testing.T, r *Rewriter, sql string) {
 		if got, want := a.MayBeDDL(), MayBeDDL(sql, a.Class); got != want {
 			t.Fatalf("Analyze(%q, %v).MayBeDDL() = %v, MayBeDDL says %v", sql, pooled, got, want)
 		}
-		if got, want := a.facts&fInternal != 0, mayNameInternal(sql); got != want {
+		if got, want := a.facts&fInternal != 0, oracleMayNameInternal(sql); got != want {
 			t.Fatalf("Analyze(%q, %v) says InternalChange may = %v, its prefilter says %v", sql, pooled, got, want)
 		}
 		if !pooled {
 			continue
 		}
-		if got, want := a.facts&fSessionChange != 0, mayChangeSession(sql, token); got != want {
+		if got, want := a.facts&fSessionChange != 0, oracleMayChangeSession(sql, token); got != want {
 			t.Fatalf("Analyze(%q) says SessionChange may = %v, its prefilter says %v", sql, got, want)
 		}
 		want := ContainsFold(sql, token) || MayWrite(sql) || strings.IndexByte(sql, '(') >= 0
-		if WritesNothing(sql) {
-			want = ContainsFold(sql, token) || ShowsToken(sql, token)
+		if oracleWritesNothing(sql) {
+			want = ContainsFold(sql, token) || oracleShowsToken(sql, token)
 		}
 		if got := a.MayUseToken(); got != want {
 			t.Fatalf("Analyze(%q).MayUseToken() = %v, WritesNothing, ShowsToken and MayWrite say %v", sql, got, want)
 		}
-		if got, want := a.facts&fTxStarts != 0, !oneStatement(sql) && spellsTxEnd(sql); got != want {
+		if got, want := a.facts&fTxStarts != 0, !oracleOneStatement(sql) && oracleSpellsTxEnd(sql); got != want {
 			t.Fatalf("Analyze(%q) says TxStarts may = %v, its prefilter says %v", sql, got, want)
 		}
 	}
@@ -159,7 +159,7 @@ func TestAnalyze(t *testing.T) {
 			if set != want || ok != (want.Name != "") {
 				t.Errorf("Analyze(%q, %v).Setting() = %+v, %v; want %+v", tc.sql, pooled, set, ok, want)
 			}
-			if got := a.InternalChange(tc.sql) != nil; got != (tc.facts&internal != 0) {
+			if got := a.InternalChange() != nil; got != (tc.facts&internal != 0) {
 				t.Errorf("Analyze(%q, %v).InternalChange refuses: %v", tc.sql, pooled, got)
 			}
 			if got := a.MayBeDDL(); got != (tc.facts&ddl != 0) {
@@ -168,13 +168,13 @@ func TestAnalyze(t *testing.T) {
 			if !pooled {
 				continue
 			}
-			if _, got, _ := a.SessionChange(tc.sql); got != (tc.facts&session != 0) {
+			if _, got, _ := a.SessionChange(); got != (tc.facts&session != 0) {
 				t.Errorf("Analyze(%q).SessionChange says %v", tc.sql, got)
 			}
 			if got := a.MayUseToken(); got != (tc.facts&useToken != 0) {
 				t.Errorf("Analyze(%q).MayUseToken() = %v", tc.sql, got)
 			}
-			if starts, _ := a.TxStarts(tc.sql); (len(starts) > 0) != (tc.facts&txStarts != 0) {
+			if starts, _ := a.TxStarts(); (len(starts) > 0) != (tc.facts&txStarts != 0) {
 				t.Errorf("Analyze(%q).TxStarts() = %v", tc.sql, starts)
 			}
 		}

@@ -39,8 +39,6 @@ type Rewriter struct {
 	// tokens are the token settings: the token setting and its lock
 	// domains'.
 	tokens TokenSettings
-	// words are what Analyze's pass looks for.
-	words *needles
 }
 
 // guardInfo is a guard with the SQL fragments derived from it.
@@ -123,7 +121,6 @@ func New(cfg Config) (*Rewriter, error) {
 		}
 	}
 	r.tokens = NewTokenSettings(cfg.TokenSetting, domains)
-	r.words = newNeedles(asciiLower(cfg.TokenSetting))
 	return r, nil
 }
 

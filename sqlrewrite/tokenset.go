@@ -16,6 +16,9 @@ type TokenSettings struct {
 	// plain[i] says Postgres's parser takes names[i] unquoted in a SET (a
 	// part that is a reserved keyword needs quotes).
 	plain []bool
+	// words are what Analyze's pass looks for, the token setting's
+	// spellings among them.
+	words *needles
 }
 
 // NewTokenSettings returns the recognizer for token and the lock domains'
@@ -23,6 +26,7 @@ type TokenSettings struct {
 func NewTokenSettings(token string, domains []string) TokenSettings {
 	var ts TokenSettings
 	token = asciiLower(token)
+	ts.words = newNeedles(token)
 	for _, name := range append([]string{token}, domains...) {
 		if name != token {
 			name = token + "." + asciiLower(name)

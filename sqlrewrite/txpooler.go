@@ -101,7 +101,11 @@ func (ts TokenSettings) matchReset(sql string, i int) TokenSet {
 // then ok is true, form is "a statement pgfence cannot read", and unread
 // is the refusal to send instead (42601, quoting the parser's error).
 func (ts TokenSettings) SessionChange(sql string) (form string, ok bool, unread *Refusal) {
-	if len(ts.names) == 0 || !mayChangeSession(sql, ts.names[0]) {
+	if len(ts.names) == 0 {
+		return "", false, nil
+	}
+	s := scan{want: sessionNeedles}
+	if s.run(sql, nil, ts.words); !s.found.mayChangeSession() {
 		return "", false, nil
 	}
 	return ts.sessionChange(sql)
@@ -187,31 +191,6 @@ func (ts TokenSettings) changeIn(m proto.Message) (string, bool) {
 	return "", false
 }
 
-// mayChangeSession is SessionChange's prefilter, allocation-free: sql
-// spells the token setting's first part ("fence" of fence.token, which
-// every spelling of it and of every lock domain's has, quoted or spaced
-// out), set_config, RESET, DISCARD, or a Unicode escape (U&"...", which
-// could spell any of them), ignoring ASCII case.
-func mayChangeSession(sql, token string) bool {
-	first, _, _ := strings.Cut(token, ".")
-	return ContainsFold(sql, first) || ContainsFold(sql, "set_config") ||
-		ContainsFold(sql, "reset") || ContainsFold(sql, "discard") || ContainsFold(sql, "u&")
-}
-
-// WritesNothing reports whether sql is one statement that can run none of
-// the user's SQL, and so write nothing and read no token: transaction
-// control, SET, SHOW, LISTEN and the like, and the maintenance commands
-// Postgres refuses to run inside a transaction block or a pipeline
-// (VACUUM, CREATE INDEX CONCURRENTLY, CREATE DATABASE, ALTER SYSTEM...),
-// which a statement of pgfence's ahead of them in their transaction would
-// make fail. It looks at the first words only, after comments, and says
-// false for anything it does not know or for more than one statement.
-// (Analyze says it in its pass: see Analysis.MayUseToken.)
-func WritesNothing(sql string) bool {
-	i := skipSpace(sql, 0)
-	return oneStatement(sql) && leadWritesNothing(sql, i, ContainsFold(sql, "set_config"), ContainsFold(sql, "concurrently"))
-}
-
 // leadWritesNothing is WritesNothing of a text of one statement whose
 // first word is at sql[i]; setConfig and concurrently say whether the text
 // spells set_config and concurrently anywhere, ignoring ASCII case.
@@ -259,27 +238,6 @@ func leadWord(sql string, i int) string {
 	return sql[i:j]
 }
 
-// oneStatement reports whether sql has no semicolon but, at most, a last
-// one followed by white space: a semicolon in a string counts, which errs
-// towards "more than one".
-func oneStatement(sql string) bool {
-	k := strings.IndexByte(sql, ';')
-	return k < 0 || space(sql, k+1) == len(sql)
-}
-
-// ShowsToken reports whether sql, which WritesNothing clears, may read or
-// set a token setting all the same: a SHOW, SET or RESET that spells the
-// token setting's first part (any case, quoted or spaced out) or a Unicode
-// escape. Behind a transaction pooler its transaction then needs the
-// session's token settings too.
-func ShowsToken(sql, token string) bool {
-	if !leadShows(leadWord(sql, skipSpace(sql, 0))) {
-		return false
-	}
-	first, _, _ := strings.Cut(token, ".")
-	return ContainsFold(sql, asciiLower(first)) || ContainsFold(sql, "u&")
-}
-
 // leadShows reports whether first, a text's first word, is SHOW, SET or
 // RESET.
 func leadShows(first string) bool { return isAnyWord(first, "show", "set", "reset") }
@@ -306,7 +264,8 @@ type TxStart struct {
 // may still end a transaction and go on on the server (see skew.go):
 // TxStarts then returns the refusal to send instead (42601).
 func TxStarts(sql string) ([]TxStart, *Refusal) {
-	if oneStatement(sql) || !spellsTxEnd(sql) {
+	var s scan
+	if s.run(sql, nil, nil); s.oneStatement(sql) || !s.txEnd {
 		return nil, nil
 	}
 	return txStarts(sql)
@@ -328,17 +287,6 @@ func txStarts(sql string) ([]TxStart, *Refusal) {
 		}
 	}
 	return starts, nil
-}
-
-// spellsTxEnd reports whether sql spells, as a word of its own, a keyword
-// that starts a statement that may end a transaction.
-func spellsTxEnd(sql string) bool {
-	for _, w := range [...]string{"commit", "end", "rollback", "abort", "prepared", "transaction"} {
-		if spellsWord(sql, w) {
-			return true
-		}
-	}
-	return false
 }
 
 // endsTx reports whether stmt ends the transaction it runs in.
