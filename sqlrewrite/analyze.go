@@ -202,6 +202,10 @@ const (
 type needles struct {
 	words [nNeedles]string
 	first [256]uint16
+	// second are, by each byte, the needles whose second byte it is (either
+	// case), and the needles of one byte: most bytes that start a needle
+	// are not followed by its second.
+	second [256]uint16
 }
 
 // found are the needles a pass found, a bit each.
@@ -253,10 +257,19 @@ func newNeedles(token string) *needles {
 		nd.words[nTokenFirst], nd.words[nToken] = first, token
 	}
 	for k, w := range nd.words {
-		if w != "" {
-			nd.first[w[0]] |= 1 << k
-			nd.first[toUpper(w[0])] |= 1 << k
+		switch {
+		case w == "":
+			continue
+		case len(w) == 1:
+			for c := range nd.second {
+				nd.second[c] |= 1 << k
+			}
+		default:
+			nd.second[w[1]] |= 1 << k
+			nd.second[toUpper(w[1])] |= 1 << k
 		}
+		nd.first[w[0]] |= 1 << k
+		nd.first[toUpper(w[0])] |= 1 << k
 	}
 	return nd
 }
@@ -330,7 +343,12 @@ func (s *scan) run(sql string, r *Rewriter, nd *needles) Class {
 		}
 		if nd != nil {
 			if m := nd.first[b] & s.want &^ uint16(s.found); m != 0 {
-				s.found |= nd.at(sql, i, m)
+				if i+1 < len(sql) {
+					m &= nd.second[sql[i+1]]
+				}
+				if m != 0 {
+					s.found |= nd.at(sql, i, m)
+				}
 			}
 		}
 	}

@@ -199,3 +199,58 @@ func TestAnalyzeAllocs(t *testing.T) {
 }
 
 var analysisSink Analysis
+
+// BenchmarkAnalyze compares Analyze with the separate scans it replaced
+// (oracle_test.go's, and Classify and Match), as the policy made them
+// for each text without a transaction pooler and behind one.
+func BenchmarkAnalyze(b *testing.B) {
+	g, err := ParseGuard("pgbench_accounts")
+	if err != nil {
+		b.Fatal(err)
+	}
+	r, err := New(Config{Guards: []Guard{g}, TokenSetting: "fence.token"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	const token = "fence.token"
+	separate := func(sql string, pooled bool) bool {
+		ok := oracleMayNameInternal(sql)
+		if pooled {
+			_, m := r.tokens.Match(sql)
+			_, mr := r.tokens.MatchReset(sql)
+			ok = ok != (m || mr || oracleMayChangeSession(sql, token))
+		}
+		cl := r.Classify(sql)
+		_, m := r.tokens.Match(sql)
+		ok = ok != m
+		if pooled {
+			ok = ok != (ContainsFold(sql, token) || oracleWritesNothing(sql) && oracleShowsToken(sql, token) ||
+				MayWrite(sql) || strings.IndexByte(sql, '(') >= 0 || !oracleOneStatement(sql) && oracleSpellsTxEnd(sql))
+		}
+		return ok != cl.Has(Writes)
+	}
+	for _, tc := range []struct{ name, sql string }{
+		{"update", "UPDATE pgbench_accounts SET abalance = abalance + -1234 WHERE aid = 567890;"},
+		{"select", "SELECT abalance FROM pgbench_branches WHERE bid = $1"},
+		{"set-token", "SET fence.token = '1000'"},
+	} {
+		for _, pooled := range []bool{false, true} {
+			mode := "plain"
+			if pooled {
+				mode = "pooled"
+			}
+			b.Run(tc.name+"/"+mode+"/analyze", func(b *testing.B) {
+				for b.Loop() {
+					analysisSink = r.Analyze(tc.sql, pooled)
+				}
+			})
+			b.Run(tc.name+"/"+mode+"/separate", func(b *testing.B) {
+				for b.Loop() {
+					boolSink = separate(tc.sql, pooled)
+				}
+			})
+		}
+	}
+}
+
+var boolSink bool
