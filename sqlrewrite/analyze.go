@@ -48,6 +48,9 @@ const (
 	// fTxStarts: the text has more than one statement and spells a word
 	// that starts one that may end a transaction (see TxStarts).
 	fTxStarts
+	// fPooled: the analysis was made behind a transaction pooler, and
+	// looked for what only that needs (see Analyze).
+	fPooled
 )
 
 // Analyze is the one pass over sql, the whole text of a Query or Parse,
@@ -62,7 +65,9 @@ const (
 // a RESET of a token setting, may change one for the session, needs the
 // session's token settings (MayUseToken) or starts transactions of its own
 // (TxStarts). Without, those facts are not looked for: Setting is a SET's
-// only, and SessionChange, MayUseToken and TxStarts must not be asked.
+// only, and SessionChange, MayUseToken and TxStarts, which are not meant
+// to be asked then, fail closed (they read the text on their own, or say
+// true).
 func (r *Rewriter) Analyze(sql string, pooled bool) Analysis {
 	a := Analysis{sql: sql, tokens: &r.tokens}
 	s := scan{want: plainNeedles}
@@ -101,6 +106,7 @@ func (r *Rewriter) Analyze(sql string, pooled bool) Analysis {
 	if !pooled {
 		return a
 	}
+	a.facts |= fPooled
 	one := s.oneStatement(sql)
 	if !one && s.txEnd {
 		a.facts |= fTxStarts
@@ -133,13 +139,17 @@ func (a *Analysis) MayBeDDL() bool {
 
 // MayUseToken reports whether the text, run on its own, may read or set a
 // token setting or write at all: it names the token setting (however it
-// spells it), or is no statement that WritesNothing clears and spells a
-// write keyword or a parenthesis (a function call), or is one that reads
-// or sets a setting and may spell a token setting (ShowsToken). Behind a
-// transaction pooler its transaction then needs the session's token
-// settings.
+// spells it); or it is not one statement that can run none of the user's
+// SQL (transaction control, SET, SHOW, LISTEN, VACUUM, CREATE INDEX
+// CONCURRENTLY and the like: see leadWritesNothing) and spells a write
+// keyword or a parenthesis (a function call); or it is one such SHOW, SET
+// or RESET that spells the token setting's first part or a Unicode escape.
+// Behind a transaction pooler its transaction then needs the session's
+// token settings.
 func (a *Analysis) MayUseToken() bool {
 	switch {
+	case a.facts&fPooled == 0:
+		return true // not looked for: see Analyze
 	case a.facts&fNamesToken != 0:
 		return true
 	case a.facts&fWritesNothing != 0:
@@ -162,7 +172,10 @@ func (a *Analysis) InternalChange() *Refusal {
 // parses the text only when the analysis says it may change a token
 // setting for the session.
 func (a *Analysis) SessionChange() (form string, ok bool, unread *Refusal) {
-	if a.facts&fSessionChange == 0 {
+	switch {
+	case a.facts&fPooled == 0:
+		return a.tokens.SessionChange(a.sql) // not looked for: see Analyze
+	case a.facts&fSessionChange == 0:
 		return "", false, nil
 	}
 	return a.tokens.sessionChange(a.sql)
@@ -171,7 +184,10 @@ func (a *Analysis) SessionChange() (form string, ok bool, unread *Refusal) {
 // TxStarts is the package's TxStarts of the analysed text: it parses the
 // text only when the analysis says it may have such statements.
 func (a *Analysis) TxStarts() ([]TxStart, *Refusal) {
-	if a.facts&fTxStarts == 0 {
+	switch {
+	case a.facts&fPooled == 0:
+		return TxStarts(a.sql) // not looked for: see Analyze
+	case a.facts&fTxStarts == 0:
 		return nil, nil
 	}
 	return txStarts(a.sql)

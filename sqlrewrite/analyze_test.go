@@ -254,3 +254,25 @@ func BenchmarkAnalyze(b *testing.B) {
 }
 
 var boolSink bool
+
+// Asked of an analysis made without a transaction pooler, what only the
+// pooled path looks for fails closed: it is read on its own, or true.
+func TestAnalyzeUnpooledFailsClosed(t *testing.T) {
+	r := fuzzRewriterIn(t, 0, fuzzDomains)
+	for _, sql := range []string{"SELECT 1", "SELECT set_config('fence.token', '1', false)", "SELECT 1; COMMIT; SELECT 2"} {
+		a := r.Analyze(sql, false)
+		if !a.MayUseToken() {
+			t.Errorf("Analyze(%q, false).MayUseToken() = false, want true", sql)
+		}
+		form, ok, _ := a.SessionChange()
+		wantForm, wantOK, _ := r.tokens.SessionChange(sql)
+		if form != wantForm || ok != wantOK {
+			t.Errorf("Analyze(%q, false).SessionChange() = %q, %v; want %q, %v", sql, form, ok, wantForm, wantOK)
+		}
+		starts, _ := a.TxStarts()
+		want, _ := TxStarts(sql)
+		if len(starts) != len(want) {
+			t.Errorf("Analyze(%q, false).TxStarts() = %v, want %v", sql, starts, want)
+		}
+	}
+}
