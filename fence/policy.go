@@ -90,6 +90,9 @@ type state struct {
 	// cacheSize is each set's capacity.
 	cacheSize int
 	probes    sync.Map // probe SQL -> *proxy.Probe
+	// setRefusals, behind a transaction pooler, are the statements that
+	// refuse a plain SET or RESET of a token setting (see setRefusal).
+	setRefusals map[settingKey]string
 	// nonASCIINames is set when a guarded table or its schema has a name
 	// that is not ASCII, which the name prefilter may then miss, and
 	// nonASCIISpliced when one of those or an epoch column has, which a
@@ -196,6 +199,9 @@ func (p *Policy) Reload(cfg Config) error {
 		return err
 	}
 	st := &state{cfg: cfg, rw: rw}
+	if cfg.TransactionPooling {
+		st.setRefusals = setRefusals(rw, cfg.TokenSetting)
+	}
 	for _, g := range cfg.Guards {
 		if !isASCII(g.Table) || !isASCII(g.Schema) {
 			st.nonASCIINames = true

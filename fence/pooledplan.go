@@ -26,11 +26,7 @@ func (p *Policy) pooledPlan(st *state, c *proxy.Client, t *text, mode sqlrewrite
 		}
 		// Answered by the proxy when it may; else refused, as it would
 		// stay on the server connection.
-		form := "SET "
-		if set.Reset {
-			form = "RESET "
-		}
-		plan.SQL = p.pooledRefusal(st, sql, form+set.Name+", pipelined behind another statement or inside a transaction block,").plan.SQL
+		plan.SQL = st.setRefusal(set.Name, set.Reset)
 		return plan
 	}
 	if form, ok, unread := a.SessionChange(); ok {
@@ -109,6 +105,44 @@ type pooledSet struct {
 // closed.
 func needsToken(a *sqlrewrite.Analysis, plan proxy.Plan) bool {
 	return plan.SQL != "" || len(plan.Probes) > 0 || a.MayUseToken()
+}
+
+// settingKey names a plain SET (or RESET) of a token setting.
+type settingKey struct {
+	name  string
+	reset bool
+}
+
+// setRefusals are the statements that refuse a plain SET or RESET of each
+// token setting behind a transaction pooler, where the proxy cannot answer
+// it (see pooledPlan): one per setting and form, made once per
+// configuration, as a pooled session sends the SET in every transaction.
+func setRefusals(rw *sqlrewrite.Rewriter, setting string) map[settingKey]string {
+	m := make(map[settingKey]string)
+	for _, name := range rw.Tokens().Names() {
+		for _, reset := range []bool{false, true} {
+			m[settingKey{name, reset}] = setRefusalSQL(setting, name, reset)
+		}
+	}
+	return m
+}
+
+// setRefusal returns the statement that refuses a plain SET (or RESET) of
+// the token setting name behind a transaction pooler.
+func (st *state) setRefusal(name string, reset bool) string {
+	if sql, ok := st.setRefusals[settingKey{name, reset}]; ok {
+		return sql
+	}
+	return setRefusalSQL(st.cfg.TokenSetting, name, reset)
+}
+
+func setRefusalSQL(setting, name string, reset bool) string {
+	form := "SET "
+	if reset {
+		form = "RESET "
+	}
+	form += name + ", pipelined behind another statement or inside a transaction block,"
+	return sqlrewrite.Refuse(sqlrewrite.PooledRefusal(form, setting)).SQL
 }
 
 // pooledRefusal is the plan that refuses sql, which would change a token
