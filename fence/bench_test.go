@@ -133,3 +133,24 @@ func queryEach(b *testing.B, p *fence.Policy, c *proxy.Client, texts []string) {
 		i++
 	}
 }
+
+// BenchmarkPolicyPooled is the per-statement path behind a transaction
+// pooler (Config.TransactionPooling), where each text is also checked for
+// a change of the token for the session and for whether it needs the
+// token: a cached fenced write, the token's SET, and a plain read.
+func BenchmarkPolicyPooled(b *testing.B) {
+	for _, bc := range []struct{ name, sql string }{
+		{"write", "UPDATE pgbench_accounts SET abalance = abalance + -1234 WHERE aid = 567890;"},
+		{"set", "SET fence.token = '1000'"},
+		{"read", "SELECT abalance FROM pgbench_branches WHERE bid = 1"},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			p, c := policyWith(b, fence.Config{TransactionPooling: true}, prometheus.NewRegistry())
+			p.Query(c, bc.sql)
+			b.ReportAllocs()
+			for b.Loop() {
+				p.Query(c, bc.sql)
+			}
+		})
+	}
+}

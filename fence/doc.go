@@ -24,6 +24,24 @@
 // vectors themselves, with the database label given, as a curried vector
 // has no DeletePartialMatch of its own.
 //
+// # One analysis of a text
+//
+// Every fencing decision about a Query's or Parse's text is made in
+// plan, planIn and pooledPlan, in a fixed order: pgfence's own settings,
+// then (behind a transaction pooler) a SET or RESET of a token setting
+// and any other change of one for the session, then the session's memo,
+// DDL and settings that change how texts are read, an answerable SET, a
+// text that cannot name a guarded table, a read, the rewrite (cached,
+// bound to its literals, or made), and last, behind a transaction pooler,
+// whether the text needs the session's token and where its transactions
+// start. Each step switches over one
+// sqlrewrite.Analysis of the text, made at the first step that needs it
+// (text.analysis), so a text is scanned once whatever steps it goes
+// through, and a text the session's memo passes outside a transaction
+// pooler not at all. Only the steps the analysis says must look further
+// read the text again: the parser, for a refusal or a rewrite, and the
+// literals' scanner, for a simple-protocol write.
+//
 // # Per-loop state
 //
 // The proxy relays sessions on several event loops, one per core, and a

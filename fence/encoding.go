@@ -109,9 +109,9 @@ func (p *Policy) ReadingProbe() *proxy.Probe { return readingProbe }
 // what came before, must wait for that. A text that reads the same
 // whatever the settings (sqlrewrite.ReadsAlike), as nearly all do, need
 // not; nor does one that cannot write a guarded table however it is read:
-// the write keywords and guarded names Classify looks for are ASCII
+// the write keywords and guarded names Analyze looks for are ASCII
 // letters, which a client encoding may swallow into a character (SJIS's
-// second bytes include them) but never makes of other bytes, and Classify
+// second bytes include them) but never makes of other bytes, and Analyze
 // looks for them across literals and comments, wherever they end. (A
 // guarded name that is not ASCII is spelled in other bytes in another
 // encoding: a write with non-ASCII text waits then.) Behind a transaction
@@ -129,9 +129,9 @@ func (p *Policy) DependsOnReading(c *proxy.Client, sql string) bool {
 	if st.cfg.TransactionPooling {
 		return true
 	}
-	cl := st.rw.Classify(sql)
-	if !cl.Has(sqlrewrite.Writes) && !sqlrewrite.MayBeDDL(sql, cl) {
+	a := st.rw.Analyze(sql, false)
+	if !a.Class.Has(sqlrewrite.Writes) && !a.MayBeDDL() {
 		return false // neither a write nor DDL that may weaken a backstop (see sqlrewrite/weaken.go)
 	}
-	return cl.Has(sqlrewrite.Touches) || sessionOf(c).mayExecute(cl) || st.nonASCIINames && !isASCII(sql)
+	return a.Class.Has(sqlrewrite.Touches) || sessionOf(c).mayExecute(a.Class) || st.nonASCIINames && !isASCII(sql)
 }

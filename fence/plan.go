@@ -10,12 +10,31 @@ import (
 	"github.com/pgfence/pgfence/sqlrewrite"
 )
 
+// text is the text of a Query or Parse with sqlrewrite's analysis of it,
+// made on first use: the one pass over the text whose result the policy's
+// decisions switch over (see sqlrewrite.Analysis). A text the session's
+// memo passes is not analysed at all.
+type text struct {
+	sql      string
+	a        sqlrewrite.Analysis
+	analyzed bool
+}
+
+// analysis returns t's analysis under st, made at the first call.
+func (t *text) analysis(st *state) *sqlrewrite.Analysis {
+	if !t.analyzed {
+		t.a, t.analyzed = st.rw.Analyze(t.sql, st.cfg.TransactionPooling), true
+	}
+	return &t.a
+}
+
 func (p *Policy) plan(c *proxy.Client, sql string, mode sqlrewrite.Mode) proxy.Plan {
 	st := p.state.Load()
+	t := text{sql: sql}
 	// pgfence's own settings are its alone, in every mode. (The text the
 	// session's memo passes passed this too.)
 	if !sessionOf(c).passes(st, sql) {
-		if ref := sqlrewrite.InternalChange(sql); ref != nil {
+		if ref := t.analysis(st).InternalChange(); ref != nil {
 			p.m.refused.Inc(shardOf(c))
 			p.log.Info("statement refused", "code", ref.Code, "reason", ref.Message,
 				"client", c.RemoteAddr, "application_name", c.ApplicationName())
@@ -23,39 +42,40 @@ func (p *Policy) plan(c *proxy.Client, sql string, mode sqlrewrite.Mode) proxy.P
 		}
 	}
 	if st.cfg.TransactionPooling {
-		return p.pooledPlan(st, c, sql, mode)
+		return p.pooledPlan(st, c, &t, mode)
 	}
-	return p.planIn(st, c, sql, mode)
+	return p.planIn(st, c, &t, mode)
 }
 
-func (p *Policy) planIn(st *state, c *proxy.Client, sql string, mode sqlrewrite.Mode) proxy.Plan {
+func (p *Policy) planIn(st *state, c *proxy.Client, t *text, mode sqlrewrite.Mode) proxy.Plan {
 	sess := sessionOf(c)
+	sql := t.sql
 	// The name prefilter, and the memo of the last text it passed, compare
 	// the guarded names' bytes with the client's: when the server may read
 	// the client's non-ASCII bytes as other characters (see
 	// misreadsNonASCII), they cannot clear such a text, which must not be
 	// passed on their word. A text that spells no write keyword still
-	// cannot write (MayWrite looks at ASCII letters and the bytes around
+	// cannot write (Writes looks at ASCII letters and the bytes around
 	// them only, which stand for the same characters in every client
 	// encoding); any other goes on to unreadable, which refuses it. Only
 	// sessions whose client encoding is not UTF8 pay for the check, and
 	// only when a guarded name is not ASCII.
-	var cl sqlrewrite.Class // what one pass over sql says (see sqlrewrite.Classify)
+	var a *sqlrewrite.Analysis
 	if st.nonASCIINames && misreadsNonASCII(c) && !isASCII(sql) {
-		cl = st.rw.Classify(sql)
-		p.noteChange(c, sess, cl)
-		if !cl.Has(sqlrewrite.Writes) && !sqlrewrite.MayBeDDL(sql, cl) {
+		a = t.analysis(st)
+		p.noteChange(c, sess, a.Class)
+		if !a.Class.Has(sqlrewrite.Writes) && !a.MayBeDDL() {
 			p.m.passthrough.Inc(shardOf(c))
-			return proxy.Plan{Forget: sess.invalidates(cl)}
+			return proxy.Plan{Forget: sess.invalidates(a.Class)}
 		}
 	} else {
 		if sess.passes(st, sql) {
 			p.m.passthrough.Inc(shardOf(c))
 			return proxy.Plan{}
 		}
-		cl = st.rw.Classify(sql)
-		ddl := p.noteChange(c, sess, cl)
-		if set, ok := st.tokens.Match(sql); ok {
+		a = t.analysis(st)
+		ddl := p.noteChange(c, sess, a.Class)
+		if set, ok := a.Setting(); ok && !set.Reset {
 			// It changes no prepared statement and touches no table; the
 			// proxy may answer it itself (see proxy.Plan.Setting).
 			p.m.passthrough.Inc(shardOf(c))
@@ -64,21 +84,21 @@ func (p *Policy) planIn(st *state, c *proxy.Client, sql string, mode sqlrewrite.
 		// Plan.Forget has the proxy prepare its own statements again: on a
 		// false alarm that costs a Parse, a miss fails the next write that
 		// uses one (once: the proxy also forgets them on a 26000).
-		if !cl.Has(sqlrewrite.Touches) && !sess.mayExecute(cl) {
+		if !a.Class.Has(sqlrewrite.Touches) && !sess.mayExecute(a.Class) {
 			p.m.passthrough.Inc(shardOf(c))
-			forget := sess.invalidates(cl)
+			forget := sess.invalidates(a.Class)
 			if !forget && !ddl {
-				sess.passed(st, sql, cl)
+				sess.passed(st, sql, a.Class)
 			}
 			return proxy.Plan{Forget: forget}
 		}
-		if readOnly(c, sql, cl) {
+		if readOnly(c, sql, a) {
 			p.m.passthrough.Inc(shardOf(c))
-			return proxy.Plan{Forget: sess.invalidates(cl)}
+			return proxy.Plan{Forget: sess.invalidates(a.Class)}
 		}
 	}
-	forget := sess.invalidates(cl)
-	pl, params := p.rewrite(st, c, sess, sql, mode, forget, cl)
+	forget := sess.invalidates(a.Class)
+	pl, params := p.rewrite(st, c, sess, sql, mode, forget, a)
 	if st.nonASCIISpliced && pl.res.Refusal == nil && pl.plan.SQL != "" && misreadsNonASCII(c) && !isASCII(pl.plan.SQL) {
 		// The fence spells guarded names and epoch columns in UTF-8 (and
 		// the rewrite may be another session's, from the cache), which
@@ -122,15 +142,15 @@ func (p *Policy) planIn(st *state, c *proxy.Client, sql string, mode sqlrewrite.
 	return plan
 }
 
-// readOnly reports, from its class, that sql spells no write keyword
+// readOnly reports, from its analysis a, that sql spells no write keyword
 // (see sqlrewrite.Writes) and is no DDL that may weaken a guarded table's
 // backstop (sqlrewrite.MayBeDDL): a query of a guarded table, which then
 // needs neither the rewriter nor the cache. Postgres converts other client
 // encodings to UTF8 before it parses, so the bytes are taken for what the
 // server reads only in an encoding that needs no conversion, or when they
 // are all ASCII.
-func readOnly(c *proxy.Client, sql string, cl sqlrewrite.Class) bool {
-	if cl.Has(sqlrewrite.Writes) || sqlrewrite.MayBeDDL(sql, cl) {
+func readOnly(c *proxy.Client, sql string, a *sqlrewrite.Analysis) bool {
+	if a.Class.Has(sqlrewrite.Writes) || a.MayBeDDL() {
 		return false
 	}
 	enc := c.ClientEncoding()
@@ -177,7 +197,7 @@ func (p *Policy) newPlanned(st *state, sql string, res *sqlrewrite.Result) *plan
 // rewrite returns sql's rewrite and plan, from the cache when it can. For
 // a simple-protocol write it may instead return the plan of sql's
 // parameterized form with the values to bind to it (see boundPlan).
-func (p *Policy) rewrite(st *state, c *proxy.Client, sess *session, sql string, mode sqlrewrite.Mode, forget bool, cl sqlrewrite.Class) (*planned, []string) {
+func (p *Policy) rewrite(st *state, c *proxy.Client, sess *session, sql string, mode sqlrewrite.Mode, forget bool, a *sqlrewrite.Analysis) (*planned, []string) {
 	if ref := unreadable(st, c, sql); ref != nil {
 		return p.newPlanned(st, sql, sqlrewrite.Refuse(ref)), nil
 	}
@@ -190,15 +210,15 @@ func (p *Policy) rewrite(st *state, c *proxy.Client, sess *session, sql string, 
 			return pl, nil
 		}
 	}
-	if mode == sqlrewrite.Simple && cs != nil && !forget && !sess.mayExecute(cl) && !c.SimpleOnly() {
+	if mode == sqlrewrite.Simple && cs != nil && !forget && !sess.mayExecute(a.Class) && !c.SimpleOnly() {
 		if pl, ok := cs.texts.Get(sql); ok {
 			p.m.cacheHits.Inc(shardOf(c))
 			return pl, pl.params
 		}
 		b := &sess.bind
 		b.p, b.st, b.cs, b.c, b.last = p, st, cs, c, nil
-		par, ok, writes := sqlrewrite.BindLiterals(sql, cl, b)
-		if !writes && !sqlrewrite.MayBeDDL(sql, cl) {
+		par, ok, writes := sqlrewrite.BindLiterals(sql, a.Class, b)
+		if !writes && !a.MayBeDDL() {
 			// What Rewrite would say, without scanning the text again.
 			p.m.cacheMisses.Inc(shardOf(c))
 			text := strings.Clone(sql) // kept: see proxy.Interceptor
@@ -222,7 +242,7 @@ func (p *Policy) rewrite(st *state, c *proxy.Client, sess *session, sql string, 
 	if cacheable {
 		p.m.cacheMisses.Inc(shardOf(c))
 	}
-	return p.rewriteText(st, cs, c, sess, sql, key, cacheable, cl), nil
+	return p.rewriteText(st, cs, c, sess, sql, key, cacheable, a), nil
 }
 
 // boundPlan returns the plan of a parameterized simple-protocol write, nil
@@ -335,7 +355,7 @@ func paramTypes(oids []uint32) []byte {
 }
 
 // rewriteText rewrites sql as sent and caches the outcome under key.
-func (p *Policy) rewriteText(st *state, cs *caches, c *proxy.Client, sess *session, sql string, key cacheKey, cacheable bool, cl sqlrewrite.Class) *planned {
+func (p *Policy) rewriteText(st *state, cs *caches, c *proxy.Client, sess *session, sql string, key cacheKey, cacheable bool, a *sqlrewrite.Analysis) *planned {
 	mode := key.mode
 	// The proxy's text is only lent (see proxy.Interceptor): the rewrite
 	// and the cache keep this copy.
@@ -351,7 +371,7 @@ func (p *Policy) rewriteText(st *state, cs *caches, c *proxy.Client, sess *sessi
 	if len(sess.prepared) > 0 {
 		s = sess
 	}
-	res, err := st.rw.RewriteClass(sql, mode, s, cl)
+	res, err := st.rw.RewriteAnalyzed(sql, mode, s, a)
 	if err != nil {
 		// Never forward a statement the rewriter could not judge.
 		p.log.Error("rewriter failed; refusing the statement", "err", err, "client", c.RemoteAddr)

@@ -3,7 +3,6 @@ package fence
 import (
 	"hash/maphash"
 	"log/slog"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -91,11 +90,9 @@ type state struct {
 	// cacheSize is each set's capacity.
 	cacheSize int
 	probes    sync.Map // probe SQL -> *proxy.Probe
-	// tokens recognizes a plain SET of a token setting, which the proxy
-	// may answer itself.
-	tokens sqlrewrite.TokenSettings
-	// tokenLower is the token setting in lower case.
-	tokenLower string
+	// setRefusals, behind a transaction pooler, are the statements that
+	// refuse a plain SET or RESET of a token setting (see setRefusal).
+	setRefusals map[settingKey]string
 	// nonASCIINames is set when a guarded table or its schema has a name
 	// that is not ASCII, which the name prefilter may then miss, and
 	// nonASCIISpliced when one of those or an epoch column has, which a
@@ -201,14 +198,10 @@ func (p *Policy) Reload(cfg Config) error {
 	if err != nil {
 		return err
 	}
-	var domains []string
-	for _, g := range cfg.Guards {
-		if g.Domain != "" {
-			domains = append(domains, g.Domain)
-		}
+	st := &state{cfg: cfg, rw: rw}
+	if cfg.TransactionPooling {
+		st.setRefusals = setRefusals(rw, cfg.TokenSetting)
 	}
-	st := &state{cfg: cfg, rw: rw, tokens: sqlrewrite.NewTokenSettings(cfg.TokenSetting, domains),
-		tokenLower: strings.ToLower(cfg.TokenSetting)}
 	for _, g := range cfg.Guards {
 		if !isASCII(g.Table) || !isASCII(g.Schema) {
 			st.nonASCIINames = true

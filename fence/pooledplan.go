@@ -1,8 +1,6 @@
 package fence
 
 import (
-	"strings"
-
 	"github.com/pgfence/pgfence/proxy"
 	"github.com/pgfence/pgfence/sqlrewrite"
 )
@@ -14,13 +12,11 @@ import (
 // proxy answers; every other way to change one for the session is refused
 // here, as the server connection would keep that change for the next
 // client while pgfence went on with its own value.
-func (p *Policy) pooledPlan(st *state, c *proxy.Client, sql string, mode sqlrewrite.Mode) proxy.Plan {
+func (p *Policy) pooledPlan(st *state, c *proxy.Client, t *text, mode sqlrewrite.Mode) proxy.Plan {
 	sess := sessionOf(c)
-	set, ok := st.tokens.Match(sql)
-	if !ok {
-		set, ok = st.tokens.MatchReset(sql)
-	}
-	if ok {
+	sql := t.sql
+	a := t.analysis(st)
+	if set, ok := a.Setting(); ok {
 		p.m.passthrough.Inc(shardOf(c))
 		plan := proxy.Plan{Setting: sess.setting(set)}
 		if set.Local {
@@ -30,14 +26,10 @@ func (p *Policy) pooledPlan(st *state, c *proxy.Client, sql string, mode sqlrewr
 		}
 		// Answered by the proxy when it may; else refused, as it would
 		// stay on the server connection.
-		form := "SET "
-		if set.Reset {
-			form = "RESET "
-		}
-		plan.SQL = p.pooledRefusal(st, sql, form+set.Name+", pipelined behind another statement or inside a transaction block,").plan.SQL
+		plan.SQL = st.setRefusal(set.Name, set.Reset)
 		return plan
 	}
-	if form, ok, unread := st.tokens.SessionChange(sql); ok {
+	if form, ok, unread := a.SessionChange(); ok {
 		var pl *planned
 		if unread != nil {
 			// pgfence cannot read it, and the server may (see
@@ -51,14 +43,16 @@ func (p *Policy) pooledPlan(st *state, c *proxy.Client, sql string, mode sqlrewr
 			"client", c.RemoteAddr, "application_name", c.ApplicationName())
 		return pl.plan
 	}
-	plan := p.planIn(st, c, sql, mode)
-	plan.NeedsToken = needsToken(st, sql, plan)
+	plan := p.planIn(st, c, t, mode)
+	plan.NeedsToken = needsToken(a, plan)
 	if plan.NeedsToken && mode == sqlrewrite.Simple && plan.ParamTypes == nil {
-		text := plan.SQL
-		if text == "" {
-			text = sql
+		var starts []sqlrewrite.TxStart
+		var unread *sqlrewrite.Refusal
+		if plan.SQL == "" {
+			starts, unread = a.TxStarts()
+		} else {
+			starts, unread = sqlrewrite.TxStarts(plan.SQL) // the rewrite's, another text
 		}
-		starts, unread := sqlrewrite.TxStarts(text)
 		if unread != nil {
 			pl := p.newPlanned(st, sql, sqlrewrite.Refuse(unread))
 			p.m.refused.Inc(shardOf(c))
@@ -81,7 +75,7 @@ func (p *Policy) PooledSet(*proxy.Client) *proxy.PooledSet {
 	if ps := p.pooled.Load(); ps != nil && ps.st == st {
 		return ps.set
 	}
-	names := st.tokens.Names()
+	names := st.rw.Tokens().Names()
 	ext, text := sqlrewrite.PooledSetSQL(names)
 	set, err := proxy.NewPooledSet(names, ext, text)
 	if err != nil {
@@ -98,23 +92,57 @@ type pooledSet struct {
 }
 
 // needsToken reports whether, behind a transaction pooler, the session's
-// token must be set in sql's transaction ahead of it: sql is fenced here,
-// or reads or sets the token (however it spells it), or may write (a write
-// keyword), or may call a function (a parenthesis), which may write a
-// guarded table that the database backstop fences with the token. A text
-// with none of these (SELECT abalance FROM accounts WHERE id = $1, BEGIN,
-// SHOW work_mem) runs without it: should it write anyway (through an
-// operator's function, say) the backstop finds there no token but one a
-// transaction of this server connection left for the session where pgfence
-// could not see it (see sqlrewrite.PooledSet), which fails closed.
-func needsToken(st *state, sql string, plan proxy.Plan) bool {
-	switch {
-	case plan.SQL != "" || len(plan.Probes) > 0 || sqlrewrite.ContainsFold(sql, st.tokenLower):
-		return true
-	case sqlrewrite.WritesNothing(sql):
-		return sqlrewrite.ShowsToken(sql, st.tokenLower)
+// token must be set in the transaction of the text a analyses ahead of
+// it: the text is fenced here, or reads or sets the token (however it
+// spells it), or may write (a write keyword), or may call a function (a
+// parenthesis), which may write a guarded table that the database
+// backstop fences with the token (see sqlrewrite.Analysis.MayUseToken). A
+// text with none of these (SELECT abalance FROM accounts WHERE id = $1,
+// BEGIN, SHOW work_mem) runs without it: should it write anyway (through
+// an operator's function, say) the backstop finds there no token but one
+// a transaction of this server connection left for the session where
+// pgfence could not see it (see sqlrewrite.PooledSet), which fails
+// closed.
+func needsToken(a *sqlrewrite.Analysis, plan proxy.Plan) bool {
+	return plan.SQL != "" || len(plan.Probes) > 0 || a.MayUseToken()
+}
+
+// settingKey names a plain SET (or RESET) of a token setting.
+type settingKey struct {
+	name  string
+	reset bool
+}
+
+// setRefusals are the statements that refuse a plain SET or RESET of each
+// token setting behind a transaction pooler, where the proxy cannot answer
+// it (see pooledPlan): one per setting and form, made once per
+// configuration, as a pooled session sends the SET in every transaction.
+func setRefusals(rw *sqlrewrite.Rewriter, setting string) map[settingKey]string {
+	m := make(map[settingKey]string)
+	for _, name := range rw.Tokens().Names() {
+		for _, reset := range []bool{false, true} {
+			m[settingKey{name, reset}] = setRefusalSQL(setting, name, reset)
+		}
 	}
-	return sqlrewrite.MayWrite(sql) || strings.IndexByte(sql, '(') >= 0
+	return m
+}
+
+// setRefusal returns the statement that refuses a plain SET (or RESET) of
+// the token setting name behind a transaction pooler.
+func (st *state) setRefusal(name string, reset bool) string {
+	if sql, ok := st.setRefusals[settingKey{name, reset}]; ok {
+		return sql
+	}
+	return setRefusalSQL(st.cfg.TokenSetting, name, reset)
+}
+
+func setRefusalSQL(setting, name string, reset bool) string {
+	form := "SET "
+	if reset {
+		form = "RESET "
+	}
+	form += name + ", pipelined behind another statement or inside a transaction block,"
+	return sqlrewrite.Refuse(sqlrewrite.PooledRefusal(form, setting)).SQL
 }
 
 // pooledRefusal is the plan that refuses sql, which would change a token

@@ -320,12 +320,21 @@ func TestPooledSettingForms(t *testing.T) {
 			t.Errorf("%s: %s %q, want 0A000 naming the transaction pooler", sql, pe.Code, pe.Message)
 		}
 	}
-	exec(t, c, simple, "BEGIN")
-	_, err = c.Exec(ctx, "SET fence.token = '40'", simple)
-	if pe := pgErr(t, err); pe.Code != "0A000" || !strings.Contains(pe.Hint, "SET LOCAL") {
-		t.Errorf("SET in a block: %s %q (hint %q), want 0A000 with a hint saying how to set it", pe.Code, pe.Message, pe.Hint)
+	// A plain SET or RESET in a block is refused, naming what it is (the
+	// statement that refuses it is made once per configuration).
+	for _, sql := range []string{"SET fence.token = '40'", "RESET fence.token", "set Fence.Token to 41"} {
+		exec(t, c, simple, "BEGIN")
+		_, err = c.Exec(ctx, sql, simple)
+		form := "SET fence.token"
+		if strings.HasPrefix(sql, "RESET") {
+			form = "RESET fence.token"
+		}
+		if pe := pgErr(t, err); pe.Code != "0A000" || !strings.HasPrefix(pe.Message, "pgfence: "+form+", pipelined behind another statement or inside a transaction block, would change") ||
+			!strings.Contains(pe.Hint, "SET LOCAL") {
+			t.Errorf("%s in a block: %s %q (hint %q), want 0A000 naming %s with a hint saying how to set it", sql, pe.Code, pe.Message, pe.Hint, form)
+		}
+		exec(t, c, simple, "ROLLBACK")
 	}
-	exec(t, c, simple, "ROLLBACK")
 	if got := show(t, c); got != "" {
 		t.Fatalf("after the refused SETs, the token reads %q, want it still unset", got)
 	}

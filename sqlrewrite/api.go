@@ -37,12 +37,12 @@ type Guard struct {
 	Backstop bool
 	// As, when set, is how messages and metrics name the table: the one
 	// table of the catalog an unqualified guard stands for, schema-qualified
-	// (see fence.Discover), so that every instance labels a table alike
+	// (see catalog.Discover), so that every instance labels a table alike
 	// whichever way it was guarded. Label is Name when it is empty.
 	As string
 	// Unfenceable, when set, says why the table cannot be fenced (it has
 	// no epoch column, or one that is not an integer) and how to fix it:
-	// fence.Discover sets it from the catalog. Every write to the table
+	// catalog.Discover sets it from the catalog. Every write to the table
 	// (but in Observe, which fences nothing) is then refused with
 	// SQLSTATE CodeUnfenceable and this text, rather than rewritten into
 	// a statement Postgres would fail with its own error.

@@ -60,50 +60,23 @@ func Classify(sql string) Class { return classify(sql, nil) }
 func (r *Rewriter) Classify(sql string) Class { return classify(sql, r) }
 
 func classify(sql string, r *Rewriter) Class {
-	c := statementClass(sql, 0)
-	touch := r != nil && len(r.needles) > 0
-	reset, all := false, false
-	for i := 0; i < len(sql); i++ {
-		b := sql[i]
-		if b|0x20 == 'e' && i+len("execute") <= len(sql) && equalFoldASCII(sql[i:i+len("execute")], "execute") {
-			c |= Executes // anywhere, not only as a word
-		}
-		// Keywords only start words: the letter before rules most bytes
-		// out at once (spellsKeyword checks the same).
-		if i == 0 || !isIdentStart(sql[i-1]) {
-			c |= wordClass(sql, i, &reset, &all)
-		}
-		switch b {
-		case '_':
-			if i >= len("search") && spellsKeyword(sql, i-len("search"), "search_path") ||
-				i >= len("set") && spellsKeyword(sql, i-len("set"), "set_config") &&
-					setConfigMaySetRole(sql, i-len("set")+len("set_config")) {
-				c |= Invalidates
-			}
-		case ';':
-			c |= statementClass(sql, i+1)
-		}
-		if touch && c&Touches == 0 && r.nameAt(sql, i) {
-			c |= Touches
-		}
-	}
-	if reset && all {
-		c |= ChangesReading
-	}
-	return c
+	var s scan
+	return s.run(sql, r, nil)
 }
 
-// wordClass is what the word starting at sql[i] says (see classify): the
-// facts of the keywords it may be, and whether it is RESET or DISCARD,
-// or ALL.
-func wordClass(sql string, i int, reset, all *bool) Class {
+// word is what the word starting at sql[i] says (see scan.run): the
+// facts of the keywords it may be; and it notes whether it is RESET or
+// DISCARD, ALL, or a word that starts a statement that may end a
+// transaction (see spellsTxEnd).
+func (s *scan) word(sql string, i int) Class {
 	var c Class
 	switch sql[i] | 0x20 { // ASCII lower case; other bytes match no letter
 	case 'a':
 		if spellsKeyword(sql, i, "alter") {
 			c |= ChangesTables
 		}
-		*all = *all || spellsKeyword(sql, i, "all")
+		s.all = s.all || spellsKeyword(sql, i, "all")
+		s.txEnd = s.txEnd || spellsKeyword(sql, i, "abort")
 	case 'c':
 		switch {
 		case spellsKeyword(sql, i, "copy"):
@@ -112,6 +85,8 @@ func wordClass(sql string, i int, reset, all *bool) Class {
 			c |= ChangesTables
 		case spellsKeyword(sql, i, "client_encoding"):
 			c |= ChangesReading
+		case spellsKeyword(sql, i, "commit"):
+			s.txEnd = true
 		}
 	case 'd':
 		switch {
@@ -121,11 +96,14 @@ func wordClass(sql string, i int, reset, all *bool) Class {
 			c |= Invalidates
 		case spellsKeyword(sql, i, "discard"):
 			c |= Invalidates
-			*reset = true
+			s.reset = true
 		}
 	case 'e':
-		if spellsKeyword(sql, i, "execute") {
+		switch {
+		case spellsKeyword(sql, i, "execute"):
 			c |= Writes
+		case spellsKeyword(sql, i, "end"):
+			s.txEnd = true
 		}
 	case 'i':
 		switch {
@@ -142,15 +120,21 @@ func wordClass(sql string, i int, reset, all *bool) Class {
 		if spellsKeyword(sql, i, "names") {
 			c |= ChangesReading
 		}
+	case 'p':
+		s.txEnd = s.txEnd || spellsKeyword(sql, i, "prepared")
 	case 'r':
-		*reset = *reset || spellsKeyword(sql, i, "reset")
+		s.reset = s.reset || spellsKeyword(sql, i, "reset")
+		s.txEnd = s.txEnd || spellsKeyword(sql, i, "rollback")
 	case 's':
 		if spellsKeyword(sql, i, "standard_conforming_strings") {
 			c |= ChangesReading
 		}
 	case 't':
-		if spellsKeyword(sql, i, "truncate") {
+		switch {
+		case spellsKeyword(sql, i, "truncate"):
 			c |= Writes
+		case spellsKeyword(sql, i, "transaction"):
+			s.txEnd = true
 		}
 	case 'u':
 		if spellsKeyword(sql, i, "update") {

@@ -7,6 +7,37 @@
 // original text at offsets from that tree and from the scanner, so whatever
 // the client wrote (comments, spacing, casing) stays exactly as written.
 //
+// # One analysis of a text
+//
+// The policy decides what to do with every text a client sends, and most
+// texts (reads, a SET of the token, a write whose rewrite is cached) are
+// decided without parsing. Those decisions all switch over one Analysis,
+// made by Rewriter.Analyze in one pass over the text: its Class (which
+// keywords and guarded names it may hold, see Classify), whether it is a
+// plain SET (or, behind a transaction pooler, RESET) of a token setting,
+// and the prefilter of each later stage, each a conservative fact. The
+// later stages are asked of the analysis (its InternalChange,
+// SessionChange and TxStarts, which hold the text; RewriteAnalyzed;
+// BindLiterals takes its Class), and read the text again only when it says
+// they must: the parser for a text that may set pgfence's own settings or
+// change a token setting for the session, the literals' scanner for a
+// simple-protocol write, the parser again for its rewrite. Besides the
+// pass, Analyze reads only the first words of a text, and a SET (or RESET)
+// statement to its end. The package's functions of one fact
+// (Classify, MayWrite, MayBeDDL, TokenSettings.Match, InternalChange,
+// TxStarts, ...) are for a caller with a text and no analysis, the last
+// ones through the same pass. The separate scans the pass replaced are
+// kept in oracle_test.go, and Analyze must say what each of them says
+// (TestAnalyzeOracles, FuzzAnalyze).
+//
+// The pass looks across literals and comments on purpose: a fact is false
+// only when the bytes cannot spell it, whatever the quoting. Where a scan
+// must know where a token ends (the literals' scanner, ReadsAlike, the
+// token setting's value and name), white space, comments, strings, quoted
+// identifiers and dollar quotes are read by lex.go alone (blank,
+// lineComment, blockComment, quotedEnd, escapeLiteralEnd, dollarTag,
+// dollarQuotedEnd).
+//
 // # Lock domains
 //
 // A statement that writes a table of a lock domain (Enforce

@@ -35,9 +35,18 @@ const (
 // pgfence's parser cannot read is refused as such (42601): the server
 // may read it, and pgfence cannot say what it sets.
 func InternalChange(sql string) *Refusal {
-	if !mayNameInternal(sql) {
+	s := scan{want: internalNeedles}
+	s.run(sql, nil, fixedNeedles)
+	if !s.found.mayNameInternal() {
 		return nil
 	}
+	return internalChange(sql)
+}
+
+// internalChange is InternalChange of a text its prefilter (or Analyze)
+// did not clear.
+func internalChange(sql string) *Refusal {
+	counted("parse", sql)
 	tree, err := pg_query.Parse(sql)
 	if err != nil {
 		return unparsableRefusal(err, "may set one of pgfence's own settings ("+InternalPrefix+"*)", "let it through")
@@ -107,31 +116,6 @@ func literal(n *pg_query.Node) (string, bool) {
 		}
 	}
 }
-
-// mayNameInternal is InternalChange's prefilter (see there), one pass
-// over sql: every statement the proxy hands the policy goes through it.
-func mayNameInternal(sql string) bool {
-	setConfig := false
-	for i := 0; i < len(sql); i++ {
-		if !internalFirst[sql[i]] {
-			continue
-		}
-		rest := sql[i:]
-		switch {
-		case len(rest) >= len("pgfence") && equalFoldASCII(rest[:len("pgfence")], "pgfence"):
-			return true
-		case len(rest) >= 2 && rest[1] == '&' && rest[0]|0x20 == 'u':
-			return true
-		case !setConfig && len(rest) >= len("set_config") && equalFoldASCII(rest[:len("set_config")], "set_config"):
-			setConfig = true
-		}
-	}
-	return setConfig && strings.ContainsAny(sql, "\\\n\r")
-}
-
-// internalFirst are the bytes mayNameInternal looks at: the first of
-// pgfence, u& and set_config, in either case.
-var internalFirst = [256]bool{'p': true, 'P': true, 'u': true, 'U': true, 's': true, 'S': true}
 
 // internalHint is the hint of an InternalRefusal whose message (without
 // "pgfence: ") is text, "" for any other.

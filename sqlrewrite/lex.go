@@ -16,6 +16,7 @@ import "strings"
 // asks pg_query, so that this never has to be right about the unusual.
 // FuzzParameterize checks that the two agree whenever ok is true.
 func scanLiterals(sql string, literals []textRange) (lx lexed, ok bool) {
+	counted("literals", sql)
 	if strings.IndexByte(sql, 0) >= 0 {
 		return lx, false // where Postgres's lexer, reading a C string, stops
 	}
@@ -35,11 +36,7 @@ func scanLiterals(sql string, literals []textRange) (lx lexed, ok bool) {
 			i++
 			continue
 		case c == '-' && i+1 < len(sql) && sql[i+1] == '-':
-			if j := strings.IndexAny(sql[i:], "\n\r"); j >= 0 {
-				i += j
-			} else {
-				i = len(sql)
-			}
+			i = lineComment(sql, i)
 			continue
 		case c == '/' && i+1 < len(sql) && sql[i+1] == '*':
 			if i, ok = blockComment(sql, i); !ok {
@@ -74,14 +71,14 @@ func scanLiterals(sql string, literals []textRange) (lx lexed, ok bool) {
 			word := sql[i:end]
 			switch {
 			case end < len(sql) && sql[end] == '\'' && len(word) == 1 && strings.IndexByte("eEbBxXnN", c) >= 0:
-				end, ok = quoted(sql, end, '\'', c|0x20 == 'e') // a prefixed string
+				end, ok = quotedToken(sql, end, '\'', c|0x20 == 'e') // a prefixed string
 				lx.token(tokString)
 			case end+1 < len(sql) && sql[end] == '&' && (sql[end+1] == '\'' || sql[end+1] == '"') && c|0x20 == 'u' && len(word) == 1:
 				kind := tokWord // U&"", an identifier
 				if sql[end+1] == '\'' {
 					kind = tokString
 				}
-				end, ok = quoted(sql, end+1, sql[end+1], true) // U&'' and U&""
+				end, ok = quotedToken(sql, end+1, sql[end+1], true) // U&'' and U&""
 				lx.token(kind)
 			default:
 				switch {
@@ -94,11 +91,11 @@ func scanLiterals(sql string, literals []textRange) (lx lexed, ok bool) {
 				lx.word(word)
 			}
 		case c == '\'':
-			if end, ok = quoted(sql, i, c, false); ok {
+			if end, ok = quotedToken(sql, i, c, false); ok {
 				lx.literals = lx.plainString(lx.literals, sql, i, end, true)
 			}
 		case c == '"':
-			end, ok = quoted(sql, i, c, false)
+			end, ok = quotedToken(sql, i, c, false)
 			lx.token(tokWord)
 		case c == '$':
 			end, ok = dollar(sql, i, &lx)
@@ -186,29 +183,14 @@ func number(sql string, i int) (end int, ok bool) {
 	return j, true
 }
 
-// quoted returns the end of the literal or quoted identifier whose opening
-// quote q is at sql[i]; a doubled quote stands for one. In E'...' and U&'...'
-// (escapes set) a backslash starts an escape, which Postgres's lexer
-// checks and may reject: ok is false there.
-func quoted(sql string, i int, q byte, escapes bool) (end int, ok bool) {
-	for j := i + 1; j < len(sql); j++ {
-		switch sql[j] {
-		case '\\':
-			if escapes {
-				return 0, false
-			}
-		case q:
-			if j+1 < len(sql) && sql[j+1] == q {
-				j++
-				continue
-			}
-			if q == '"' && j == i+1 {
-				return 0, false // Postgres rejects a zero-length identifier
-			}
-			return j + 1, true
-		}
+// quotedToken is quotedEnd, but for a zero-length quoted identifier, which
+// Postgres rejects (ok is false).
+func quotedToken(sql string, i int, q byte, noBackslash bool) (end int, ok bool) {
+	end, ok = quotedEnd(sql, i, q, noBackslash)
+	if q == '"' && end == i+2 {
+		return 0, false
 	}
-	return 0, false
+	return end, ok
 }
 
 // blockComment returns the end of the comment that starts at sql[i]
@@ -248,22 +230,14 @@ func dollar(sql string, i int, lx *lexed) (end int, ok bool) {
 		lx.token(tokOther)
 		return j, true
 	}
-	// A tag is a letter, "_" or non-ASCII byte, then those or digits.
-	if j < len(sql) && isIdentStart(sql[j]) {
-		for j < len(sql) && isIdentCont(sql[j]) && sql[j] != '$' {
-			j++
-		}
-	}
-	if j == len(sql) || sql[j] != '$' {
+	tag, ok := dollarTag(sql, i)
+	if !ok {
 		return 0, false
 	}
-	tag := sql[i : j+1]
-	k := strings.Index(sql[j+1:], tag)
-	if k < 0 {
-		return 0, false
+	if end, ok = dollarQuotedEnd(sql, i, tag); ok {
+		lx.token(tokString)
 	}
-	lx.token(tokString)
-	return j + 1 + k + len(tag), true
+	return end, ok
 }
 
 // Plain string literals ('...') are taken out like numbers where the
@@ -360,11 +334,9 @@ func blank(sql string, i int) (end int, closed bool) {
 		i = space(sql, i)
 		switch {
 		case strings.HasPrefix(sql[i:], "--"):
-			j := strings.IndexAny(sql[i:], "\n\r")
-			if j < 0 {
-				return len(sql), true
+			if i = lineComment(sql, i); i == len(sql) {
+				return i, true
 			}
-			i += j
 		case strings.HasPrefix(sql[i:], "/*"):
 			j, ok := blockComment(sql, i)
 			if !ok {
@@ -375,6 +347,88 @@ func blank(sql string, i int) (end int, closed bool) {
 			return i, true
 		}
 	}
+}
+
+// lineComment returns the end of the "--" comment at sql[i]: the line
+// break that ends it (Postgres's is \n or \r), or the end of the text.
+func lineComment(sql string, i int) int {
+	if j := strings.IndexAny(sql[i:], "\n\r"); j >= 0 {
+		return i + j
+	}
+	return len(sql)
+}
+
+// Strings, quoted identifiers and dollar quotes: one reading of each for
+// every scan of the package that must know where they end.
+
+// quotedEnd returns the end of the '...' literal or "..." quoted identifier
+// whose opening quote q is at sql[i]; a doubled quote stands for one. With
+// noBackslash, a backslash inside makes ok false: in E'...' and U&'...' it
+// starts an escape, which Postgres's lexer checks and may reject, and in a
+// plain '...' literal it is one with standard_conforming_strings off. ok
+// is false too when the quote is not closed.
+func quotedEnd(sql string, i int, q byte, noBackslash bool) (end int, ok bool) {
+	for j := i + 1; j < len(sql); j++ {
+		switch sql[j] {
+		case '\\':
+			if noBackslash {
+				return 0, false
+			}
+		case q:
+			if j+1 < len(sql) && sql[j+1] == q {
+				j++
+				continue
+			}
+			return j + 1, true
+		}
+	}
+	return 0, false
+}
+
+// escapeLiteralEnd returns the end of the E'...' literal whose quote is at
+// sql[i]: a backslash escapes the byte after it, and a doubled quote is
+// one.
+func escapeLiteralEnd(sql string, i int) (end int, ok bool) {
+	for j := i + 1; j < len(sql); j++ {
+		switch sql[j] {
+		case '\\':
+			j++
+		case '\'':
+			if j+1 < len(sql) && sql[j+1] == '\'' {
+				j++
+				continue
+			}
+			return j + 1, true
+		}
+	}
+	return 0, false
+}
+
+// dollarTag returns the end of the dollar-quote delimiter ($$ or $tag$)
+// at sql[i], the start of a token; ok is false when no delimiter starts
+// there. A tag is a letter, "_" or non-ASCII byte, then those or digits.
+func dollarTag(sql string, i int) (end int, ok bool) {
+	j := i + 1
+	if j < len(sql) && isIdentStart(sql[j]) {
+		for j < len(sql) && isIdentCont(sql[j]) && sql[j] != '$' {
+			j++
+		}
+	}
+	if j == len(sql) || sql[j] != '$' {
+		return 0, false
+	}
+	return j + 1, true
+}
+
+// dollarQuotedEnd returns the end of the dollar-quoted string whose
+// delimiter is sql[i:tag]: right after the first same delimiter after it,
+// as Postgres's lexer finds it; ok is false when there is none.
+func dollarQuotedEnd(sql string, i, tag int) (end int, ok bool) {
+	k := strings.Index(sql[tag:], sql[i:tag])
+	if k < 0 {
+		return 0, false
+	}
+	return tag + k + tag - i, true
 }
 
 // skipSpace is blank's offset: an unclosed comment runs to the end.

@@ -176,3 +176,87 @@ func (r *Rewriter) oracleMayTouch(sql string) bool {
 	}
 	return false
 }
+
+// The prefilters as they were before Analyze merged them into its pass:
+// the oracles TestAnalyzeOracles and FuzzAnalyze hold it to.
+
+// oracleMayNameInternal is InternalChange's prefilter (see there), one pass
+// over sql: every statement the proxy hands the policy goes through it.
+func oracleMayNameInternal(sql string) bool {
+	setConfig := false
+	for i := 0; i < len(sql); i++ {
+		if !internalFirst[sql[i]] {
+			continue
+		}
+		rest := sql[i:]
+		switch {
+		case len(rest) >= len("pgfence") && equalFoldASCII(rest[:len("pgfence")], "pgfence"):
+			return true
+		case len(rest) >= 2 && rest[1] == '&' && rest[0]|0x20 == 'u':
+			return true
+		case !setConfig && len(rest) >= len("set_config") && equalFoldASCII(rest[:len("set_config")], "set_config"):
+			setConfig = true
+		}
+	}
+	return setConfig && strings.ContainsAny(sql, "\\\n\r")
+}
+
+// internalFirst are the bytes oracleMayNameInternal looks at: the first of
+// pgfence, u& and set_config, in either case.
+var internalFirst = [256]bool{'p': true, 'P': true, 'u': true, 'U': true, 's': true, 'S': true}
+
+// oracleMayChangeSession is SessionChange's prefilter, allocation-free: sql
+// spells the token setting's first part ("fence" of fence.token, which
+// every spelling of it and of every lock domain's has, quoted or spaced
+// out), set_config, RESET, DISCARD, or a Unicode escape (U&"...", which
+// could spell any of them), ignoring ASCII case.
+func oracleMayChangeSession(sql, token string) bool {
+	first, _, _ := strings.Cut(token, ".")
+	return ContainsFold(sql, first) || ContainsFold(sql, "set_config") ||
+		ContainsFold(sql, "reset") || ContainsFold(sql, "discard") || ContainsFold(sql, "u&")
+}
+
+// oracleWritesNothing reports whether sql is one statement that can run none of
+// the user's SQL, and so write nothing and read no token: transaction
+// control, SET, SHOW, LISTEN and the like, and the maintenance commands
+// Postgres refuses to run inside a transaction block or a pipeline
+// (VACUUM, CREATE INDEX CONCURRENTLY, CREATE DATABASE, ALTER SYSTEM...),
+// which a statement of pgfence's ahead of them in their transaction would
+// make fail. It looks at the first words only, after comments, and says
+// false for anything it does not know or for more than one statement.
+func oracleWritesNothing(sql string) bool {
+	i := skipSpace(sql, 0)
+	return oracleOneStatement(sql) && leadWritesNothing(sql, i, ContainsFold(sql, "set_config"), ContainsFold(sql, "concurrently"))
+}
+
+// oracleOneStatement reports whether sql has no semicolon but, at most, a last
+// one followed by white space: a semicolon in a string counts, which errs
+// towards "more than one".
+func oracleOneStatement(sql string) bool {
+	k := strings.IndexByte(sql, ';')
+	return k < 0 || space(sql, k+1) == len(sql)
+}
+
+// oracleShowsToken reports whether sql, which oracleWritesNothing clears, may read or
+// set a token setting all the same: a SHOW, SET or RESET that spells the
+// token setting's first part (any case, quoted or spaced out) or a Unicode
+// escape. Behind a transaction pooler its transaction then needs the
+// session's token settings too.
+func oracleShowsToken(sql, token string) bool {
+	if !leadShows(leadWord(sql, skipSpace(sql, 0))) {
+		return false
+	}
+	first, _, _ := strings.Cut(token, ".")
+	return ContainsFold(sql, asciiLower(first)) || ContainsFold(sql, "u&")
+}
+
+// oracleSpellsTxEnd reports whether sql spells, as a word of its own, a keyword
+// that starts a statement that may end a transaction.
+func oracleSpellsTxEnd(sql string) bool {
+	for _, w := range [...]string{"commit", "end", "rollback", "abort", "prepared", "transaction"} {
+		if spellsWord(sql, w) {
+			return true
+		}
+	}
+	return false
+}

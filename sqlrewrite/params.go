@@ -147,6 +147,7 @@ type lexed struct {
 
 // scanLiteralsPG lexes sql with pg_query's scanner (Postgres's own).
 func scanLiteralsPG(sql string) (lx lexed, ok bool) {
+	counted("parse", sql)
 	scan, err := pg_query.Scan(sql)
 	if err != nil {
 		return lx, false
@@ -158,7 +159,7 @@ func scanLiteralsPG(sql string) (lx lexed, ok bool) {
 		switch {
 		case t.Token == pg_query.Token_SQL_COMMENT || t.Token == pg_query.Token_C_COMMENT:
 		case t.Token == pg_query.Token_SCONST && sql[start] == '\'':
-			single, _ := quoted(sql, start, '\'', false)
+			single, _ := quotedToken(sql, start, '\'', false)
 			lx.literals = lx.plainString(lx.literals, sql, start, end, single == end)
 		case t.Token == pg_query.Token_SCONST || t.Token == pg_query.Token_USCONST ||
 			t.Token == pg_query.Token_BCONST || t.Token == pg_query.Token_XCONST:

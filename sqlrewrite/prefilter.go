@@ -64,9 +64,10 @@ func setConfigMaySetRole(sql string, i int) bool {
 	if i == len(sql) || sql[i] != '\'' {
 		return true // a parameter, an expression, E'...'
 	}
-	name, _, ok := strings.Cut(sql[i+1:], "'")
-	if !ok || strings.ContainsRune(name, '\\') || strings.HasPrefix(sql[i+1+len(name)+1:], "'") {
-		return true // an escape or a doubled quote: read it as Postgres might
+	end, ok := quotedEnd(sql, i, '\'', true)
+	name := sql[i+1 : max(end-1, i+1)]
+	if !ok || strings.IndexByte(name, '\'') >= 0 {
+		return true // no end, an escape or a doubled quote: read it as Postgres might
 	}
 	return isWord(name, "role") || isWord(name, "session_authorization")
 }

@@ -51,13 +51,9 @@ func backslashesAlike(sql string) bool {
 		c := sql[i]
 		switch {
 		case c == '-' && i+1 < len(sql) && sql[i+1] == '-':
-			// A comment to the end of the line (Postgres's newline is \n or
-			// \r); inside an operator too, which it cuts there.
-			j := strings.IndexAny(sql[i:], "\n\r")
-			if j < 0 {
-				return true
-			}
-			i += j
+			// A comment to the end of the line, inside an operator too,
+			// which it cuts there.
+			i = lineComment(sql, i)
 		case c == '/' && i+1 < len(sql) && sql[i+1] == '*':
 			end, ok := blockComment(sql, i)
 			if !ok {
@@ -65,13 +61,13 @@ func backslashesAlike(sql string) bool {
 			}
 			i = end
 		case c == '\'':
-			end, ok := plainLiteralEnd(sql, i)
+			end, ok := quotedEnd(sql, i, '\'', true)
 			if !ok {
 				return false // a backslash inside, or no end
 			}
 			i = end
 		case c == '"':
-			end, ok := quotedEnd(sql, i, '"')
+			end, ok := quotedEnd(sql, i, '"', false)
 			if !ok {
 				return false
 			}
@@ -115,83 +111,17 @@ func backslashesAlike(sql string) bool {
 	return true
 }
 
-// plainLiteralEnd returns the end of the '...' literal whose quote is at
-// sql[i], read with standard_conforming_strings on; ok is false if it
-// holds a backslash (which the other reading takes for an escape) or has
-// no end.
-func plainLiteralEnd(sql string, i int) (end int, ok bool) {
-	for j := i + 1; j < len(sql); j++ {
-		switch sql[j] {
-		case '\\':
-			return 0, false
-		case '\'':
-			if j+1 < len(sql) && sql[j+1] == '\'' {
-				j++
-				continue
-			}
-			return j + 1, true
-		}
-	}
-	return 0, false
-}
-
-// escapeLiteralEnd returns the end of the E'...' literal whose quote is at
-// sql[i]: a backslash escapes the byte after it, and a doubled quote is
-// one.
-func escapeLiteralEnd(sql string, i int) (end int, ok bool) {
-	for j := i + 1; j < len(sql); j++ {
-		switch sql[j] {
-		case '\\':
-			j++
-		case '\'':
-			if j+1 < len(sql) && sql[j+1] == '\'' {
-				j++
-				continue
-			}
-			return j + 1, true
-		}
-	}
-	return 0, false
-}
-
-// quotedEnd returns the end of the quoted identifier whose quote q is at
-// sql[i]; a doubled quote is one.
-func quotedEnd(sql string, i int, q byte) (end int, ok bool) {
-	for j := i + 1; j < len(sql); j++ {
-		if sql[j] == q {
-			if j+1 < len(sql) && sql[j+1] == q {
-				j++
-				continue
-			}
-			return j + 1, true
-		}
-	}
-	return 0, false
-}
-
 // dollarEnd returns the end of what starts with "$" at sql[i], the start
 // of a token: a parameter ($1), a dollar-quoted string ($$...$$,
-// $tag$...$tag$, which ends at the first $tag$ after it, as Postgres's
-// lexer finds it), or a lone "$". ok is false for a dollar-quoted string
+// $tag$...$tag$), or a lone "$". ok is false for a dollar-quoted string
 // with no end.
 func dollarEnd(sql string, i int) (end int, ok bool) {
-	j := i + 1
-	if j < len(sql) && isDigit(sql[j]) {
-		return j, true // the digits are read on as a number
+	if i+1 < len(sql) && isDigit(sql[i+1]) {
+		return i + 1, true // the digits are read on as a number
 	}
-	// A tag is a letter, "_" or non-ASCII byte, then those or digits.
-	if j < len(sql) && isIdentStart(sql[j]) {
-		for j < len(sql) && isIdentCont(sql[j]) && sql[j] != '$' {
-			j++
-		}
-	}
-	if j == len(sql) || sql[j] != '$' {
+	tag, ok := dollarTag(sql, i)
+	if !ok {
 		return i + 1, true // not a delimiter: "$", then a word
 	}
-	tag := sql[i : j+1]
-	k := strings.Index(sql[j+1:], tag)
-	if k < 0 {
-		return 0, false
-	}
-	return j + 1 + k + len(tag), true
+	return dollarQuotedEnd(sql, i, tag)
 }

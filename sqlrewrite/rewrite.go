@@ -45,16 +45,31 @@ type plan struct {
 // PREPAREd. Rewrite returns an error only for internal failures; refusals
 // are in Result.Refusal.
 func (r *Rewriter) Rewrite(sql string, mode Mode, s Session) (*Result, error) {
-	return r.RewriteClass(sql, mode, s, r.Classify(sql))
-}
-
-// RewriteClass is Rewrite for a text whose class the caller has from
-// r.Classify, so that it is not scanned again.
-func (r *Rewriter) RewriteClass(sql string, mode Mode, s Session, cl Class) (*Result, error) {
-	if !cl.Has(Touches) && (s == nil || !cl.Has(Executes)) {
+	cl := r.Classify(sql)
+	if untouched(cl, s) {
 		return &Result{SQL: sql}, nil
 	}
-	ddl := MayBeDDL(sql, cl)
+	return r.rewrite(sql, mode, s, cl, MayBeDDL(sql, cl))
+}
+
+// RewriteAnalyzed is Rewrite for a text that a is r's analysis of (sql
+// may be a copy of it), so that it is not scanned again.
+func (r *Rewriter) RewriteAnalyzed(sql string, mode Mode, s Session, a *Analysis) (*Result, error) {
+	if untouched(a.Class, s) {
+		return &Result{SQL: sql}, nil
+	}
+	return r.rewrite(sql, mode, s, a.Class, a.MayBeDDL())
+}
+
+// untouched reports whether a text of class cl, in a session s, can
+// neither name a guarded table nor EXECUTE a prepared write.
+func untouched(cl Class, s Session) bool {
+	return !cl.Has(Touches) && (s == nil || !cl.Has(Executes))
+}
+
+// rewrite is Rewrite of a text of class cl that may name a guarded table
+// or EXECUTE a prepared write; ddl says whether it may be DDL (MayBeDDL).
+func (r *Rewriter) rewrite(sql string, mode Mode, s Session, cl Class, ddl bool) (*Result, error) {
 	if !cl.Has(Writes) && !ddl {
 		return &Result{SQL: sql}, nil
 	}
@@ -64,10 +79,12 @@ func (r *Rewriter) RewriteClass(sql string, mode Mode, s Session, cl Class) (*Re
 	}
 	// The scanner costs a quarter of the parser: a text without a write
 	// keyword (a SELECT naming a guarded table) needs no more.
+	counted("parse", sql)
 	scan, err := pg_query.Scan(sql)
 	if err == nil && !hasKeyword(scan.Tokens, writeKeywords[:]) && (!ddl || !hasKeyword(scan.Tokens, ddlKeywords[:])) {
 		return &Result{SQL: sql}, nil
 	}
+	counted("parse", sql)
 	tree, err := pg_query.Parse(sql)
 	if err != nil {
 		// The server's grammar may read it (see skew.go): fail closed, and

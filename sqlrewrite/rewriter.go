@@ -36,6 +36,9 @@ type Rewriter struct {
 	// firsts are the bytes a needle, or a Unicode escape (u&), may start
 	// with, either case.
 	firsts [256]bool
+	// tokens are the token settings: the token setting and its lock
+	// domains'.
+	tokens TokenSettings
 }
 
 // guardInfo is a guard with the SQL fragments derived from it.
@@ -111,6 +114,13 @@ func New(cfg Config) (*Rewriter, error) {
 		r.needles = append(r.needles, "pgfence")
 		r.firsts['p'], r.firsts['P'] = true, true
 	}
+	var domains []string
+	for _, g := range cfg.Guards {
+		if g.Domain != "" {
+			domains = append(domains, g.Domain)
+		}
+	}
+	r.tokens = NewTokenSettings(cfg.TokenSetting, domains)
 	return r, nil
 }
 
@@ -149,6 +159,7 @@ func validSettingName(s string) bool {
 // ContainsFold reports whether s contains needle, which must be lower-case,
 // ignoring ASCII case.
 func ContainsFold(s, needle string) bool {
+	counted("prefilter", s)
 	n := len(needle)
 	if n == 0 {
 		return true

@@ -2,7 +2,6 @@ package sqlrewrite
 
 import (
 	"slices"
-	"strings"
 
 	pg_query "github.com/pganalyze/pg_query_go/v6"
 )
@@ -17,6 +16,9 @@ type TokenSettings struct {
 	// plain[i] says Postgres's parser takes names[i] unquoted in a SET (a
 	// part that is a reserved keyword needs quotes).
 	plain []bool
+	// words are what Analyze's pass looks for, the token setting's
+	// spellings among them.
+	words *needles
 }
 
 // NewTokenSettings returns the recognizer for token and the lock domains'
@@ -24,6 +26,7 @@ type TokenSettings struct {
 func NewTokenSettings(token string, domains []string) TokenSettings {
 	var ts TokenSettings
 	token = asciiLower(token)
+	ts.words = newNeedles(token)
 	for _, name := range append([]string{token}, domains...) {
 		if name != token {
 			name = token + "." + asciiLower(name)
@@ -31,7 +34,7 @@ func NewTokenSettings(token string, domains []string) TokenSettings {
 		if slices.Contains(ts.names, name) {
 			continue
 		}
-		set, ok := parseTokenSet("SET " + name + " = '1'")
+		set, ok := parseTokenSet("SET "+name+" = '1'", 0)
 		ts.names = append(ts.names, name)
 		ts.plain = append(ts.plain, ok && !set.quoted && set.Value == "1" && plainSet(name))
 	}
@@ -93,19 +96,30 @@ type TokenSet struct {
 // case; Value shares sql's memory. Nothing is allocated, but for a name
 // with a quoted part, which Postgres's parser confirms.
 func (ts TokenSettings) Match(sql string) (TokenSet, bool) {
-	if len(ts.names) == 0 {
+	i := space(sql, 0)
+	if !word(sql, i, "set") {
 		return TokenSet{}, false
 	}
-	set, ok := parseTokenSet(sql)
+	set := ts.match(sql, i)
+	return set, set.Name != ""
+}
+
+// match is Match of sql, whose first word, at sql[i], is SET: the zero
+// TokenSet when it is not one plain SET of a token setting.
+func (ts TokenSettings) match(sql string, i int) TokenSet {
+	if len(ts.names) == 0 {
+		return TokenSet{}
+	}
+	set, ok := parseTokenSet(sql, i)
 	if !ok {
-		return TokenSet{}, false
+		return TokenSet{}
 	}
 	n, ok := ts.named(set.Name, set.quoted)
 	if !ok || set.quoted && !parsedAs(sql, n, pg_query.VariableSetKind_VAR_SET_VALUE, set.Local) {
-		return TokenSet{}, false
+		return TokenSet{}
 	}
 	set.Name, set.quoted = n, false
-	return set, true
+	return set
 }
 
 // named returns the token setting that spelled (a name as written: dotted
@@ -123,6 +137,7 @@ func (ts TokenSettings) named(spelled string, quoted bool) (string, bool) {
 // parsedAs reports whether Postgres's parser reads sql as one SET (kind
 // VAR_SET_VALUE, LOCAL or not) or RESET (VAR_RESET) of the setting name.
 func parsedAs(sql, name string, kind pg_query.VariableSetKind, local bool) bool {
+	counted("parse", sql)
 	tree, err := pg_query.Parse(sql)
 	if err != nil || len(tree.Stmts) != 1 {
 		return false
@@ -138,21 +153,9 @@ func parsedAs(sql, name string, kind pg_query.VariableSetKind, local bool) bool 
 func settingName(sql string, i int) (end int, quoted, ok bool) {
 	for {
 		if i < len(sql) && sql[i] == '"' {
-			j := i + 1
-			for {
-				k := strings.IndexByte(sql[j:], '"')
-				if k < 0 {
-					return 0, false, false
-				}
-				j += k + 1
-				if j < len(sql) && sql[j] == '"' {
-					j++ // a doubled quote stands for one
-					continue
-				}
-				break
-			}
-			if j == i+2 {
-				return 0, false, false // "": Postgres refuses it
+			j, ok := quotedToken(sql, i, '"', false) // "" is refused
+			if !ok {
+				return 0, false, false
 			}
 			i, quoted = j, true
 		} else {
@@ -209,14 +212,11 @@ func spells(spelled, lower string) bool {
 	return j == len(lower)
 }
 
-// parseTokenSet reads sql as SET [SESSION | LOCAL] <name> { = | TO }
-// <constant>, where name is dotted parts (see settingName), returned as
-// written.
-func parseTokenSet(sql string) (set TokenSet, ok bool) {
-	i := space(sql, 0)
-	if !word(sql, i, "set") {
-		return set, false
-	}
+// parseTokenSet reads sql, whose first word, at sql[i], is SET, as SET
+// [SESSION | LOCAL] <name> { = | TO } <constant>, where name is dotted
+// parts (see settingName), returned as written.
+func parseTokenSet(sql string, i int) (set TokenSet, ok bool) {
+	counted("token setting", sql)
 	i = space(sql, i+len("set"))
 	switch {
 	case word(sql, i, "session"):
@@ -259,18 +259,17 @@ func parseTokenSet(sql string) (set TokenSet, ok bool) {
 // text.
 func constant(sql string, i int) (value string, end int, ok bool) {
 	if i < len(sql) && sql[i] == '\'' {
-		for j := i + 1; j < len(sql); j++ {
-			switch c := sql[j]; {
-			case c == '\'':
-				if j+1 < len(sql) && sql[j+1] == '\'' {
-					return "", 0, false // a doubled quote: an escape
-				}
-				return sql[i+1 : j], j + 1, true
-			case c == '\\' || c < ' ' || c > '~':
+		end, ok := quotedEnd(sql, i, '\'', true)
+		if !ok {
+			return "", 0, false
+		}
+		value = sql[i+1 : end-1]
+		for j := 0; j < len(value); j++ {
+			if c := value[j]; c == '\'' || c < ' ' || c > '~' { // a doubled quote is an escape
 				return "", 0, false
 			}
 		}
-		return "", 0, false
+		return value, end, true
 	}
 	j := i
 	if j < len(sql) && sql[j] == '-' {

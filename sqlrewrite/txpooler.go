@@ -56,11 +56,19 @@ func (ts TokenSettings) MatchReset(sql string) (TokenSet, bool) {
 	if !word(sql, i, "reset") {
 		return TokenSet{}, false
 	}
+	set := ts.matchReset(sql, i)
+	return set, set.Name != ""
+}
+
+// matchReset is MatchReset of sql, whose first word, at sql[i], is RESET:
+// the zero TokenSet when it is not one RESET of a token setting.
+func (ts TokenSettings) matchReset(sql string, i int) TokenSet {
+	counted("token setting", sql)
 	i = space(sql, i+len("reset"))
 	start := i
 	i, quoted, ok := settingName(sql, i)
 	if !ok {
-		return TokenSet{}, false
+		return TokenSet{}
 	}
 	spelled := sql[start:i]
 	i = space(sql, i)
@@ -68,13 +76,13 @@ func (ts TokenSettings) MatchReset(sql string) (TokenSet, bool) {
 		i = space(sql, i+1)
 	}
 	if i != len(sql) {
-		return TokenSet{}, false
+		return TokenSet{}
 	}
 	n, ok := ts.named(spelled, quoted)
 	if !ok || quoted && !parsedAs(sql, n, pg_query.VariableSetKind_VAR_RESET, false) {
-		return TokenSet{}, false
+		return TokenSet{}
 	}
-	return TokenSet{Name: n, Reset: true}, true
+	return TokenSet{Name: n, Reset: true}
 }
 
 // SessionChange reports whether sql may change a token setting for the
@@ -94,9 +102,23 @@ func (ts TokenSettings) MatchReset(sql string) (TokenSet, bool) {
 // then ok is true, form is "a statement pgfence cannot read", and unread
 // is the refusal to send instead (42601, quoting the parser's error).
 func (ts TokenSettings) SessionChange(sql string) (form string, ok bool, unread *Refusal) {
-	if len(ts.names) == 0 || !mayChangeSession(sql, ts.names[0]) {
+	if len(ts.names) == 0 {
 		return "", false, nil
 	}
+	s := scan{want: sessionNeedles}
+	if s.run(sql, nil, ts.words); !s.found.mayChangeSession() {
+		return "", false, nil
+	}
+	return ts.sessionChange(sql)
+}
+
+// sessionChange is SessionChange of a text its prefilter (or Analyze)
+// did not clear.
+func (ts TokenSettings) sessionChange(sql string) (form string, ok bool, unread *Refusal) {
+	if len(ts.names) == 0 {
+		return "", false, nil
+	}
+	counted("parse", sql)
 	tree, err := pg_query.Parse(sql)
 	if err != nil {
 		if !ts.mayChangeUnread(sql) {
@@ -109,7 +131,7 @@ func (ts TokenSettings) SessionChange(sql string) (form string, ok bool, unread 
 			if ok {
 				return
 			}
-			form, ok = ts.sessionChange(m)
+			form, ok = ts.changeIn(m)
 		})
 		if ok {
 			return form, true, nil
@@ -138,7 +160,8 @@ func (ts TokenSettings) mayChangeUnread(sql string) bool {
 	return false
 }
 
-func (ts TokenSettings) sessionChange(m proto.Message) (string, bool) {
+// changeIn is the session change node m makes, if any (see SessionChange).
+func (ts TokenSettings) changeIn(m proto.Message) (string, bool) {
 	switch n := m.(type) {
 	case *pg_query.VariableSetStmt:
 		switch {
@@ -169,50 +192,42 @@ func (ts TokenSettings) sessionChange(m proto.Message) (string, bool) {
 	return "", false
 }
 
-// mayChangeSession is SessionChange's prefilter, allocation-free: sql
-// spells the token setting's first part ("fence" of fence.token, which
-// every spelling of it and of every lock domain's has, quoted or spaced
-// out), set_config, RESET, DISCARD, or a Unicode escape (U&"...", which
-// could spell any of them), ignoring ASCII case.
-func mayChangeSession(sql, token string) bool {
-	first, _, _ := strings.Cut(token, ".")
-	return ContainsFold(sql, first) || ContainsFold(sql, "set_config") ||
-		ContainsFold(sql, "reset") || ContainsFold(sql, "discard") || ContainsFold(sql, "u&")
-}
-
-// WritesNothing reports whether sql is one statement that can run none of
-// the user's SQL, and so write nothing and read no token: transaction
-// control, SET, SHOW, LISTEN and the like, and the maintenance commands
-// Postgres refuses to run inside a transaction block or a pipeline
-// (VACUUM, CREATE INDEX CONCURRENTLY, CREATE DATABASE, ALTER SYSTEM...),
-// which a statement of pgfence's ahead of them in their transaction would
-// make fail. It looks at the first words only, after comments, and says
-// false for anything it does not know or for more than one statement.
-func WritesNothing(sql string) bool {
-	i := skipSpace(sql, 0)
+// leadWritesNothing is WritesNothing of a text of one statement whose
+// first word is at sql[i]; setConfig and concurrently say whether the text
+// spells set_config and concurrently anywhere, ignoring ASCII case.
+func leadWritesNothing(sql string, i int, setConfig, concurrently bool) bool {
 	first := leadWord(sql, i)
-	if first == "" || !oneStatement(sql) {
+	if first == "" {
 		return false
 	}
-	second := leadWord(sql, skipSpace(sql, i+len(first)))
-	switch first {
-	case "begin", "start", "commit", "end", "rollback", "abort", "savepoint", "release",
+	switch {
+	case isAnyWord(first, "begin", "start", "commit", "end", "rollback", "abort", "savepoint", "release",
 		"show", "reset", "discard", "deallocate", "listen", "unlisten", "notify",
-		"vacuum", "analyze", "analyse", "checkpoint", "cluster", "load", "close", "lock", "reindex":
+		"vacuum", "analyze", "analyse", "checkpoint", "cluster", "load", "close", "lock", "reindex"):
 		return true
-	case "set":
-		return !ContainsFold(sql, "set_config")
-	case "create", "drop", "alter":
-		switch second {
-		case "database", "tablespace", "system", "subscription":
+	case isWord(first, "set"):
+		return !setConfig
+	case isAnyWord(first, "create", "drop", "alter"):
+		second := leadWord(sql, skipSpace(sql, i+len(first)))
+		if isAnyWord(second, "database", "tablespace", "system", "subscription") {
 			return true
 		}
-		return ContainsFold(sql, "concurrently") && (second == "index" || second == "unique")
+		return concurrently && isAnyWord(second, "index", "unique")
 	}
 	return false
 }
 
-// leadWord returns the ASCII word at sql[i:], lower case.
+// isAnyWord reports whether s is one of lower, ignoring ASCII case.
+func isAnyWord(s string, lower ...string) bool {
+	for _, w := range lower {
+		if isWord(s, w) {
+			return true
+		}
+	}
+	return false
+}
+
+// leadWord returns the ASCII word at sql[i:], as written.
 func leadWord(sql string, i int) string {
 	j := i
 	for j < len(sql) && (sql[j]|0x20 >= 'a' && sql[j]|0x20 <= 'z') {
@@ -221,30 +236,12 @@ func leadWord(sql string, i int) string {
 	if j < len(sql) && isIdentCont(sql[j]) {
 		return "" // part of a longer name
 	}
-	return asciiLower(sql[i:j])
+	return sql[i:j]
 }
 
-// oneStatement reports whether sql has no semicolon but, at most, a last
-// one followed by white space: a semicolon in a string counts, which errs
-// towards "more than one".
-func oneStatement(sql string) bool {
-	k := strings.IndexByte(sql, ';')
-	return k < 0 || space(sql, k+1) == len(sql)
-}
-
-// ShowsToken reports whether sql, which WritesNothing clears, may read or
-// set a token setting all the same: a SHOW, SET or RESET that spells the
-// token setting's first part (any case, quoted or spaced out) or a Unicode
-// escape. Behind a transaction pooler its transaction then needs the
-// session's token settings too.
-func ShowsToken(sql, token string) bool {
-	switch leadWord(sql, skipSpace(sql, 0)) {
-	case "show", "set", "reset":
-		first, _, _ := strings.Cut(token, ".")
-		return ContainsFold(sql, asciiLower(first)) || ContainsFold(sql, "u&")
-	}
-	return false
-}
+// leadShows reports whether first, a text's first word, is SHOW, SET or
+// RESET.
+func leadShows(first string) bool { return isAnyWord(first, "show", "set", "reset") }
 
 // TxStart is a statement of a text that starts a transaction of its own:
 // one after a statement that ends a transaction.
@@ -268,9 +265,16 @@ type TxStart struct {
 // may still end a transaction and go on on the server (see skew.go):
 // TxStarts then returns the refusal to send instead (42601).
 func TxStarts(sql string) ([]TxStart, *Refusal) {
-	if oneStatement(sql) || !spellsTxEnd(sql) {
+	var s scan
+	if s.run(sql, nil, nil); s.oneStatement(sql) || !s.txEnd {
 		return nil, nil
 	}
+	return txStarts(sql)
+}
+
+// txStarts is TxStarts of a text its prefilter (or Analyze) did not clear.
+func txStarts(sql string) ([]TxStart, *Refusal) {
+	counted("parse", sql)
 	tree, err := pg_query.Parse(sql)
 	if err != nil {
 		return nil, unparsableRefusal(err,
@@ -284,17 +288,6 @@ func TxStarts(sql string) ([]TxStart, *Refusal) {
 		}
 	}
 	return starts, nil
-}
-
-// spellsTxEnd reports whether sql spells, as a word of its own, a keyword
-// that starts a statement that may end a transaction.
-func spellsTxEnd(sql string) bool {
-	for _, w := range [...]string{"commit", "end", "rollback", "abort", "prepared", "transaction"} {
-		if spellsWord(sql, w) {
-			return true
-		}
-	}
-	return false
 }
 
 // endsTx reports whether stmt ends the transaction it runs in.
