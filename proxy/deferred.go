@@ -133,8 +133,8 @@ func (a *applyState) takeAfterPlan() bool {
 // sendHolding sends the deferred settings of t through l with a Sync of
 // their own and holds back what the proxy sends after them until Postgres
 // answers (see send for the rest).
-func (a *applyState) sendHolding(l *link, t *setState, pooled *PooledSet, lost bool) error {
-	if err := a.send(l, t, pooled, lost, true); err != nil {
+func (a *applyState) sendHolding(l *link, t *setState, pool *txPooling, lost bool) error {
+	if err := a.send(l, t, pool, lost, true); err != nil {
 		return err
 	}
 	l.sw = a.hold(l.sw)
@@ -142,19 +142,19 @@ func (a *applyState) sendHolding(l *link, t *setState, pooled *PooledSet, lost b
 }
 
 // send sends through l setStmt for each deferred setting of t (or, under
-// transaction pooling, pooled: see writePooled), preparing it first if
+// transaction pooling, pool's statement: see txPooling.write), preparing it first if
 // the backend may not have it, and with sync a Sync whose ReadyForQuery
 // releases what is held back after them (see heldReady). lost says a text
 // since setStmt was prepared may have deallocated it (see forgetState):
 // the client's statement being planned has not made the session forget it
 // yet.
-func (a *applyState) send(l *link, t *setState, pooled *PooledSet, lost, sync bool) error {
+func (a *applyState) send(l *link, t *setState, pool *txPooling, lost, sync bool) error {
 	if lost {
 		a.ready = false
 	}
 	w := l.pipe.get(waitSet)
 	w.seq, w.held = t.ver, sync
-	if err := a.write(l, l.sw, t, pooled, w); err != nil {
+	if err := a.write(l, l.sw, t, pool, w); err != nil {
 		return err
 	}
 	l.pushSwallow(w)
@@ -171,10 +171,10 @@ func (a *applyState) send(l *link, t *setState, pooled *PooledSet, lost, sync bo
 // write writes to out (built in l's buffer) setStmt's Bind, Execute and
 // Close for each deferred setting of t, after its Close and Parse unless
 // the backend has it, and sets the replies w, their wait, wants. Under
-// transaction pooling (pooled not nil) it writes pooled instead.
-func (a *applyState) write(l *link, out msgWriter, t *setState, pooled *PooledSet, w *wait) error {
-	if pooled != nil {
-		return t.writePooled(l, out, pooled, a.stmtName(), w)
+// transaction pooling (pool on) it writes pool's statement instead.
+func (a *applyState) write(l *link, out msgWriter, t *setState, pool *txPooling, w *wait) error {
+	if pool.on {
+		return pool.write(l, out, a.stmtName(), w)
 	}
 	w.want = setRunReplies * len(t.deferred)
 	if !a.ready {
@@ -416,7 +416,7 @@ func (s *session) retryHeld(n int) error {
 	s.apply.retry = retrySent
 	w := s.pipe.get(waitSet)
 	w.seq, w.held = s.sets.ver, true
-	if err := s.apply.write(&s.link, s.apply.heldWriter, &s.sets, s.pooledSet(), w); err != nil {
+	if err := s.apply.write(&s.link, s.apply.heldWriter, &s.sets, &s.pool, w); err != nil {
 		return err
 	}
 	if _, err := s.apply.heldWriter.Write(syncMessage); err != nil {

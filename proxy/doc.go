@@ -12,8 +12,8 @@
 // book of the client's statements and portals (stmtBook, statements.go),
 // the statements prepared for reuse (reuseState, reuse.go), the SETs the
 // proxy answers itself (setState, settings.go) and how they are set on
-// the server (applyState, deferred.go), transaction pooling (setState's
-// pool and the pooled statements, txpooling.go), probes (probeState,
+// the server (applyState, deferred.go), transaction pooling (txPooling,
+// txpooling.go), probes (probeState,
 // probes.go) and forgetting (forgetState, forget.go). A part is a type
 // with hooks for the messages it acts on (stmtBook.onQuery and bind,
 // forgetState.onText and atReady, reuseState.parseReused, setState.keep
@@ -107,7 +107,7 @@
 // it (where the proxy cannot see: in a function, say) may change what the
 // next client's writes carry:
 //
-//   - The session's token settings live in the proxy (setState.deferred,
+//   - The session's token settings live in the proxy (txPooling.values,
 //     which always holds the token setting, "" while unset). A plain SET
 //     or RESET of one outside a transaction block is answered at once and
 //     kept; a token setting in the startup packet (a parameter, or a -c

@@ -101,6 +101,7 @@ type session struct {
 	sets   setState
 	apply  applyState
 	probes probeState
+	pool   txPooling
 }
 
 func (s *session) setServer(server net.Conn) {
@@ -429,13 +430,14 @@ func (s *session) clientMessage(f *clientFrame) error {
 		s.idle.Store(false)
 	}
 	s.sets.arrive(idle)
+	s.pool.onMessage(idle)
 	if typ == clientMsgBind && s.sets.quiet() && s.sets.haveStmts {
 		u, ok := s.unit(f)
 		if set := s.sets.bindAnswer(u, ok, &s.book, s.srv.cfg.Interceptor.Generation(), &s.link, s.apply.held); set != nil {
 			return s.answerSet(set, &u, false)
 		}
 	}
-	if len(s.sets.deferred) > 0 && !s.txPool() && s.apply.now(typ, !s.c.midBatch) && s.sets.pending(false) {
+	if len(s.sets.deferred) > 0 && !s.txPool() && s.apply.now(typ, !s.c.midBatch) && s.sets.pending() {
 		if err := s.applyDeferred(f); err != nil {
 			return err
 		}
@@ -519,7 +521,7 @@ func (s *session) query(n int) error {
 				return err
 			}
 		} else {
-			s.sets.pooledQuery(s.pooledSet(), &plan, text)
+			s.pool.onQuery(&plan, text)
 		}
 	}
 	if s.forget.onText(plan.Forget) {
@@ -620,7 +622,7 @@ func (s *session) bind(f *clientFrame) error {
 			return err
 		}
 	}
-	if s.txPool() && s.book.needsToken(m, ok) {
+	if s.pool.needsToken(&s.book, m, ok) {
 		if err := s.sendDeferred(); err != nil {
 			return err
 		}
@@ -646,6 +648,9 @@ func (s *session) answerSet(set *Setting, u *unitMessages, parse bool) error {
 	s.srv.cfg.Interceptor.SettingAnswered(s.c, set)
 	if s.sets.keep(set) {
 		s.idle.Store(true)
+	}
+	if s.pool.on {
+		s.pool.onAnswered(set)
 	}
 	return s.sets.answer(s.cw, &s.book, set, u, parse)
 }
@@ -758,7 +763,7 @@ func (s *session) startParts(tokens []Setting) {
 	s.sets.pooled = cfg.TransactionPooling
 	if cfg.TransactionPooling {
 		// The token setting as Postgres folds it, and the Interceptor names it.
-		s.sets.startPooled(tokens, strings.ToLower(cfg.TokenSetting))
+		s.pool.start(cfg.Interceptor.(PooledSets), s.c, tokens, strings.ToLower(cfg.TokenSetting))
 	}
 }
 
@@ -780,29 +785,18 @@ func (s *session) injectProbe(p *Probe) error {
 }
 
 // txPool reports whether a transaction pooler stands behind the proxy.
-func (s *session) txPool() bool { return s.srv.cfg.TransactionPooling }
-
-// pooledSet returns the statement that sets the session's token settings
-// under the configuration in force, nil unless a transaction pooler
-// stands behind the proxy (see Transaction pooling in the package
-// documentation).
-func (s *session) pooledSet() *PooledSet {
-	if !s.txPool() {
-		return nil
-	}
-	return s.srv.cfg.Interceptor.(PooledSets).PooledSet(s.c)
-}
+func (s *session) txPool() bool { return s.pool.on }
 
 // sendDeferred sends the deferred settings ahead of the client's message
 // being handled, in its unit of work (see applyState.send).
 func (s *session) sendDeferred() error {
-	return s.apply.send(&s.link, &s.sets, s.pooledSet(), s.forget.lost.Load(), false)
+	return s.apply.send(&s.link, &s.sets, &s.pool, s.forget.lost.Load(), false)
 }
 
 // sendDeferredHolding sends the deferred settings with a Sync of their own
 // and holds back what the proxy sends after them until Postgres answers.
 func (s *session) sendDeferredHolding() error {
-	return s.apply.sendHolding(&s.link, &s.sets, s.pooledSet(), s.forget.lost.Load())
+	return s.apply.sendHolding(&s.link, &s.sets, &s.pool, s.forget.lost.Load())
 }
 
 // applyDeferred sets the deferred settings on the server ahead of a batch

@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"bytes"
-	"crypto/rand"
 	"encoding/binary"
 )
 
@@ -24,13 +23,10 @@ import (
 // answered idle and in a block are never pending together (see
 // mayAnswer).
 //
-// Under Config.TransactionPooling deferred is instead the values of the
-// session's token settings (see keepPooled), which always include the
-// token setting's, pool the rest of what the session keeps, and the
-// numbers are not used.
+// Under Config.TransactionPooling the transaction-pooling part (txPooling)
+// keeps what the proxy answers, and deferred stays empty.
 type setState struct {
 	deferred       []Setting
-	pool           pooledSession
 	ver, kept, ran uint64
 	block          bool
 	// haveStmts is set once the client has prepared a statement that is a
@@ -40,8 +36,9 @@ type setState struct {
 	// answers says the proxy may answer SETs at all (Config.SettingSQL is
 	// set, Config.ForwardSettings is not, and the session is no
 	// replication connection, whose deferred set_config would need the
-	// extended protocol); pooled that a transaction pooler is behind it.
-	// Both are set as the session starts.
+	// extended protocol); pooled that a transaction pooler is behind it,
+	// where other SETs may be answered (see mayAnswer). Both are set as
+	// the session starts.
 	answers, pooled bool
 	// wasIdle says the message being handled came while the session was
 	// idle.
@@ -54,15 +51,10 @@ type setState struct {
 }
 
 // arrive notes where the client's next message finds the session: idle
-// says the session was idle. Under transaction pooling the message starts
-// a transaction then, with nothing of an earlier one in flight: the
-// session draws a new nonce for it (see pooledSession).
+// says the session was idle.
 func (t *setState) arrive(idle bool) {
 	t.wasIdle = idle
 	t.wasBlock, t.quietBlock = t.quietBlock, false
-	if idle && t.pool.nonce != "" {
-		t.pool.nonce = rand.Text()
-	}
 }
 
 // quiet reports whether the message being handled found the session where
@@ -134,15 +126,15 @@ func (t *setState) mayAnswer(set *Setting, l *link, held bool) bool {
 	if !block && (!t.wasIdle || set.Local) {
 		return false
 	}
-	return l.pipe.single && !held && l.pipe.head() == nil && (t.block == block || !t.pending(t.pooled))
+	return l.pipe.single && !held && l.pipe.head() == nil && (t.block == block || !t.pending())
 }
 
 // keep keeps set, answered by the proxy, for the server, and reports
 // whether the session is idle again as the client sees it (else it is
-// in the block it was in).
+// in the block it was in). Under transaction pooling the pooling part
+// keeps it instead (txPooling.onAnswered), and the session is idle.
 func (t *setState) keep(set *Setting) (idle bool) {
 	if t.pooled {
-		t.keepPooled(set)
 		return true
 	}
 	t.add(set)
@@ -155,12 +147,10 @@ func (t *setState) keep(set *Setting) (idle bool) {
 }
 
 // pending reports whether deferred settings are still to be set,
-// forgetting them once Postgres has kept them; pooled says a transaction
-// pooler is behind the proxy, where they are the session's token settings,
-// always to be set.
-func (t *setState) pending(pooled bool) bool {
-	if len(t.deferred) == 0 || pooled {
-		return len(t.deferred) > 0
+// forgetting them once Postgres has kept them.
+func (t *setState) pending() bool {
+	if len(t.deferred) == 0 {
+		return false
 	}
 	if t.kept == t.ver {
 		t.deferred = t.deferred[:0]
