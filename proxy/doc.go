@@ -40,10 +40,13 @@
 // look at it. A change to one feature touches its part's file and, if its
 // order or inputs change, the dispatcher.
 //
-// The server side still handles the replies to the proxy's own messages
-// in session methods next to their part (setReply, heldReady, probeReply
-// and the like), since they relay and report errors to the client: the
-// parts decide (applyState.heldAt), the session writes.
+// The replies to a part's own messages are that part's too, in its file
+// (applyState.onReply and onHeldReady, probeState.onReply and
+// onQueryReply): they take the server side's way back (fromServer, in
+// link.go: the server's reader, the buffer a message is read into, the
+// writer to the client) and, for what only the session does, a small
+// interface to it (relay: relay a reply the usual way, report an error,
+// end the session, log), never the session itself.
 //
 // # Statement reuse
 //

@@ -1,9 +1,10 @@
 package proxy
 
 import (
+	"context"
 	"errors"
-	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"strconv"
 	"strings"
@@ -139,20 +140,6 @@ func (s *session) skipAfterError(w *wait) {
 	}
 }
 
-// readError consumes the server's ErrorResponse of n bytes and returns
-// its body (in the session's buffer) and what it says.
-func (s *session) readError(n int) ([]byte, pgproto3.ErrorResponse, error) {
-	var e pgproto3.ErrorResponse
-	b, err := body(s.sr, n, &s.sbuf)
-	if err != nil {
-		return nil, e, err
-	}
-	if err := e.Decode(b); err != nil {
-		return nil, e, fmt.Errorf("server sent a malformed ErrorResponse: %w", err)
-	}
-	return b, e, nil
-}
-
 // boundParamContext returns where without its last line if that is the
 // context Postgres gives an error reading the value of parameter n of the
 // unnamed portal ("unnamed portal parameter $2", with " = 'value'" when
@@ -169,6 +156,18 @@ func boundParamContext(where string) (n int, rest string, ok bool) {
 		return 0, "", false
 	}
 	return n, strings.TrimSuffix(where[:i], "\n"), true
+}
+
+// end tells the client why the session ends and logs it (see relay).
+func (s *session) end(level slog.Level, log, code, msg, hint string, args ...any) {
+	writeFatal(s.cw, code, msg, hint)
+	s.fatal = true
+	s.log.Log(context.Background(), level, log, append([]any{"client", s.c.RemoteAddr}, args...)...)
+}
+
+// warn logs msg with args for the session's client (see relay).
+func (s *session) warn(msg string, args ...any) {
+	s.log.Warn(msg, append([]any{"client", s.c.RemoteAddr}, args...)...)
 }
 
 // sendFatal tells the client why its session ends. Only called once the

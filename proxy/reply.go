@@ -47,7 +47,7 @@ func (s *session) reply(w *wait, typ serverMsg, n int) error {
 		}
 	case serverMsgErrorResponse:
 		if w != nil && w.held {
-			return s.setFailed(n) // committing the settings failed
+			return s.apply.setFailed(&s.fromServer, &s.sets, n) // committing the settings failed
 		}
 		return s.serverError(w, n)
 	case serverMsgParameterStatus:

@@ -59,15 +59,18 @@ type session struct {
 
 	// The relay reads and writes through these: bufio over the connections
 	// when goroutines relay, the event loop's buffers when it does. The
-	// client side reads cr and writes link.sw, the server side reads sr
-	// and writes cw; on the event loop each may write the other's too (the
-	// client side answering a SET, the server side retrying deferred
-	// settings), and once both have stopped finish writes cw.
-	cr, sr msgReader
-	cw     msgWriter
+	// client side reads cr and writes link.sw, the server side reads
+	// fromServer.sr and writes fromServer.cw; on the event loop each may
+	// write the other's too (the client side answering a SET, the server
+	// side retrying deferred settings), and once both have stopped finish
+	// writes cw.
+	cr msgReader
 	// link is the way to the server the parts share: sw, the pipeline,
 	// the out buffer, and whether the block failed.
 	link
+	// fromServer is the way back the parts' reply handlers share: sr, cw,
+	// sbuf (the server message being handled) and the session (via).
+	fromServer
 
 	// idle is true while the session is outside a transaction with nothing
 	// in flight, so a drain may end it. Both sides write it; the Server
@@ -90,9 +93,8 @@ type session struct {
 	fatal bool
 	rt    roundTrip // for Config.RoundTrip; the event loop's only
 
-	// cbuf holds the client message being handled (the client side's),
-	// sbuf the server message being handled (the server side's).
-	cbuf, sbuf []byte
+	// cbuf holds the client message being handled (the client side's).
+	cbuf []byte
 
 	auth   authState
 	forget forgetState
@@ -692,17 +694,17 @@ func (s *session) serverMessage(typ serverMsg, n int) error {
 	case w == nil:
 		return s.reply(w, typ, n)
 	case w.kind == waitProbe:
-		return s.probeReply(w, typ, n)
+		return s.probes.onReply(&s.fromServer, &s.link, s.c, w, typ, n)
 	case w.kind == waitSwallow:
 		return s.swallowReply(w, typ, n)
 	case w.kind == waitSet:
-		return s.setReply(w, typ, n)
+		return s.apply.onReply(&s.fromServer, &s.link, &s.sets, &s.pool, w, typ, n)
 	case w.kind == waitPass && (typ == serverMsgBindComplete || typ == serverMsgCloseComplete):
 		if w.seen++; w.seen == w.want {
 			s.pipe.pop()
 		}
 	case w.kind == waitQuery && w.inProbe():
-		return s.queryProbeReply(w, typ, n)
+		return s.probes.onQueryReply(&s.fromServer, s.c, w, typ, n)
 	}
 	return s.reply(w, typ, n)
 }
@@ -721,7 +723,8 @@ func (s *session) wholeServerMessage(typ serverMsg) bool {
 
 // ready handles the ReadyForQuery (n bytes) that says status (0 if it is
 // malformed), answering w: the parts see it in order. done says it was
-// handled whole (it ended deferred settings the proxy sent, see heldReady,
+// handled whole (it ended deferred settings the proxy sent, see
+// applyState.onHeldReady,
 // or a drain); else it goes on to the client.
 func (s *session) ready(w *wait, n int, status txStatus) (done bool, err error) {
 	s.started, s.rt.ended = true, true
@@ -730,7 +733,7 @@ func (s *session) ready(w *wait, n int, status txStatus) (done bool, err error) 
 		s.ranSinceReady.Store(false)
 	}
 	if w != nil && w.held {
-		return true, s.heldReady(n, status)
+		return true, s.apply.onHeldReady(&s.fromServer, &s.link, &s.sets, &s.pool, n, status)
 	}
 	s.sets.atReady(status)
 	s.failed.Store(status == txFailed)
@@ -758,7 +761,7 @@ func (s *session) ready(w *wait, n int, status txStatus) (done bool, err error) 
 func (s *session) startParts(tokens []Setting) {
 	cfg := &s.srv.cfg
 	s.reuse.standIn = s.srv.standIn
-	s.apply.tag, s.apply.sql = s.tag, cfg.SettingSQL
+	s.apply.tag, s.apply.sql, s.apply.poolerHint = s.tag, cfg.SettingSQL, cfg.Hints.Pooler
 	s.sets.answers = !cfg.ForwardSettings && cfg.SettingSQL != "" && !s.c.Replication
 	s.sets.pooled = cfg.TransactionPooling
 	if cfg.TransactionPooling {
