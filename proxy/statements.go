@@ -438,6 +438,39 @@ type replanner struct {
 	log *slog.Logger
 }
 
+// replanText returns the text of the prepared statement that the Bind or
+// Describe f next in cr plans again before it is sent (see replan), under
+// the Interceptor's generation gen, without reading it; ok is false when
+// it plans none.
+func (b *stmtBook) replanText(cr msgReader, f *clientFrame, gen uint64) (text string, ok bool) {
+	if len(b.stmts) == 0 {
+		return "", false
+	}
+	var name []byte
+	switch f.typ {
+	case clientMsgBind:
+		m, ok, err := f.decodedBind(cr)
+		if err != nil || !ok {
+			return "", false
+		}
+		name = m.stmt
+	case clientMsgDescribe:
+		// Only a Describe of the unnamed statement plans it again.
+		body, err := peekBody(cr, f.n)
+		if err != nil {
+			return "", false
+		}
+		if m, ok := decodeDescribe(body); !ok || !m.exact() || !m.unnamed(targetStatement) {
+			return "", false
+		}
+	}
+	st := b.stmts[string(name)]
+	if st == nil || st.gen == gen && (st.again == nil || st.again.state.Load() == stmtReady) {
+		return "", false
+	}
+	return st.text, true
+}
+
 // peekBody returns up to peekLimit bytes of the body of the message next
 // in cr, leaving it there.
 func peekBody(cr msgReader, n int) ([]byte, error) {
