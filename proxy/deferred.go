@@ -49,6 +49,12 @@ type applyState struct {
 	heldWriter msgWriter
 }
 
+// start sets what the part keeps of the configuration: the session's tag,
+// Config.SettingSQL and Config.Hints.Pooler.
+func (a *applyState) start(tag, sql, poolerHint string) {
+	a.tag, a.sql, a.poolerHint = tag, sql, poolerHint
+}
+
 // forget has the session prepare setStmt again before its next use (see
 // forgetState).
 func (a *applyState) forget() { a.ready = false }
@@ -124,6 +130,10 @@ const (
 func (a *applyState) now(typ clientMsg, start bool) bool {
 	return start && typ != clientMsgSync && typ != clientMsgTerminate && !a.held
 }
+
+// planFirst notes that the Query or Parse that starts a batch is to be
+// planned before the deferred settings go ahead of it (see afterPlan).
+func (a *applyState) planFirst() { a.afterPlan = true }
 
 // takeAfterPlan reports, once, whether the Query or Parse being planned
 // starts a batch that the deferred settings go ahead of (see afterPlan).
@@ -334,7 +344,7 @@ func (a *applyState) onHeldReady(f *fromServer, l *link, t *setState, pool *txPo
 		return a.endDeferred(f, t, codeConnectionFailure, fmt.Sprintf("the server did not keep it (transaction status %q)", status))
 	}
 	l.pipe.pop()
-	t.atReady(status)
+	t.onReady(status, false)
 	var err error
 	if l.sw, err = a.release(); err != nil {
 		return err

@@ -57,7 +57,7 @@ func (s *session) framingError(err error) error {
 // serverError forwards an ErrorResponse (or the Interceptor's replacement)
 // and notes what the server will skip because of it.
 func (s *session) serverError(w *wait, n int) error {
-	s.sets.ran = 0 // the unit's transaction is rolled back
+	s.sets.onServerError()
 	b, e, err := s.readError(n)
 	if err != nil {
 		return err
@@ -87,9 +87,7 @@ func (s *session) serverError(w *wait, n int) error {
 	if e.Severity == "FATAL" || e.Severity == "PANIC" {
 		s.fatal = true
 	}
-	if e.Code == codeUndefinedStatement {
-		s.forget.lost.Store(true)
-	}
+	s.forget.onServerError(e.Code)
 	if e.Code == codeInvalidAuthorization && strings.Contains(e.Message, "channel binding negotiation") {
 		// The client supports channel binding and Postgres, over TLS,
 		// offered it to pgfence: a mismatch no client setting but one can

@@ -55,9 +55,9 @@ func (s *session) reply(w *wait, typ serverMsg, n int) error {
 	case serverMsgNoticeResponse:
 		return s.serverNotice(n)
 	case serverMsgBackendKeyData:
-		s.keyData(n)
+		s.auth.onKeyData(s.sr, n)
 	case serverMsgAuthentication:
-		s.noteAuth(n)
+		s.auth.onAuthentication(s.sr, n)
 	}
 	return forward(s.cw, s.sr, n)
 }

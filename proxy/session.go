@@ -258,7 +258,7 @@ func (s *session) clientMessage(f *clientFrame) error {
 	if idle { // a load is cheaper than a store on every message
 		s.idle.Store(false)
 	}
-	s.sets.arrive(idle)
+	s.sets.onMessage(idle)
 	s.pool.onMessage(idle)
 	if typ == clientMsgBind && s.sets.quiet() && s.sets.haveStmts {
 		u, ok := s.unit(f)
@@ -292,7 +292,7 @@ func (s *session) clientMessage(f *clientFrame) error {
 	case clientMsgBind:
 		return s.bind(f)
 	case clientMsgExecute:
-		p, err := s.book.execute(&s.link, s.cr, n)
+		p, err := s.book.onExecute(&s.link, s.cr, n)
 		if p != nil && err == nil {
 			// Run the probe right after the Execute, in the same
 			// transaction, before whatever the client sends next.
@@ -300,14 +300,14 @@ func (s *session) clientMessage(f *clientFrame) error {
 		}
 		return err
 	case clientMsgClose:
-		return s.book.close(&s.link, s.cr, &s.reuse, n)
+		return s.book.onClose(&s.link, s.cr, &s.reuse, n)
 	case clientMsgDescribe:
-		return s.book.describe(&s.link, s.cr, &s.reuse, s.replanner(), n)
+		return s.book.onDescribe(&s.link, s.cr, &s.reuse, s.replanner(), f)
 	case clientMsgSync, clientMsgFunctionCall: // both end with ReadyForQuery
 		s.pipe.push(s.forget.syncWait(&s.pipe))
 		return forward(s.sw, s.cr, n)
 	case clientMsgPassword:
-		return s.saslInitial(n)
+		return s.auth.onPassword(s.sw, s.cr, n)
 	case clientMsgTerminate:
 		s.terminated.Store(true)
 		err := forward(s.sw, s.cr, n)
@@ -335,7 +335,7 @@ func (s *session) query(n int) error {
 		// client's view of the session says the Query destroyed, and in a
 		// block the unnamed portal too. (An idle session has none: its
 		// transaction ended.)
-		delete(s.book.portals, "")
+		s.book.onAnsweredQuery()
 		s.reuse.unnamedGone(&s.book)
 		return s.answerSet(plan.Setting, nil, false)
 	}
@@ -353,12 +353,11 @@ func (s *session) query(n int) error {
 			s.pool.onQuery(&plan, text)
 		}
 	}
-	if s.forget.onText(plan.Forget) {
+	if s.forget.onPlan(plan.Forget) {
 		s.forgetStatements()
 	}
 	s.book.onQuery(s.blockMayHaveFailed())
-	s.reuse.dropUnnamed()
-	s.forget.sent(plan.Forget)
+	s.reuse.onQuery()
 	if plan.ParamTypes != nil {
 		return s.queryBound(&plan)
 	}
@@ -396,10 +395,10 @@ func (s *session) parse(n int) error {
 	if set := plan.Setting; len(name) == 0 && set != nil && s.sets.quiet() && s.sets.mayAnswer(set, &s.link, s.apply.held) && noParamTypes(st.params) {
 		if u, ok := s.unit(nil); s.sets.answersUnnamed(u, ok) {
 			st.answered(set, gen)
-			s.sets.haveStmts = true
-			s.reuse.dropUnnamed()
+			s.sets.onAnsweredParse()
+			s.reuse.onAnsweredParse()
 			s.book.onAnsweredParse()
-			s.apply.afterPlan = false // the settings stay deferred, this one with them
+			s.apply.takeAfterPlan() // the settings stay deferred, this one with them
 			return s.answerSet(set, &u, true)
 		}
 	}
@@ -413,20 +412,14 @@ func (s *session) parse(n int) error {
 			return err
 		}
 	}
-	if s.forget.onText(plan.Forget) {
+	if s.forget.onPlan(plan.Forget) {
 		s.forgetStatements()
-		// which drops the record of an unnamed statement whose last Parse
-		// failed: not this one's.
-		s.book.stmts[string(name)] = st
 	}
-	s.forget.sent(plan.Forget)
+	s.book.onParse(name, st)
 	st.planned(&plan, gen)
 	w := parseWait
 	if len(name) == 0 {
-		reuse := s.reuse.reusable(&plan, s.failed.Load(), s.txPool())
-		s.reuse.parseUnnamed(reuse)
-		s.book.unnamedGone = false
-		if reuse {
+		if s.reuse.onParse(&plan, s.failed.Load(), s.txPool()) {
 			return s.reuse.parseReused(&s.link, s.tag, plan, params)
 		}
 		w = s.reuse.parseWait(&s.pipe, plan)
@@ -451,12 +444,12 @@ func (s *session) bind(f *clientFrame) error {
 			return err
 		}
 	}
-	if s.pool.needsToken(&s.book, m, ok) {
+	if s.pool.onBind(&s.book, m, ok) {
 		if err := s.sendDeferred(); err != nil {
 			return err
 		}
 	}
-	err := s.book.bind(&s.link, s.cr, &s.reuse, s.replanner(), m, ok, f.n)
+	err := s.book.onBind(&s.link, s.cr, &s.reuse, s.replanner(), m, ok, f.n)
 	s.pipe.loose++ // after the proxy's own: its reply comes after theirs
 	return err
 }
@@ -475,12 +468,10 @@ func (s *session) answerSet(set *Setting, u *unitMessages, parse bool) error {
 		s.c.midBatch = false
 	}
 	s.srv.cfg.Interceptor.SettingAnswered(s.c, set)
-	if s.sets.keep(set) {
+	if s.sets.onAnswered(set) {
 		s.idle.Store(true)
 	}
-	if s.pool.on {
-		s.pool.onAnswered(set)
-	}
+	s.pool.onAnswered(set)
 	return s.sets.answer(s.cw, &s.book, set, u, parse)
 }
 
@@ -562,14 +553,12 @@ func (s *session) ready(w *wait, n int, status txStatus) (done bool, err error) 
 	if w != nil && w.held {
 		return true, s.apply.onHeldReady(&s.fromServer, &s.link, &s.sets, &s.pool, n, status)
 	}
-	s.sets.atReady(status)
 	s.failed.Store(status == txFailed)
-	s.forget.atReady(s.pipe.ready(), status)
-	if status == 0 || s.pipe.head() != nil {
+	s.forget.onReady(s.pipe.ready(), status)
+	quiet := status != 0 && s.pipe.head() == nil // every reply is in
+	s.sets.onReady(status, quiet && s.pipe.single)
+	if !quiet {
 		return false, nil
-	}
-	if status == txInBlock && s.pipe.single {
-		s.sets.quietBlock = true
 	}
 	if status == txIdle {
 		s.idle.Store(true)
@@ -587,10 +576,9 @@ func (s *session) ready(w *wait, n int, status txStatus) (done bool, err error) 
 // configuration; tokens are the token settings of the startup packet.
 func (s *session) startParts(tokens []Setting) {
 	cfg := &s.srv.cfg
-	s.reuse.standIn = s.srv.standIn
-	s.apply.tag, s.apply.sql, s.apply.poolerHint = s.tag, cfg.SettingSQL, cfg.Hints.Pooler
-	s.sets.answers = !cfg.ForwardSettings && cfg.SettingSQL != "" && !s.c.Replication
-	s.sets.pooled = cfg.TransactionPooling
+	s.reuse.start(s.srv.standIn)
+	s.apply.start(s.tag, cfg.SettingSQL, cfg.Hints.Pooler)
+	s.sets.start(!cfg.ForwardSettings && cfg.SettingSQL != "" && !s.c.Replication, cfg.TransactionPooling)
 	if cfg.TransactionPooling {
 		// The token setting as Postgres folds it, and the Interceptor names it.
 		s.pool.start(cfg.Interceptor.(PooledSets), s.c, tokens, strings.ToLower(cfg.TokenSetting))
@@ -636,11 +624,11 @@ func (s *session) sendDeferredHolding() error {
 func (s *session) applyDeferred(f *clientFrame) error {
 	switch f.typ {
 	case clientMsgQuery, clientMsgParse:
-		s.apply.afterPlan = true
+		s.apply.planFirst()
 		return nil
 	case clientMsgBind:
 		if u, ok := s.unit(f); ok {
-			if st := s.book.stmts[string(u.stmt)]; st != nil && st.probe != nil {
+			if s.book.fencedWrite(u.stmt) {
 				return s.sendDeferred()
 			}
 		}

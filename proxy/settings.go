@@ -50,9 +50,14 @@ type setState struct {
 	wasBlock, quietBlock bool
 }
 
-// arrive notes where the client's next message finds the session: idle
+// start sets what the part keeps of the configuration (see answers).
+func (t *setState) start(answers, pooled bool) {
+	t.answers, t.pooled = answers, pooled
+}
+
+// onMessage notes where the client's next message finds the session: idle
 // says the session was idle.
-func (t *setState) arrive(idle bool) {
+func (t *setState) onMessage(idle bool) {
 	t.wasIdle = idle
 	t.wasBlock, t.quietBlock = t.quietBlock, false
 }
@@ -61,6 +66,10 @@ func (t *setState) arrive(idle bool) {
 // the proxy may answer a SET: idle, or in a transaction block that has not
 // failed, with nothing in flight.
 func (t *setState) quiet() bool { return t.wasIdle || t.wasBlock }
+
+// onServerError notes an error from the server: the unit's transaction is
+// rolled back, and the deferred settings sent in it with it.
+func (t *setState) onServerError() { t.ran = 0 }
 
 // add keeps set, answered where the message being handled found the
 // session.
@@ -84,13 +93,18 @@ func (t *setState) add(set *Setting) {
 	t.deferred = append(t.deferred, *set)
 }
 
-// atReady notes, at a ReadyForQuery with status, whether the unit it ends
-// kept the deferred settings sent in it.
-func (t *setState) atReady(status txStatus) {
+// onReady notes, at a ReadyForQuery with status, whether the unit it ends
+// kept the deferred settings sent in it; quietBlock says it leaves the
+// session in a block with every reply in, where the proxy may answer the
+// client's next message (see mayAnswer), which the event loop relays.
+func (t *setState) onReady(status txStatus, quietBlock bool) {
 	if t.ran != 0 && status == txIdle {
 		t.kept = t.ran
 	}
 	t.ran = 0
+	if quietBlock && status == txInBlock {
+		t.quietBlock = true
+	}
 }
 
 // The replies the proxy gives to a SET it answers itself.
@@ -129,11 +143,11 @@ func (t *setState) mayAnswer(set *Setting, l *link, held bool) bool {
 	return l.pipe.single && !held && l.pipe.head() == nil && (t.block == block || !t.pending())
 }
 
-// keep keeps set, answered by the proxy, for the server, and reports
-// whether the session is idle again as the client sees it (else it is
-// in the block it was in). Under transaction pooling the pooling part
-// keeps it instead (txPooling.onAnswered), and the session is idle.
-func (t *setState) keep(set *Setting) (idle bool) {
+// onAnswered keeps set, answered by the proxy, for the server, and
+// reports whether the session is idle again as the client sees it (else
+// it is in the block it was in). Under transaction pooling the pooling
+// part keeps it instead (txPooling.onAnswered), and the session is idle.
+func (t *setState) onAnswered(set *Setting) (idle bool) {
 	if t.pooled {
 		return true
 	}
@@ -200,6 +214,10 @@ func (t *setState) bindAnswer(u unitMessages, ok bool, b *stmtBook, gen uint64, 
 	}
 	return st.setting
 }
+
+// onAnsweredParse notes that the proxy answered a Parse of a SET: the
+// client has a statement whose Binds it may answer.
+func (t *setState) onAnsweredParse() { t.haveStmts = true }
 
 // answersUnnamed reports whether the proxy may answer, with a Parse of
 // the unnamed statement that is a SET it may answer, the unit u that

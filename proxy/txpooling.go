@@ -151,6 +151,9 @@ func (p *txPooling) write(l *link, out msgWriter, name string, w *wait) error {
 // session's value of its setting: a RESET goes back to the startup
 // packet's value, as Postgres's would.
 func (p *txPooling) onAnswered(set *Setting) {
+	if !p.on {
+		return // the deferred-settings part keeps it
+	}
 	value := set.Value
 	if set.Reset {
 		value = ""
@@ -169,10 +172,10 @@ func (p *txPooling) onAnswered(set *Setting) {
 	p.values = append(p.values, Setting{Name: set.Name, Value: value})
 }
 
-// needsToken reports whether the token settings go ahead of the client's
-// Bind m (ok says it was decoded whole): it binds a statement of b that
-// may need them, or one b does not know (prepared with SQL PREPARE, say).
-func (p *txPooling) needsToken(b *stmtBook, m bindMsg, ok bool) bool {
+// onBind reports whether the token settings go ahead of the client's Bind
+// m (ok says it was decoded whole): it binds a statement of b that may
+// need them, or one b does not know (prepared with SQL PREPARE, say).
+func (p *txPooling) onBind(b *stmtBook, m bindMsg, ok bool) (needsToken bool) {
 	if !p.on || !ok {
 		return false // off, or the server refuses it
 	}
