@@ -132,7 +132,11 @@ func (s *session) skipAfterError(w *wait) {
 	}
 	switch w.kind {
 	case waitQuery:
-		w.probes = nil // the rest of the query string is not run
+		// The rest of the query string is not run. (Written only when set:
+		// queryWait, which has none, is shared by every session.)
+		if w.probes != nil {
+			w.probes = nil
+		}
 	case waitExecute, waitProbe, waitSwallow, waitParse, waitPass:
 		s.pipe.skipToSync()
 	}
