@@ -28,11 +28,11 @@ const maxServerMessage = 1 << 30
 // documentation), a type of its own that says the same of its fields: what
 // the client has prepared and bound (stmtBook), the statements the proxy
 // prepares for reuse (reuseState), the SETs it answers itself (setState)
-// and how it sets them on the server (applyState), its probes
-// (probeState), what may have deallocated its statements (forgetState),
-// and what it keeps of authentication (authState). The dispatcher below
-// (clientMessage, query, parse, bind, ready) hands them each message in
-// order.
+// and how it sets them on the server (applyState), what it keeps behind a
+// transaction pooler (txPooling), its probes (probeState), what may have
+// deallocated its statements (forgetState), and what it keeps of
+// authentication (authState). The dispatcher below (clientMessage, query,
+// parse, bind; serverMessage, ready) hands them each message in order.
 type session struct {
 	srv *Server
 	c   *Client
