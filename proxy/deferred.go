@@ -264,21 +264,6 @@ func (a *applyState) seen(l *link, t *setState, w *wait) {
 	}
 }
 
-// seen counts a reply to the deferred settings w waits for, and reports
-// whether it was the last: they ran.
-func (t *setState) seen(w *wait) (last bool) {
-	if w.seen++; w.seen != w.want {
-		return false
-	}
-	// Nothing is answered while w is in flight, so block is still what it
-	// was when the settings were sent.
-	t.ran = w.seq
-	if t.block {
-		t.kept = w.seq
-	}
-	return true
-}
-
 // checkBackend reads the DataRow (n bytes) of a deferred setting, which
 // says which server process ran it, and ends the session if that is not
 // the one that ran the session's first: a transaction pooler nobody told

@@ -107,6 +107,21 @@ func (t *setState) onReady(status txStatus, quietBlock bool) {
 	}
 }
 
+// seen counts a reply to the deferred settings w waits for, and reports
+// whether it was the last: they ran.
+func (t *setState) seen(w *wait) (last bool) {
+	if w.seen++; w.seen != w.want {
+		return false
+	}
+	// Nothing is answered while w is in flight, so block is still what it
+	// was when the settings were sent.
+	t.ran = w.seq
+	if t.block {
+		t.kept = w.seq
+	}
+	return true
+}
+
 // The replies the proxy gives to a SET it answers itself.
 var (
 	parseCompleteMessage = []byte{byte(serverMsgParseComplete), 0, 0, 0, 4}
