@@ -27,40 +27,43 @@ const channelBindingHint = "connect with channel_binding=disable (the password e
 // authSASL is AuthenticationSASL's request code.
 const authSASL = 10
 
-// noteAuth watches authentication requests for the start of SASL, so that
-// the client's choice of mechanism can be checked.
-func (s *session) noteAuth(n int) {
-	if b, err := s.sr.Peek(9); err == nil && n >= 4 && binary.BigEndian.Uint32(b[5:9]) == authSASL {
-		s.auth.sasl.Store(true)
+// onAuthentication watches the server's authentication requests (n
+// bytes, next in sr) for the start of SASL, so that the client's choice
+// of mechanism can be checked.
+func (a *authState) onAuthentication(sr msgReader, n int) {
+	if b, err := sr.Peek(9); err == nil && n >= 4 && binary.BigEndian.Uint32(b[5:9]) == authSASL {
+		a.sasl.Store(true)
 	}
 }
 
-// saslInitial checks the client's SASLInitialResponse: a client choosing
+// onPassword forwards to sw the client's password message (n bytes, next
+// in cr), checking a SASLInitialResponse: a client choosing
 // SCRAM-SHA-256-PLUS is stopped with an explanation instead of failing
 // later with a bare "channel binding check failed".
-func (s *session) saslInitial(n int) error {
-	if !s.auth.sasl.CompareAndSwap(true, false) {
-		return forward(s.sw, s.cr, n)
+func (a *authState) onPassword(sw msgWriter, cr msgReader, n int) error {
+	if !a.sasl.CompareAndSwap(true, false) {
+		return forward(sw, cr, n)
 	}
-	b, err := peekBody(s.cr, n)
+	b, err := peekBody(cr, n)
 	if err != nil {
 		return err
 	}
 	if mech, _, err := cstring(b); err == nil && string(mech) == "SCRAM-SHA-256-PLUS" {
 		return &clientError{err: errors.New(channelBindingHelp), code: codeInvalidAuthorization, hint: channelBindingHint}
 	}
-	return forward(s.sw, s.cr, n)
+	return forward(sw, cr, n)
 }
 
-// keyData keeps the backend's key so the proxy can cancel its query if the
-// client goes away (the message itself is forwarded as is).
-func (s *session) keyData(n int) {
-	b, err := s.sr.Peek(5 + n)
+// onKeyData keeps the backend's key (BackendKeyData, n bytes, next in
+// sr) so the proxy can cancel its query if the client goes away (the
+// message itself is forwarded as is).
+func (a *authState) onKeyData(sr msgReader, n int) {
+	b, err := sr.Peek(5 + n)
 	if err != nil || n < 8 || n > 256 {
 		return
 	}
 	p := binary.BigEndian.AppendUint32(nil, uint32(8+n))
 	p = binary.BigEndian.AppendUint32(p, codeCancelRequest)
 	p = append(p, b[5:]...)
-	s.auth.cancel.Store(&p)
+	a.cancel.Store(&p)
 }

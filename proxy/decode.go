@@ -144,10 +144,11 @@ func decodeTargeted(b []byte) (t target, name, rest []byte, ok bool) {
 type clientFrame struct {
 	typ clientMsg
 	n   int
-	// bind is the Bind's names (see decodeBind) once decoded; bindOK says
-	// they were whole.
-	bind            bindMsg
-	bindOK, decoded bool
+	// bind is a Bind's names (see decodeBind) once decoded, describe a
+	// Describe's; ok says they were whole.
+	bind        bindMsg
+	describe    describeMsg
+	ok, decoded bool
 }
 
 // decodedBind returns the Bind's names (ok: whole, see decodeBind),
@@ -158,8 +159,23 @@ func (f *clientFrame) decodedBind(cr msgReader) (m bindMsg, ok bool, err error) 
 		if err != nil {
 			return bindMsg{}, false, err
 		}
-		f.bind, f.bindOK = decodeBind(b[5:])
+		f.bind, f.ok = decodeBind(b[5:])
 		f.decoded = true
 	}
-	return f.bind, f.bindOK, nil
+	return f.bind, f.ok, nil
+}
+
+// decodedDescribe returns the Describe's target and name (ok: whole, see
+// decodeDescribe), decoding them from the front of cr the first time it
+// is asked.
+func (f *clientFrame) decodedDescribe(cr msgReader) (m describeMsg, ok bool, err error) {
+	if !f.decoded {
+		b, err := peekBody(cr, f.n)
+		if err != nil {
+			return describeMsg{}, false, err
+		}
+		f.describe, f.ok = decodeDescribe(b)
+		f.decoded = true
+	}
+	return f.describe, f.ok, nil
 }

@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"bufio"
+	"bytes"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgproto3"
@@ -145,4 +147,37 @@ func TestDecodeAllocations(t *testing.T) {
 		t.Errorf("decoding allocates %v times, want 0", n)
 	}
 	_ = sink
+}
+
+// peekCounter counts the Peeks of the reader it wraps.
+type peekCounter struct {
+	msgReader
+	peeks int
+}
+
+func (p *peekCounter) Peek(n int) ([]byte, error) {
+	p.peeks++
+	return p.msgReader.Peek(n)
+}
+
+// A Describe is decoded once for the hold check (stmtBook.replanText) and
+// the book's handler (onDescribe), which both look at it.
+func TestDescribeDecodedOnce(t *testing.T) {
+	msg, err := (&pgproto3.Describe{ObjectType: 'S'}).Encode(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cr := &peekCounter{msgReader: bufio.NewReader(bytes.NewReader(msg))}
+	f := clientFrame{typ: clientMsgDescribe, n: len(msg) - 5}
+	b := stmtBook{stmts: map[string]*prepared{"": {text: "select 1", gen: 1}}}
+	if text, ok := b.replanText(cr, &f, 2); !ok || text != "select 1" {
+		t.Fatalf("replanText = %q, %v; want the unnamed statement's text, planned under an older generation", text, ok)
+	}
+	m, ok, err := f.decodedDescribe(cr)
+	if err != nil || !ok || !m.unnamed(targetStatement) {
+		t.Fatalf("decodedDescribe = %+v, %v, %v; want the unnamed statement", m, ok, err)
+	}
+	if cr.peeks != 1 {
+		t.Errorf("the Describe was read %d times; want once", cr.peeks)
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgproto3"
@@ -33,7 +34,9 @@ type applyState struct {
 	name  string
 	// backendPID is the server process that ran the session's first
 	// deferred setting (see checkBackend); written by the server side.
-	backendPID string
+	// poolerHint is the hint of the error that ends the session when
+	// another did (Config.Hints.Pooler), set as the session starts.
+	backendPID, poolerHint string
 	// retry follows a retry of deferred settings that failed on their
 	// own (see heldFailed): retryNone, retryOwed or retrySent.
 	retry uint8
@@ -44,6 +47,12 @@ type applyState struct {
 	held       bool
 	heldOut    heldBuffer
 	heldWriter msgWriter
+}
+
+// start sets what the part keeps of the configuration: the session's tag,
+// Config.SettingSQL and Config.Hints.Pooler.
+func (a *applyState) start(tag, sql, poolerHint string) {
+	a.tag, a.sql, a.poolerHint = tag, sql, poolerHint
 }
 
 // forget has the session prepare setStmt again before its next use (see
@@ -122,6 +131,10 @@ func (a *applyState) now(typ clientMsg, start bool) bool {
 	return start && typ != clientMsgSync && typ != clientMsgTerminate && !a.held
 }
 
+// planFirst notes that the Query or Parse that starts a batch is to be
+// planned before the deferred settings go ahead of it (see afterPlan).
+func (a *applyState) planFirst() { a.afterPlan = true }
+
 // takeAfterPlan reports, once, whether the Query or Parse being planned
 // starts a batch that the deferred settings go ahead of (see afterPlan).
 func (a *applyState) takeAfterPlan() bool {
@@ -133,8 +146,8 @@ func (a *applyState) takeAfterPlan() bool {
 // sendHolding sends the deferred settings of t through l with a Sync of
 // their own and holds back what the proxy sends after them until Postgres
 // answers (see send for the rest).
-func (a *applyState) sendHolding(l *link, t *setState, pooled *PooledSet, lost bool) error {
-	if err := a.send(l, t, pooled, lost, true); err != nil {
+func (a *applyState) sendHolding(l *link, t *setState, pool *txPooling, lost bool) error {
+	if err := a.send(l, t, pool, lost, true); err != nil {
 		return err
 	}
 	l.sw = a.hold(l.sw)
@@ -142,19 +155,19 @@ func (a *applyState) sendHolding(l *link, t *setState, pooled *PooledSet, lost b
 }
 
 // send sends through l setStmt for each deferred setting of t (or, under
-// transaction pooling, pooled: see writePooled), preparing it first if
+// transaction pooling, pool's statement: see txPooling.write), preparing it first if
 // the backend may not have it, and with sync a Sync whose ReadyForQuery
-// releases what is held back after them (see heldReady). lost says a text
+// releases what is held back after them (see onHeldReady). lost says a text
 // since setStmt was prepared may have deallocated it (see forgetState):
 // the client's statement being planned has not made the session forget it
 // yet.
-func (a *applyState) send(l *link, t *setState, pooled *PooledSet, lost, sync bool) error {
+func (a *applyState) send(l *link, t *setState, pool *txPooling, lost, sync bool) error {
 	if lost {
 		a.ready = false
 	}
 	w := l.pipe.get(waitSet)
 	w.seq, w.held = t.ver, sync
-	if err := a.write(l, l.sw, t, pooled, w); err != nil {
+	if err := a.write(l, l.sw, t, pool, w); err != nil {
 		return err
 	}
 	l.pushSwallow(w)
@@ -171,10 +184,10 @@ func (a *applyState) send(l *link, t *setState, pooled *PooledSet, lost, sync bo
 // write writes to out (built in l's buffer) setStmt's Bind, Execute and
 // Close for each deferred setting of t, after its Close and Parse unless
 // the backend has it, and sets the replies w, their wait, wants. Under
-// transaction pooling (pooled not nil) it writes pooled instead.
-func (a *applyState) write(l *link, out msgWriter, t *setState, pooled *PooledSet, w *wait) error {
-	if pooled != nil {
-		return t.writePooled(l, out, pooled, a.stmtName(), w)
+// transaction pooling (pool on) it writes pool's statement instead.
+func (a *applyState) write(l *link, out msgWriter, t *setState, pool *txPooling, w *wait) error {
+	if pool.on {
+		return pool.write(l, out, a.stmtName(), w)
 	}
 	w.want = setRunReplies * len(t.deferred)
 	if !a.ready {
@@ -210,57 +223,45 @@ func boolText(b bool) string {
 	return "false"
 }
 
-// setReply handles a reply to sendDeferred's messages.
-func (s *session) setReply(w *wait, typ serverMsg, n int) error {
+// onReply handles a reply (typ, n bytes, read through f) to the deferred
+// settings of t (or, under transaction pooling, pool's statement) that w,
+// at the head of l's pipeline, waits for.
+func (a *applyState) onReply(f *fromServer, l *link, t *setState, pool *txPooling, w *wait, typ serverMsg, n int) error {
 	switch typ {
 	case serverMsgParseComplete: // the backend has setStmt now
-		s.apply.ready = true
+		a.ready = true
 	case serverMsgBindComplete, serverMsgCommandComplete, serverMsgCloseComplete:
 	case serverMsgDataRow:
-		if !s.txPool() {
-			if err := s.checkBackend(n); err != nil {
+		if !pool.on {
+			if err := a.checkBackend(f, n); err != nil {
 				return err
 			}
-			s.setSeen(w)
+			a.seen(l, t, w)
 			return nil
 		}
 	case serverMsgErrorResponse:
-		s.apply.ready = false // prepare it again next time, whatever went wrong
+		a.ready = false // prepare it again next time, whatever went wrong
 		if w.held {
-			return s.heldFailed(n)
+			return a.heldFailed(f, l, t, n)
 		}
-		if s.sets.block {
-			s.sets.kept = w.seq // dropped (see Deferred settings)
+		if t.block {
+			t.kept = w.seq // dropped (see Deferred settings)
 		}
-		s.log.Warn("a deferred SET failed on the server; the client's statement behind it did not run", "client", s.c.RemoteAddr)
-		return s.serverError(w, n)
+		f.via.warn("a deferred SET failed on the server; the client's statement behind it did not run")
+		return f.via.serverError(w, n)
 	default:
-		return s.reply(w, typ, n)
+		return f.via.reply(w, typ, n)
 	}
-	s.setSeen(w)
-	return skip(s.sr, n)
+	a.seen(l, t, w)
+	return f.skip(n)
 }
 
-// setSeen counts a reply to deferred settings, done with them at the last.
-func (s *session) setSeen(w *wait) {
-	if s.sets.seen(w) {
-		s.pipe.pop()
+// seen counts a reply to the deferred settings of t that w waits for, done
+// with them at the last.
+func (a *applyState) seen(l *link, t *setState, w *wait) {
+	if t.seen(w) {
+		l.pipe.pop()
 	}
-}
-
-// seen counts a reply to the deferred settings w waits for, and reports
-// whether it was the last: they ran.
-func (t *setState) seen(w *wait) (last bool) {
-	if w.seen++; w.seen != w.want {
-		return false
-	}
-	// Nothing is answered while w is in flight, so block is still what it
-	// was when the settings were sent.
-	t.ran = w.seq
-	if t.block {
-		t.kept = w.seq
-	}
-	return true
 }
 
 // checkBackend reads the DataRow (n bytes) of a deferred setting, which
@@ -269,19 +270,18 @@ func (t *setState) seen(w *wait) (last bool) {
 // pgfence of (see Config.TransactionPooling) gave the session another
 // server connection between transactions, where the settings it made on
 // the first stay for other clients and its own are missing.
-func (s *session) checkBackend(n int) error {
-	b, err := body(s.sr, n, &s.sbuf)
+func (a *applyState) checkBackend(f *fromServer, n int) error {
+	b, err := f.body(n)
 	if err != nil {
 		return err
 	}
-	pid, ok := s.apply.sameBackend(b)
+	pid, ok := a.sameBackend(b)
 	if ok {
 		return nil
 	}
-	writeFatal(s.cw, codeConnectionFailure, fmt.Sprintf("the server process behind this session changed between transactions (%s, then %s): a transaction pooler stands between pgfence and Postgres", s.apply.backendPID, pid),
-		s.srv.cfg.Hints.Pooler)
-	s.fatal = true
-	s.log.Error("session ended: its server process changed between transactions; a transaction pooler is behind pgfence", "client", s.c.RemoteAddr, "first", s.apply.backendPID, "now", string(pid))
+	f.via.end(slog.LevelError, "session ended: its server process changed between transactions; a transaction pooler is behind pgfence",
+		codeConnectionFailure, fmt.Sprintf("the server process behind this session changed between transactions (%s, then %s): a transaction pooler stands between pgfence and Postgres", a.backendPID, pid),
+		a.poolerHint, "first", a.backendPID, "now", string(pid))
 	return errors.New("the server process behind the session changed: a transaction pooler is behind pgfence")
 }
 
@@ -316,24 +316,25 @@ func (a *applyState) sameBackend(b []byte) (pid []byte, ok bool) {
 	return nil, true
 }
 
-// heldReady handles the ReadyForQuery of the proxy's own Sync after
-// deferred settings: they are set, and what was held back goes out.
-func (s *session) heldReady(n int, status txStatus) error {
-	switch s.apply.heldAt(&s.sets, status) {
+// onHeldReady handles the ReadyForQuery (n bytes, status) of the proxy's
+// own Sync after the deferred settings of t: they are set, and what was
+// held back goes out through l.
+func (a *applyState) onHeldReady(f *fromServer, l *link, t *setState, pool *txPooling, n int, status txStatus) error {
+	switch a.heldAt(t, status) {
 	case heldRetry:
-		return s.retryHeld(n)
+		return a.retryHeld(f, l, t, pool, n)
 	case heldLost:
 		// Not kept (it cannot be otherwise at a unit of their own): what
 		// waits must not run without them.
-		return s.endDeferred(codeConnectionFailure, fmt.Sprintf("the server did not keep it (transaction status %q)", status))
+		return a.endDeferred(f, t, codeConnectionFailure, fmt.Sprintf("the server did not keep it (transaction status %q)", status))
 	}
-	s.pipe.pop()
-	s.sets.atReady(status)
+	l.pipe.pop()
+	t.onReady(status, false)
 	var err error
-	if s.sw, err = s.apply.release(); err != nil {
+	if l.sw, err = a.release(); err != nil {
 		return err
 	}
-	return skip(s.sr, n)
+	return f.skip(n)
 }
 
 // What becomes of deferred settings sent with a Sync of their own, at its
@@ -391,20 +392,20 @@ const (
 // they are tried again once, ahead of what waits (see retryHeld). In a
 // block it failed the block, which the client does not know of, and a
 // second failure is not worth a third try: either ends the session.
-func (s *session) heldFailed(n int) error {
-	if s.sets.block || s.apply.retry != retryNone {
-		return s.setFailed(n)
+func (a *applyState) heldFailed(f *fromServer, l *link, t *setState, n int) error {
+	if t.block || a.retry != retryNone {
+		return a.setFailed(f, t, n)
 	}
-	_, e, err := s.readError(n)
+	_, e, err := f.readError(n)
 	if err != nil {
 		return err
 	}
 	if e.Severity != "ERROR" {
-		return s.endDeferred(e.Code, e.Message)
+		return a.endDeferred(f, t, e.Code, e.Message)
 	}
-	s.log.Warn("a deferred SET failed on the server; trying it again before what waits for it", "client", s.c.RemoteAddr, "code", e.Code, "error", e.Message)
-	s.apply.retry = retryOwed
-	s.pipe.pop() // their wait: Postgres skips the rest up to the proxy's Sync
+	f.via.warn("a deferred SET failed on the server; trying it again before what waits for it", "code", e.Code, "error", e.Message)
+	a.retry = retryOwed
+	l.pipe.pop() // their wait: Postgres skips the rest up to the proxy's Sync
 	return nil
 }
 
@@ -412,41 +413,40 @@ func (s *session) heldFailed(n int) error {
 // ahead of what is held back, at the ReadyForQuery (n bytes) that ended
 // their failed first try. That ReadyForQuery's wait stays at the head of
 // the pipeline for the new Sync.
-func (s *session) retryHeld(n int) error {
-	s.apply.retry = retrySent
-	w := s.pipe.get(waitSet)
-	w.seq, w.held = s.sets.ver, true
-	if err := s.apply.write(&s.link, s.apply.heldWriter, &s.sets, s.pooledSet(), w); err != nil {
+func (a *applyState) retryHeld(f *fromServer, l *link, t *setState, pool *txPooling, n int) error {
+	a.retry = retrySent
+	w := l.pipe.get(waitSet)
+	w.seq, w.held = t.ver, true
+	if err := a.write(l, a.heldWriter, t, pool, w); err != nil {
 		return err
 	}
-	if _, err := s.apply.heldWriter.Write(syncMessage); err != nil {
+	if _, err := a.heldWriter.Write(syncMessage); err != nil {
 		return err
 	}
-	s.pipe.pushFront(w)
-	return skip(s.sr, n)
+	l.pipe.pushFront(w)
+	return f.skip(n)
 }
 
 // setFailed ends the session after deferred settings failed on their own
 // (what the client sent after them was held back, so nothing ran without
 // them).
-func (s *session) setFailed(n int) error {
-	_, e, err := s.readError(n)
+func (a *applyState) setFailed(f *fromServer, t *setState, n int) error {
+	_, e, err := f.readError(n)
 	if err != nil {
 		return err
 	}
-	return s.endDeferred(e.Code, e.Message)
+	return a.endDeferred(f, t, e.Code, e.Message)
 }
 
-// endDeferred ends the session because its deferred settings failed on
-// the server, saying why (code and what) to the client and the log.
-func (s *session) endDeferred(code, what string) error {
-	names := make([]string, len(s.sets.deferred))
-	for i, set := range s.sets.deferred {
+// endDeferred ends the session because the deferred settings of t failed
+// on the server, saying why (code and what) to the client and the log.
+func (a *applyState) endDeferred(f *fromServer, t *setState, code, what string) error {
+	names := make([]string, len(t.deferred))
+	for i, set := range t.deferred {
 		names[i] = set.Name
 	}
-	writeFatal(s.cw, code, fmt.Sprintf("SET %s, which pgfence answered at once, failed when it ran on the server: %s", strings.Join(names, ", "), what),
-		"reconnect and set it again; pgfence ended the session so that nothing would run without it")
-	s.fatal = true
-	s.log.Warn("a deferred SET failed on the server; ending the session", "client", s.c.RemoteAddr, "code", code, "error", what)
+	f.via.end(slog.LevelWarn, "a deferred SET failed on the server; ending the session",
+		code, fmt.Sprintf("SET %s, which pgfence answered at once, failed when it ran on the server: %s", strings.Join(names, ", "), what),
+		"reconnect and set it again; pgfence ended the session so that nothing would run without it", "code", code, "error", what)
 	return fmt.Errorf("deferred SET failed on the server: %s (SQLSTATE %s)", what, code)
 }

@@ -12,38 +12,50 @@
 // book of the client's statements and portals (stmtBook, statements.go),
 // the statements prepared for reuse (reuseState, reuse.go), the SETs the
 // proxy answers itself (setState, settings.go) and how they are set on
-// the server (applyState, deferred.go), transaction pooling (setState's
-// pool and the pooled statements, txpooling.go), probes (probeState,
-// probes.go) and forgetting (forgetState, forget.go). A part is a type
-// with hooks for the messages it acts on (stmtBook.onQuery and bind,
-// forgetState.onText and atReady, reuseState.parseReused, setState.keep
-// and the like) that take what they need: the link (link.go:
-// the writer to the server, the pipeline, the buffer the proxy builds
-// messages in, and whether the block failed), the client's reader, the
-// decoded message, and another part's state where they change it (the
-// reuse part marks the book's unnamed statement gone), never the session.
-// Configuration a part keeps is given to it as the session starts
-// (session.startParts).
+// the server (applyState, deferred.go), transaction pooling (txPooling,
+// txpooling.go), probes (probeState, probes.go), forgetting (forgetState,
+// forget.go) and authentication (authState, auth.go). A part is a type
+// with hooks named for the message they act on: onMessage (any client
+// message), onQuery, onParse, onBind, onDescribe, onExecute, onClose,
+// onPassword; onAnswered, onAnsweredQuery and onAnsweredParse when the
+// proxy answered a SET itself; onReady (a ReadyForQuery), onServerError,
+// and onReply for the server's replies to the part's own messages. A hook
+// takes what it needs: the link (link.go: the writer to the server, the
+// pipeline, the buffer the proxy builds messages in, and whether the
+// block failed), the client's reader, the decoded message, and another
+// part's state where it reads or changes it (the reuse part marks the
+// book's unnamed statement gone), never the session. Configuration a
+// part keeps is given to it as the session starts (session.startParts,
+// through each part's start).
 //
 // A short dispatcher in session.go hands each message to the parts in
-// order: clientMessage (and query, parse, bind for the messages that
-// matter) on the client side, ready for a ReadyForQuery on the server
-// side. The order is the relay's correctness: for a Query, the answered
-// SET first (it takes the Query whole), then deferred settings ahead of
-// it, then the token settings behind a pooler, then forgetting, then the
-// book and the reuse part, which the Query's destruction of the unnamed
-// statement updates, and last what is sent and waited for. What joins two
-// parts (a Bind's deferred settings go with it when the book says its
-// statement is a fenced write; a probe's statement is prepared again when
-// forgetting says it may be lost) is the dispatcher's, in session.go, and
-// small. A Bind is decoded once (clientFrame) for all the parts that
-// look at it. A change to one feature touches its part's file and, if its
-// order or inputs change, the dispatcher.
+// order, and writes none of their fields: clientMessage (and query,
+// parse, bind for the messages that matter) on the client side,
+// serverMessage and ready on the server side. The order is the relay's
+// correctness: for a Query, the answered SET first (it takes the Query
+// whole), then deferred settings ahead of it, then the token settings
+// behind a pooler, then forgetting, then the book and the reuse part,
+// which the Query's destruction of the unnamed statement updates, and
+// last what is sent and waited for. What joins two parts (a Bind's
+// deferred settings go with it when the book says its statement is a
+// fenced write; a probe's statement is prepared again when forgetting
+// says it may be lost) is the dispatcher's, in session.go, and small. A
+// Bind or Describe is decoded once (clientFrame) for all the parts that
+// look at it and for the hold checks. A change to one feature touches its
+// part's file and, if its order or inputs change, the dispatcher.
 //
-// The server side still handles the replies to the proxy's own messages
-// in session methods next to their part (setReply, heldReady, probeReply
-// and the like), since they relay and report errors to the client: the
-// parts decide (applyState.heldAt), the session writes.
+// The replies to a part's own messages are that part's too, in its file
+// (applyState.onReply and onHeldReady, probeState.onReply and
+// onQueryReply): they take the server side's way back (fromServer, in
+// link.go: the server's reader, the buffer a message is read into, the
+// writer to the client) and, for what only the session does, a small
+// interface to it (relay: relay a reply the usual way, report an error,
+// end the session, log), never the session itself.
+//
+// What a Query, Parse, Bind, Describe or FunctionCall waits for before
+// the Interceptor sees it (see Statement holds and Reading holds) is
+// checked in holds.go (session.holdFor), before the dispatcher: the
+// hold's state is the Client's, which the Interceptor takes holds on.
 //
 // # Statement reuse
 //
@@ -107,7 +119,7 @@
 // it (where the proxy cannot see: in a function, say) may change what the
 // next client's writes carry:
 //
-//   - The session's token settings live in the proxy (setState.deferred,
+//   - The session's token settings live in the proxy (txPooling.values,
 //     which always holds the token setting, "" while unset). A plain SET
 //     or RESET of one outside a transaction block is answered at once and
 //     kept; a token setting in the startup packet (a parameter, or a -c

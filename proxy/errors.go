@@ -1,9 +1,10 @@
 package proxy
 
 import (
+	"context"
 	"errors"
-	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"strconv"
 	"strings"
@@ -56,7 +57,7 @@ func (s *session) framingError(err error) error {
 // serverError forwards an ErrorResponse (or the Interceptor's replacement)
 // and notes what the server will skip because of it.
 func (s *session) serverError(w *wait, n int) error {
-	s.sets.ran = 0 // the unit's transaction is rolled back
+	s.sets.onServerError()
 	b, e, err := s.readError(n)
 	if err != nil {
 		return err
@@ -86,9 +87,7 @@ func (s *session) serverError(w *wait, n int) error {
 	if e.Severity == "FATAL" || e.Severity == "PANIC" {
 		s.fatal = true
 	}
-	if e.Code == codeUndefinedStatement {
-		s.forget.lost.Store(true)
-	}
+	s.forget.onServerError(e.Code)
 	if e.Code == codeInvalidAuthorization && strings.Contains(e.Message, "channel binding negotiation") {
 		// The client supports channel binding and Postgres, over TLS,
 		// offered it to pgfence: a mismatch no client setting but one can
@@ -133,24 +132,14 @@ func (s *session) skipAfterError(w *wait) {
 	}
 	switch w.kind {
 	case waitQuery:
-		w.probes = nil // the rest of the query string is not run
+		// The rest of the query string is not run. (Written only when set:
+		// queryWait, which has none, is shared by every session.)
+		if w.probes != nil {
+			w.probes = nil
+		}
 	case waitExecute, waitProbe, waitSwallow, waitParse, waitPass:
 		s.pipe.skipToSync()
 	}
-}
-
-// readError consumes the server's ErrorResponse of n bytes and returns
-// its body (in the session's buffer) and what it says.
-func (s *session) readError(n int) ([]byte, pgproto3.ErrorResponse, error) {
-	var e pgproto3.ErrorResponse
-	b, err := body(s.sr, n, &s.sbuf)
-	if err != nil {
-		return nil, e, err
-	}
-	if err := e.Decode(b); err != nil {
-		return nil, e, fmt.Errorf("server sent a malformed ErrorResponse: %w", err)
-	}
-	return b, e, nil
 }
 
 // boundParamContext returns where without its last line if that is the
@@ -169,6 +158,18 @@ func boundParamContext(where string) (n int, rest string, ok bool) {
 		return 0, "", false
 	}
 	return n, strings.TrimSuffix(where[:i], "\n"), true
+}
+
+// end tells the client why the session ends and logs it (see relay).
+func (s *session) end(level slog.Level, log, code, msg, hint string, args ...any) {
+	writeFatal(s.cw, code, msg, hint)
+	s.fatal = true
+	s.log.Log(context.Background(), level, log, append([]any{"client", s.c.RemoteAddr}, args...)...)
+}
+
+// warn logs msg with args for the session's client (see relay).
+func (s *session) warn(msg string, args ...any) {
+	s.log.Warn(msg, append([]any{"client", s.c.RemoteAddr}, args...)...)
 }
 
 // sendFatal tells the client why its session ends. Only called once the

@@ -33,10 +33,19 @@ func (f *forgetState) lostNow() bool {
 	return f.lost.Load() && f.lost.Swap(false) // a load is cheaper than a swap on every message
 }
 
-// atReady notes a ReadyForQuery with status (0: unknown), which ends a
+// onServerError notes an error from the server, of SQLSTATE code: one
+// that says a prepared statement does not exist means the proxy's may be
+// gone too (see lost).
+func (f *forgetState) onServerError(code string) {
+	if code == codeUndefinedStatement {
+		f.lost.Store(true)
+	}
+}
+
+// onReady notes a ReadyForQuery with status (0: unknown), which ends a
 // unit of work that had a text that may have changed a setting if changed
 // says so (see settled).
-func (f *forgetState) atReady(changed bool, status txStatus) {
+func (f *forgetState) onReady(changed bool, status txStatus) {
 	if (changed || f.reverting) && status != 0 {
 		f.settled(changed, status)
 	}
@@ -62,21 +71,17 @@ func (f *forgetState) settled(changed bool, status txStatus) {
 	}
 }
 
-// onText notes a Query or Parse planned with forget (Plan.Forget), and
-// reports whether the session's parts are to forget their statements
-// before it goes to the server: it says so, or something since the last
-// text may have deallocated them (see lost).
-func (f *forgetState) onText(forget bool) bool {
-	return forget || f.lostNow()
-}
-
-// sent notes that a text planned with forget is on its way: the wait for
-// the ReadyForQuery that ends its unit of work carries it (see
-// takeChanging).
-func (f *forgetState) sent(forget bool) {
+// onPlan notes a Query or Parse planned with forget (Plan.Forget), on its
+// way to the server, and reports whether the session's parts are to
+// forget their statements before it goes: it says so, or something since
+// the last text may have deallocated them (see lost). The wait for the
+// ReadyForQuery that ends its unit of work carries it (see takeChanging).
+func (f *forgetState) onPlan(forget bool) (forgetNow bool) {
 	if forget {
 		f.changing = true
+		return true
 	}
+	return f.lostNow()
 }
 
 // takeChanging reports, once, whether a text since the last wait that

@@ -2,7 +2,11 @@ package proxy
 
 import (
 	"encoding/binary"
+	"fmt"
+	"log/slog"
 	"sync/atomic"
+
+	"github.com/jackc/pgx/v5/pgproto3"
 )
 
 // link is the client side's way to the session's server connection, which
@@ -21,7 +25,7 @@ type link struct {
 	// pipe matches the server's replies to what the client side sent.
 	pipe pipeline
 	// out holds the messages the proxy builds for the server: the client
-	// side's (and the server side's too on the event loop, see retryHeld).
+	// side's (and the server side's too on the event loop, see applyState.retryHeld).
 	out []byte
 	// failed is true while the last ReadyForQuery said the transaction
 	// block failed; written by the server side.
@@ -79,4 +83,54 @@ func (l *link) closeQuietly(m []byte, done *serverStmt) error {
 	l.pushSwallow(w)
 	_, err := l.sw.Write(m)
 	return err
+}
+
+// fromServer is the server side's way from the server's connection to the
+// client's, which the parts' reply handlers share as the client side's
+// share link: the reader of the server's messages, the buffer one is read
+// into, and the writer to the client.
+type fromServer struct {
+	sr   msgReader
+	cw   msgWriter
+	sbuf []byte
+	// via is the session, for what only the session does with a reply.
+	via relay
+}
+
+// relay is what the parts' reply handlers leave to the session: they read
+// the server's message and decide, the session relays it the usual way,
+// reports an error, or ends.
+type relay interface {
+	// reply relays a server message (n bytes) that w awaits as the
+	// session relays any (see session.reply).
+	reply(w *wait, typ serverMsg, n int) error
+	// serverError relays an ErrorResponse (n bytes) that w awaits, and
+	// drops the waits for what Postgres skips after it.
+	serverError(w *wait, n int) error
+	// end tells the client why the session ends, with a FATAL error
+	// (code, msg, hint), and logs msg with args at level: the session
+	// ends once the handler returns its error.
+	end(level slog.Level, log, code, msg, hint string, args ...any)
+	// warn logs msg with args for the session's client.
+	warn(msg string, args ...any)
+}
+
+// body reads the server's message (n bytes) into the buffer.
+func (f *fromServer) body(n int) ([]byte, error) { return body(f.sr, n, &f.sbuf) }
+
+// skip drops the server's message (n bytes).
+func (f *fromServer) skip(n int) error { return skip(f.sr, n) }
+
+// readError consumes the server's ErrorResponse of n bytes and returns
+// its body (in the buffer) and what it says.
+func (f *fromServer) readError(n int) ([]byte, pgproto3.ErrorResponse, error) {
+	var e pgproto3.ErrorResponse
+	b, err := f.body(n)
+	if err != nil {
+		return nil, e, err
+	}
+	if err := e.Decode(b); err != nil {
+		return nil, e, fmt.Errorf("server sent a malformed ErrorResponse: %w", err)
+	}
+	return b, e, nil
 }

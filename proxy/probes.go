@@ -94,33 +94,35 @@ func (ps *probeState) inject(l *link, p *Probe, lost, pooled bool) error {
 	return err
 }
 
-// probeReply handles a reply to an injected extended-protocol probe.
-func (s *session) probeReply(w *wait, typ serverMsg, n int) error {
+// onReply handles a reply (typ, n bytes, read through f) to an injected
+// extended-protocol probe that w, at the head of l's pipeline, waits for;
+// c is the session's client.
+func (ps *probeState) onReply(f *fromServer, l *link, c *Client, w *wait, typ serverMsg, n int) error {
 	switch typ {
 	case serverMsgParseComplete: // the backend has the statement now
 		w.ready.Store(true)
 	case serverMsgBindComplete, serverMsgCommandComplete, serverMsgCloseComplete:
 	case serverMsgDataRow:
-		if err := s.probes.captureRow(w, s.sr, &s.sbuf, n); err != nil {
+		if err := ps.captureRow(f, w, n); err != nil {
 			return err
 		}
 		w.seen++
 		return nil
 	case serverMsgErrorResponse:
-		s.log.Warn("probe failed; the client's transaction is aborted", "client", s.c.RemoteAddr)
+		f.via.warn("probe failed; the client's transaction is aborted")
 		w.ready.Store(false) // prepare it again next time, whatever went wrong
-		return s.serverError(w, n)
+		return f.via.serverError(w, n)
 	default:
-		return s.reply(w, typ, n)
+		return f.via.reply(w, typ, n)
 	}
 	w.seen++
-	if err := skip(s.sr, n); err != nil {
+	if err := f.skip(n); err != nil {
 		return err
 	}
 	if w.seen == w.want {
 		p, row := w.probe, w.row
-		s.pipe.pop() // recycles w
-		return s.probed(p, row)
+		l.pipe.pop() // recycles w
+		return ps.probed(f, c, p, row)
 	}
 	return nil
 }
@@ -130,46 +132,48 @@ func (w *wait) inProbe() bool {
 	return len(w.probes) > 0 && w.probes[0].Index == w.stmt
 }
 
-// queryProbeReply handles a reply to a probe statement inside a simple Query.
-func (s *session) queryProbeReply(w *wait, typ serverMsg, n int) error {
+// onQueryReply handles a reply (typ, n bytes, read through f) to a probe
+// statement inside a simple Query that w waits for; c is the session's
+// client.
+func (ps *probeState) onQueryReply(f *fromServer, c *Client, w *wait, typ serverMsg, n int) error {
 	switch typ {
 	case serverMsgRowDescription:
-		return skip(s.sr, n)
+		return f.skip(n)
 	case serverMsgDataRow:
-		return s.probes.captureRow(w, s.sr, &s.sbuf, n)
+		return ps.captureRow(f, w, n)
 	case serverMsgCommandComplete:
 		p, row := w.probes[0].Probe, w.row
 		w.probes = w.probes[1:]
 		w.stmt++
 		w.row = nil
-		if err := skip(s.sr, n); err != nil {
+		if err := f.skip(n); err != nil {
 			return err
 		}
-		return s.probed(p, row)
+		return ps.probed(f, c, p, row)
 	default:
-		return s.reply(w, typ, n)
+		return f.via.reply(w, typ, n)
 	}
 }
 
-// probed hands a probe's row to its ProbeFunc and relays the notice it
-// returns, if any.
-func (s *session) probed(p *Probe, row [][]byte) error {
-	notice := p.done(s.c, row)
+// probed hands a probe's row to its ProbeFunc, for c, and relays the
+// notice it returns, if any.
+func (ps *probeState) probed(f *fromServer, c *Client, p *Probe, row [][]byte) error {
+	notice := p.done(c, row)
 	if notice == nil {
 		return nil
 	}
-	b, err := notice.Encode(s.out[:0:0])
+	b, err := notice.Encode(nil)
 	if err != nil {
 		return err
 	}
-	_, err = s.cw.Write(b)
+	_, err = f.cw.Write(b)
 	return err
 }
 
-// captureRow reads a probe's DataRow (n bytes) from sr, through buf, and
-// keeps it for its ProbeFunc, in w and the state's buffers.
-func (ps *probeState) captureRow(w *wait, sr msgReader, buf *[]byte, n int) error {
-	b, err := body(sr, n, buf)
+// captureRow reads a probe's DataRow (n bytes) through f and keeps it for
+// its ProbeFunc, in w and the state's buffers.
+func (ps *probeState) captureRow(f *fromServer, w *wait, n int) error {
+	b, err := f.body(n)
 	if err != nil {
 		return err
 	}

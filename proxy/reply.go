@@ -47,7 +47,7 @@ func (s *session) reply(w *wait, typ serverMsg, n int) error {
 		}
 	case serverMsgErrorResponse:
 		if w != nil && w.held {
-			return s.setFailed(n) // committing the settings failed
+			return s.apply.setFailed(&s.fromServer, &s.sets, n) // committing the settings failed
 		}
 		return s.serverError(w, n)
 	case serverMsgParameterStatus:
@@ -55,9 +55,9 @@ func (s *session) reply(w *wait, typ serverMsg, n int) error {
 	case serverMsgNoticeResponse:
 		return s.serverNotice(n)
 	case serverMsgBackendKeyData:
-		s.keyData(n)
+		s.auth.onKeyData(s.sr, n)
 	case serverMsgAuthentication:
-		s.noteAuth(n)
+		s.auth.onAuthentication(s.sr, n)
 	}
 	return forward(s.cw, s.sr, n)
 }

@@ -79,6 +79,27 @@ func (r *reuseState) parseUnnamed(reuse bool) {
 	r.unnamed = nil
 }
 
+// onQuery notes a simple Query, which destroys the client's unnamed
+// statement.
+func (r *reuseState) onQuery() { r.dropUnnamed() }
+
+// onAnsweredParse notes that the proxy answered a Parse of the unnamed
+// statement itself: the client's stands for none of the proxy's.
+func (r *reuseState) onAnsweredParse() { r.dropUnnamed() }
+
+// onParse notes a Parse of the unnamed statement planned as plan, and
+// reports whether the proxy reuses a statement for it (see reusable; failed
+// and pooled as there), answered by parseReused.
+func (r *reuseState) onParse(plan *Plan, failed, pooled bool) (reuse bool) {
+	reuse = r.reusable(plan, failed, pooled)
+	r.parseUnnamed(reuse)
+	return reuse
+}
+
+// start sets what the part keeps of the configuration: the stand-in a
+// reused statement's Parse is answered with (see standInParse).
+func (r *reuseState) start(standIn []byte) { r.standIn = standIn }
+
 // dropUnnamed notes that the client's unnamed statement was destroyed (or
 // replaced by one the proxy answered): it stands for none of the proxy's,
 // and no Parse of it is numbered.

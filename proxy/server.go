@@ -472,7 +472,8 @@ func (s *Server) handle(conn net.Conn) {
 		Replication: replication(startup.Parameters["replication"])}
 	c.setApplicationName(startup.Parameters["application_name"])
 	c.TLS = cc.tls
-	sess := &session{srv: s, c: c, log: log, client: cc.Conn, cr: cc.r, cw: cc.w, tag: sessionTag(id)}
+	sess := &session{srv: s, c: c, log: log, client: cc.Conn, cr: cc.r, fromServer: fromServer{cw: cc.w}, tag: sessionTag(id)}
+	sess.via = sess
 	sess.startParts(settings.tokens)
 	c.answered, c.ended = sess.pipe.whenDrained, sess.pipe.ended
 	if !s.admit(conn, sess) {

@@ -28,11 +28,11 @@ const maxServerMessage = 1 << 30
 // documentation), a type of its own that says the same of its fields: what
 // the client has prepared and bound (stmtBook), the statements the proxy
 // prepares for reuse (reuseState), the SETs it answers itself (setState)
-// and how it sets them on the server (applyState), its probes
-// (probeState), what may have deallocated its statements (forgetState),
-// and what it keeps of authentication (authState). The dispatcher below
-// (clientMessage, query, parse, bind, ready) hands them each message in
-// order.
+// and how it sets them on the server (applyState), what it keeps behind a
+// transaction pooler (txPooling), its probes (probeState), what may have
+// deallocated its statements (forgetState), and what it keeps of
+// authentication (authState). The dispatcher below (clientMessage, query,
+// parse, bind; serverMessage, ready) hands them each message in order.
 type session struct {
 	srv *Server
 	c   *Client
@@ -59,15 +59,18 @@ type session struct {
 
 	// The relay reads and writes through these: bufio over the connections
 	// when goroutines relay, the event loop's buffers when it does. The
-	// client side reads cr and writes link.sw, the server side reads sr
-	// and writes cw; on the event loop each may write the other's too (the
-	// client side answering a SET, the server side retrying deferred
-	// settings), and once both have stopped finish writes cw.
-	cr, sr msgReader
-	cw     msgWriter
+	// client side reads cr and writes link.sw, the server side reads
+	// fromServer.sr and writes fromServer.cw; on the event loop each may
+	// write the other's too (the client side answering a SET, the server
+	// side retrying deferred settings), and once both have stopped finish
+	// writes cw.
+	cr msgReader
 	// link is the way to the server the parts share: sw, the pipeline,
 	// the out buffer, and whether the block failed.
 	link
+	// fromServer is the way back the parts' reply handlers share: sr, cw,
+	// sbuf (the server message being handled) and the session (via).
+	fromServer
 
 	// idle is true while the session is outside a transaction with nothing
 	// in flight, so a drain may end it. Both sides write it; the Server
@@ -90,9 +93,8 @@ type session struct {
 	fatal bool
 	rt    roundTrip // for Config.RoundTrip; the event loop's only
 
-	// cbuf holds the client message being handled (the client side's),
-	// sbuf the server message being handled (the server side's).
-	cbuf, sbuf []byte
+	// cbuf holds the client message being handled (the client side's).
+	cbuf []byte
 
 	auth   authState
 	forget forgetState
@@ -101,6 +103,7 @@ type session struct {
 	sets   setState
 	apply  applyState
 	probes probeState
+	pool   txPooling
 }
 
 func (s *session) setServer(server net.Conn) {
@@ -245,179 +248,6 @@ func (s *session) clientToServer() error {
 	}
 }
 
-// mayHold reports whether a client message of type typ may have to wait
-// (see holdFor).
-func mayHold(typ clientMsg) bool {
-	switch typ {
-	case clientMsgQuery, clientMsgParse, clientMsgBind, clientMsgDescribe, clientMsgFunctionCall:
-		return true
-	}
-	return false
-}
-
-// holdFor returns what the client's message f must wait for before the
-// Interceptor sees it, nil for nothing: for a Query or Parse, the hold a
-// text before it asked for (Client.HoldNextStatement); for a Query or
-// Parse sent before the server
-// said how it reads SQL after what came before, and for a Bind or
-// Describe that plans a prepared statement's text again (see replan), the
-// server's answer, when what the Interceptor makes of the text depends on
-// it (see Statement holds and Reading holds in the package
-// documentation). In the middle of an extended-protocol batch, where
-// Postgres answers only at a Sync or Flush and reports no setting, it asks
-// the server for its answers and the settings. The message stays unread:
-// the caller waits and asks again, until holdFor returns nil. local says
-// the channel is the pipeline's own (see pipeline.whenDrained), which the
-// server side closes.
-func (s *session) holdFor(f *clientFrame) (ch <-chan struct{}, local bool, err error) {
-	c, typ, n := s.c, f.typ, f.n
-	if typ == clientMsgFunctionCall {
-		// A FunctionCall runs a function the Interceptor never sees: it
-		// waits for a hold as a statement does (the first read of its
-		// database's catalog, say), and for nothing else. (In the middle
-		// of a batch, where Postgres would not answer, it does not.)
-		if !c.held || c.settled || c.midBatch {
-			return nil, false, nil
-		}
-		c.settled = true
-		return s.waitFor(true)
-	}
-	statement := typ == clientMsgQuery || typ == clientMsgParse
-	switch {
-	case c.settled:
-		return nil, false, nil
-	case c.probeLater:
-		// The block had failed, or may have: a probe fails in a failed
-		// block, where the held text may be the ROLLBACK that ends it. If
-		// it still has failed, nothing ran since the ReadyForQuery that
-		// said so, which reported the settings.
-		c.probeLater = false
-		if !s.failed.Load() || s.ranSinceReady.Load() {
-			if err := s.probeReading(); err != nil {
-				return nil, false, err
-			}
-		}
-		c.settled = true
-		return s.waitFor(statement)
-	case !statement || !c.held:
-		if !c.midBatch && s.pipe.head() == nil {
-			return nil, false, nil // every reply is in, ReadyForQuery last
-		}
-		text, ok := "", true
-		if statement {
-			text, ok = s.peekText(typ, n)
-		} else if text, ok = s.replanText(f); !ok {
-			return nil, false, nil
-		}
-		if ok && !s.srv.cfg.Interceptor.DependsOnReading(c, text) {
-			return nil, false, nil
-		}
-	}
-	if !c.midBatch {
-		c.settled = true
-		return s.waitFor(statement)
-	}
-	if statement {
-		// A hold's catalog read here may not see what the batch's
-		// implicit transaction has yet to commit: it runs again after the
-		// batch's Sync.
-		c.afterSync = append(c.afterSync, c.holdStarts...)
-	}
-	if s.blockMayHaveFailed() {
-		// Learn first whether it has, then probe (above).
-		c.probeLater = true
-		if _, err := s.sw.Write(flushMessage); err != nil {
-			return nil, false, err
-		}
-		return s.pipe.whenDrained(), true, nil
-	}
-	if err := s.probeReading(); err != nil {
-		return nil, false, err
-	}
-	c.settled = true
-	return s.waitFor(statement)
-}
-
-// waitFor is what a settled message waits for: a Query or Parse takes the
-// client's hold (see Client.takeHold); anything else waits for the
-// server's answers only, and leaves the hold to the next Query or Parse.
-func (s *session) waitFor(statement bool) (ch <-chan struct{}, local bool, err error) {
-	if !statement {
-		return s.pipe.whenDrained(), true, nil
-	}
-	local = len(s.c.holdStarts) == 0 && len(s.c.holdAgain) == 0
-	return s.c.takeHold(), local, nil
-}
-
-// replanText returns the text of the prepared statement that the Bind or
-// Describe f next in the client's reader plans again before it is sent
-// (see replan), without reading it; ok is false when it plans none.
-func (s *session) replanText(f *clientFrame) (text string, ok bool) {
-	if len(s.book.stmts) == 0 {
-		return "", false
-	}
-	var name []byte
-	switch f.typ {
-	case clientMsgBind:
-		m, ok, err := f.decodedBind(s.cr)
-		if err != nil || !ok {
-			return "", false
-		}
-		name = m.stmt
-	case clientMsgDescribe:
-		// Only a Describe of the unnamed statement plans it again.
-		b, err := peekBody(s.cr, f.n)
-		if err != nil {
-			return "", false
-		}
-		if m, ok := decodeDescribe(b); !ok || !m.exact() || !m.unnamed(targetStatement) {
-			return "", false
-		}
-	}
-	st := s.book.stmts[string(name)]
-	if st == nil || st.gen == s.srv.cfg.Interceptor.Generation() && (st.again == nil || st.again.state.Load() == stmtReady) {
-		return "", false
-	}
-	return st.text, true
-}
-
-// probeReading runs the Interceptor's reading probe, if it has one, and
-// has Postgres send what it has: in the batch, after all the batch sent
-// before it, so it sees what that did to the settings.
-func (s *session) probeReading() error {
-	if p := s.srv.cfg.Interceptor.ReadingProbe(); p != nil && !s.c.Replication {
-		if err := s.injectProbe(p); err != nil {
-			return err
-		}
-	}
-	_, err := s.sw.Write(flushMessage)
-	return err
-}
-
-// flushMessage is a Flush.
-var flushMessage = []byte{byte(clientMsgFlush), 0, 0, 0, 4}
-
-// peekText returns the SQL text of the Query or Parse (typ, n bytes) next
-// in the client's reader, without reading it; ok is false when the
-// reader cannot hold all of it or it is malformed (the handler says so).
-func (s *session) peekText(typ clientMsg, n int) (text string, ok bool) {
-	b, err := s.cr.Peek(5 + n)
-	if err != nil {
-		return "", false
-	}
-	b = b[5:]
-	if typ == clientMsgParse {
-		if _, b, err = cstring(b); err != nil {
-			return "", false
-		}
-	}
-	t, _, err := cstring(b)
-	if err != nil {
-		return "", false
-	}
-	return unsafe.String(unsafe.SliceData(t), len(t)), true
-}
-
 // clientMessage forwards the client's next message f, handing the few
 // that matter to the Interceptor and the parts of the session, in order
 // (see Parts of a session in the package documentation). It returns
@@ -428,14 +258,15 @@ func (s *session) clientMessage(f *clientFrame) error {
 	if idle { // a load is cheaper than a store on every message
 		s.idle.Store(false)
 	}
-	s.sets.arrive(idle)
+	s.sets.onMessage(idle)
+	s.pool.onMessage(idle)
 	if typ == clientMsgBind && s.sets.quiet() && s.sets.haveStmts {
 		u, ok := s.unit(f)
 		if set := s.sets.bindAnswer(u, ok, &s.book, s.srv.cfg.Interceptor.Generation(), &s.link, s.apply.held); set != nil {
 			return s.answerSet(set, &u, false)
 		}
 	}
-	if len(s.sets.deferred) > 0 && !s.txPool() && s.apply.now(typ, !s.c.midBatch) && s.sets.pending(false) {
+	if len(s.sets.deferred) > 0 && !s.txPool() && s.apply.now(typ, !s.c.midBatch) && s.sets.pending() {
 		if err := s.applyDeferred(f); err != nil {
 			return err
 		}
@@ -461,7 +292,7 @@ func (s *session) clientMessage(f *clientFrame) error {
 	case clientMsgBind:
 		return s.bind(f)
 	case clientMsgExecute:
-		p, err := s.book.execute(&s.link, s.cr, n)
+		p, err := s.book.onExecute(&s.link, s.cr, n)
 		if p != nil && err == nil {
 			// Run the probe right after the Execute, in the same
 			// transaction, before whatever the client sends next.
@@ -469,14 +300,14 @@ func (s *session) clientMessage(f *clientFrame) error {
 		}
 		return err
 	case clientMsgClose:
-		return s.book.close(&s.link, s.cr, &s.reuse, n)
+		return s.book.onClose(&s.link, s.cr, &s.reuse, n)
 	case clientMsgDescribe:
-		return s.book.describe(&s.link, s.cr, &s.reuse, s.replanner(), n)
+		return s.book.onDescribe(&s.link, s.cr, &s.reuse, s.replanner(), f)
 	case clientMsgSync, clientMsgFunctionCall: // both end with ReadyForQuery
 		s.pipe.push(s.forget.syncWait(&s.pipe))
 		return forward(s.sw, s.cr, n)
 	case clientMsgPassword:
-		return s.saslInitial(n)
+		return s.auth.onPassword(s.sw, s.cr, n)
 	case clientMsgTerminate:
 		s.terminated.Store(true)
 		err := forward(s.sw, s.cr, n)
@@ -504,7 +335,7 @@ func (s *session) query(n int) error {
 		// client's view of the session says the Query destroyed, and in a
 		// block the unnamed portal too. (An idle session has none: its
 		// transaction ended.)
-		delete(s.book.portals, "")
+		s.book.onAnsweredQuery()
 		s.reuse.unnamedGone(&s.book)
 		return s.answerSet(plan.Setting, nil, false)
 	}
@@ -519,15 +350,14 @@ func (s *session) query(n int) error {
 				return err
 			}
 		} else {
-			s.sets.pooledQuery(s.pooledSet(), &plan, text)
+			s.pool.onQuery(&plan, text)
 		}
 	}
-	if s.forget.onText(plan.Forget) {
+	if s.forget.onPlan(plan.Forget) {
 		s.forgetStatements()
 	}
 	s.book.onQuery(s.blockMayHaveFailed())
-	s.reuse.dropUnnamed()
-	s.forget.sent(plan.Forget)
+	s.reuse.onQuery()
 	if plan.ParamTypes != nil {
 		return s.queryBound(&plan)
 	}
@@ -565,10 +395,10 @@ func (s *session) parse(n int) error {
 	if set := plan.Setting; len(name) == 0 && set != nil && s.sets.quiet() && s.sets.mayAnswer(set, &s.link, s.apply.held) && noParamTypes(st.params) {
 		if u, ok := s.unit(nil); s.sets.answersUnnamed(u, ok) {
 			st.answered(set, gen)
-			s.sets.haveStmts = true
-			s.reuse.dropUnnamed()
+			s.sets.onAnsweredParse()
+			s.reuse.onAnsweredParse()
 			s.book.onAnsweredParse()
-			s.apply.afterPlan = false // the settings stay deferred, this one with them
+			s.apply.takeAfterPlan() // the settings stay deferred, this one with them
 			return s.answerSet(set, &u, true)
 		}
 	}
@@ -582,20 +412,14 @@ func (s *session) parse(n int) error {
 			return err
 		}
 	}
-	if s.forget.onText(plan.Forget) {
+	if s.forget.onPlan(plan.Forget) {
 		s.forgetStatements()
-		// which drops the record of an unnamed statement whose last Parse
-		// failed: not this one's.
-		s.book.stmts[string(name)] = st
 	}
-	s.forget.sent(plan.Forget)
+	s.book.onParse(name, st)
 	st.planned(&plan, gen)
 	w := parseWait
 	if len(name) == 0 {
-		reuse := s.reuse.reusable(&plan, s.failed.Load(), s.txPool())
-		s.reuse.parseUnnamed(reuse)
-		s.book.unnamedGone = false
-		if reuse {
+		if s.reuse.onParse(&plan, s.failed.Load(), s.txPool()) {
 			return s.reuse.parseReused(&s.link, s.tag, plan, params)
 		}
 		w = s.reuse.parseWait(&s.pipe, plan)
@@ -620,12 +444,12 @@ func (s *session) bind(f *clientFrame) error {
 			return err
 		}
 	}
-	if s.txPool() && s.book.needsToken(m, ok) {
+	if s.pool.onBind(&s.book, m, ok) {
 		if err := s.sendDeferred(); err != nil {
 			return err
 		}
 	}
-	err := s.book.bind(&s.link, s.cr, &s.reuse, s.replanner(), m, ok, f.n)
+	err := s.book.onBind(&s.link, s.cr, &s.reuse, s.replanner(), m, ok, f.n)
 	s.pipe.loose++ // after the proxy's own: its reply comes after theirs
 	return err
 }
@@ -644,9 +468,10 @@ func (s *session) answerSet(set *Setting, u *unitMessages, parse bool) error {
 		s.c.midBatch = false
 	}
 	s.srv.cfg.Interceptor.SettingAnswered(s.c, set)
-	if s.sets.keep(set) {
+	if s.sets.onAnswered(set) {
 		s.idle.Store(true)
 	}
+	s.pool.onAnswered(set)
 	return s.sets.answer(s.cw, &s.book, set, u, parse)
 }
 
@@ -687,17 +512,17 @@ func (s *session) serverMessage(typ serverMsg, n int) error {
 	case w == nil:
 		return s.reply(w, typ, n)
 	case w.kind == waitProbe:
-		return s.probeReply(w, typ, n)
+		return s.probes.onReply(&s.fromServer, &s.link, s.c, w, typ, n)
 	case w.kind == waitSwallow:
 		return s.swallowReply(w, typ, n)
 	case w.kind == waitSet:
-		return s.setReply(w, typ, n)
+		return s.apply.onReply(&s.fromServer, &s.link, &s.sets, &s.pool, w, typ, n)
 	case w.kind == waitPass && (typ == serverMsgBindComplete || typ == serverMsgCloseComplete):
 		if w.seen++; w.seen == w.want {
 			s.pipe.pop()
 		}
 	case w.kind == waitQuery && w.inProbe():
-		return s.queryProbeReply(w, typ, n)
+		return s.probes.onQueryReply(&s.fromServer, s.c, w, typ, n)
 	}
 	return s.reply(w, typ, n)
 }
@@ -716,7 +541,8 @@ func (s *session) wholeServerMessage(typ serverMsg) bool {
 
 // ready handles the ReadyForQuery (n bytes) that says status (0 if it is
 // malformed), answering w: the parts see it in order. done says it was
-// handled whole (it ended deferred settings the proxy sent, see heldReady,
+// handled whole (it ended deferred settings the proxy sent, see
+// applyState.onHeldReady,
 // or a drain); else it goes on to the client.
 func (s *session) ready(w *wait, n int, status txStatus) (done bool, err error) {
 	s.started, s.rt.ended = true, true
@@ -725,16 +551,14 @@ func (s *session) ready(w *wait, n int, status txStatus) (done bool, err error) 
 		s.ranSinceReady.Store(false)
 	}
 	if w != nil && w.held {
-		return true, s.heldReady(n, status)
+		return true, s.apply.onHeldReady(&s.fromServer, &s.link, &s.sets, &s.pool, n, status)
 	}
-	s.sets.atReady(status)
 	s.failed.Store(status == txFailed)
-	s.forget.atReady(s.pipe.ready(), status)
-	if status == 0 || s.pipe.head() != nil {
+	s.forget.onReady(s.pipe.ready(), status)
+	quiet := status != 0 && s.pipe.head() == nil // every reply is in
+	s.sets.onReady(status, quiet && s.pipe.single)
+	if !quiet {
 		return false, nil
-	}
-	if status == txInBlock && s.pipe.single {
-		s.sets.quietBlock = true
 	}
 	if status == txIdle {
 		s.idle.Store(true)
@@ -752,13 +576,12 @@ func (s *session) ready(w *wait, n int, status txStatus) (done bool, err error) 
 // configuration; tokens are the token settings of the startup packet.
 func (s *session) startParts(tokens []Setting) {
 	cfg := &s.srv.cfg
-	s.reuse.standIn = s.srv.standIn
-	s.apply.tag, s.apply.sql = s.tag, cfg.SettingSQL
-	s.sets.answers = !cfg.ForwardSettings && cfg.SettingSQL != "" && !s.c.Replication
-	s.sets.pooled = cfg.TransactionPooling
+	s.reuse.start(s.srv.standIn)
+	s.apply.start(s.tag, cfg.SettingSQL, cfg.Hints.Pooler)
+	s.sets.start(!cfg.ForwardSettings && cfg.SettingSQL != "" && !s.c.Replication, cfg.TransactionPooling)
 	if cfg.TransactionPooling {
 		// The token setting as Postgres folds it, and the Interceptor names it.
-		s.sets.startPooled(tokens, strings.ToLower(cfg.TokenSetting))
+		s.pool.start(cfg.Interceptor.(PooledSets), s.c, tokens, strings.ToLower(cfg.TokenSetting))
 	}
 }
 
@@ -780,29 +603,18 @@ func (s *session) injectProbe(p *Probe) error {
 }
 
 // txPool reports whether a transaction pooler stands behind the proxy.
-func (s *session) txPool() bool { return s.srv.cfg.TransactionPooling }
-
-// pooledSet returns the statement that sets the session's token settings
-// under the configuration in force, nil unless a transaction pooler
-// stands behind the proxy (see Transaction pooling in the package
-// documentation).
-func (s *session) pooledSet() *PooledSet {
-	if !s.txPool() {
-		return nil
-	}
-	return s.srv.cfg.Interceptor.(PooledSets).PooledSet(s.c)
-}
+func (s *session) txPool() bool { return s.pool.on }
 
 // sendDeferred sends the deferred settings ahead of the client's message
 // being handled, in its unit of work (see applyState.send).
 func (s *session) sendDeferred() error {
-	return s.apply.send(&s.link, &s.sets, s.pooledSet(), s.forget.lost.Load(), false)
+	return s.apply.send(&s.link, &s.sets, &s.pool, s.forget.lost.Load(), false)
 }
 
 // sendDeferredHolding sends the deferred settings with a Sync of their own
 // and holds back what the proxy sends after them until Postgres answers.
 func (s *session) sendDeferredHolding() error {
-	return s.apply.sendHolding(&s.link, &s.sets, s.pooledSet(), s.forget.lost.Load())
+	return s.apply.sendHolding(&s.link, &s.sets, &s.pool, s.forget.lost.Load())
 }
 
 // applyDeferred sets the deferred settings on the server ahead of a batch
@@ -812,11 +624,11 @@ func (s *session) sendDeferredHolding() error {
 func (s *session) applyDeferred(f *clientFrame) error {
 	switch f.typ {
 	case clientMsgQuery, clientMsgParse:
-		s.apply.afterPlan = true
+		s.apply.planFirst()
 		return nil
 	case clientMsgBind:
 		if u, ok := s.unit(f); ok {
-			if st := s.book.stmts[string(u.stmt)]; st != nil && st.probe != nil {
+			if s.book.fencedWrite(u.stmt) {
 				return s.sendDeferred()
 			}
 		}

@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"bytes"
-	"crypto/rand"
 	"encoding/binary"
 )
 
@@ -24,13 +23,10 @@ import (
 // answered idle and in a block are never pending together (see
 // mayAnswer).
 //
-// Under Config.TransactionPooling deferred is instead the values of the
-// session's token settings (see keepPooled), which always include the
-// token setting's, pool the rest of what the session keeps, and the
-// numbers are not used.
+// Under Config.TransactionPooling the transaction-pooling part (txPooling)
+// keeps what the proxy answers, and deferred stays empty.
 type setState struct {
 	deferred       []Setting
-	pool           pooledSession
 	ver, kept, ran uint64
 	block          bool
 	// haveStmts is set once the client has prepared a statement that is a
@@ -40,8 +36,9 @@ type setState struct {
 	// answers says the proxy may answer SETs at all (Config.SettingSQL is
 	// set, Config.ForwardSettings is not, and the session is no
 	// replication connection, whose deferred set_config would need the
-	// extended protocol); pooled that a transaction pooler is behind it.
-	// Both are set as the session starts.
+	// extended protocol); pooled that a transaction pooler is behind it,
+	// where other SETs may be answered (see mayAnswer). Both are set as
+	// the session starts.
 	answers, pooled bool
 	// wasIdle says the message being handled came while the session was
 	// idle.
@@ -53,22 +50,26 @@ type setState struct {
 	wasBlock, quietBlock bool
 }
 
-// arrive notes where the client's next message finds the session: idle
-// says the session was idle. Under transaction pooling the message starts
-// a transaction then, with nothing of an earlier one in flight: the
-// session draws a new nonce for it (see pooledSession).
-func (t *setState) arrive(idle bool) {
+// start sets what the part keeps of the configuration (see answers).
+func (t *setState) start(answers, pooled bool) {
+	t.answers, t.pooled = answers, pooled
+}
+
+// onMessage notes where the client's next message finds the session: idle
+// says the session was idle.
+func (t *setState) onMessage(idle bool) {
 	t.wasIdle = idle
 	t.wasBlock, t.quietBlock = t.quietBlock, false
-	if idle && t.pool.nonce != "" {
-		t.pool.nonce = rand.Text()
-	}
 }
 
 // quiet reports whether the message being handled found the session where
 // the proxy may answer a SET: idle, or in a transaction block that has not
 // failed, with nothing in flight.
 func (t *setState) quiet() bool { return t.wasIdle || t.wasBlock }
+
+// onServerError notes an error from the server: the unit's transaction is
+// rolled back, and the deferred settings sent in it with it.
+func (t *setState) onServerError() { t.ran = 0 }
 
 // add keeps set, answered where the message being handled found the
 // session.
@@ -92,13 +93,33 @@ func (t *setState) add(set *Setting) {
 	t.deferred = append(t.deferred, *set)
 }
 
-// atReady notes, at a ReadyForQuery with status, whether the unit it ends
-// kept the deferred settings sent in it.
-func (t *setState) atReady(status txStatus) {
+// onReady notes, at a ReadyForQuery with status, whether the unit it ends
+// kept the deferred settings sent in it; quietBlock says it leaves the
+// session in a block with every reply in, where the proxy may answer the
+// client's next message (see mayAnswer), which the event loop relays.
+func (t *setState) onReady(status txStatus, quietBlock bool) {
 	if t.ran != 0 && status == txIdle {
 		t.kept = t.ran
 	}
 	t.ran = 0
+	if quietBlock && status == txInBlock {
+		t.quietBlock = true
+	}
+}
+
+// seen counts a reply to the deferred settings w waits for, and reports
+// whether it was the last: they ran.
+func (t *setState) seen(w *wait) (last bool) {
+	if w.seen++; w.seen != w.want {
+		return false
+	}
+	// Nothing is answered while w is in flight, so block is still what it
+	// was when the settings were sent.
+	t.ran = w.seq
+	if t.block {
+		t.kept = w.seq
+	}
+	return true
 }
 
 // The replies the proxy gives to a SET it answers itself.
@@ -134,15 +155,15 @@ func (t *setState) mayAnswer(set *Setting, l *link, held bool) bool {
 	if !block && (!t.wasIdle || set.Local) {
 		return false
 	}
-	return l.pipe.single && !held && l.pipe.head() == nil && (t.block == block || !t.pending(t.pooled))
+	return l.pipe.single && !held && l.pipe.head() == nil && (t.block == block || !t.pending())
 }
 
-// keep keeps set, answered by the proxy, for the server, and reports
-// whether the session is idle again as the client sees it (else it is
-// in the block it was in).
-func (t *setState) keep(set *Setting) (idle bool) {
+// onAnswered keeps set, answered by the proxy, for the server, and
+// reports whether the session is idle again as the client sees it (else
+// it is in the block it was in). Under transaction pooling the pooling
+// part keeps it instead (txPooling.onAnswered), and the session is idle.
+func (t *setState) onAnswered(set *Setting) (idle bool) {
 	if t.pooled {
-		t.keepPooled(set)
 		return true
 	}
 	t.add(set)
@@ -155,12 +176,10 @@ func (t *setState) keep(set *Setting) (idle bool) {
 }
 
 // pending reports whether deferred settings are still to be set,
-// forgetting them once Postgres has kept them; pooled says a transaction
-// pooler is behind the proxy, where they are the session's token settings,
-// always to be set.
-func (t *setState) pending(pooled bool) bool {
-	if len(t.deferred) == 0 || pooled {
-		return len(t.deferred) > 0
+// forgetting them once Postgres has kept them.
+func (t *setState) pending() bool {
+	if len(t.deferred) == 0 {
+		return false
 	}
 	if t.kept == t.ver {
 		t.deferred = t.deferred[:0]
@@ -210,6 +229,10 @@ func (t *setState) bindAnswer(u unitMessages, ok bool, b *stmtBook, gen uint64, 
 	}
 	return st.setting
 }
+
+// onAnsweredParse notes that the proxy answered a Parse of a SET: the
+// client has a statement whose Binds it may answer.
+func (t *setState) onAnsweredParse() { t.haveStmts = true }
 
 // answersUnnamed reports whether the proxy may answer, with a Parse of
 // the unnamed statement that is a SET it may answer, the unit u that

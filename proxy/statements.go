@@ -158,6 +158,31 @@ func (b *stmtBook) onBoundQuery(failed bool) {
 	b.portalGone, b.portalClosed = !failed, nil
 }
 
+// fencedWrite reports whether the book's statement name is a fenced
+// write: its plan has a probe.
+func (b *stmtBook) fencedWrite(name []byte) bool {
+	st := b.stmts[string(name)]
+	return st != nil && st.probe != nil
+}
+
+// onAnsweredQuery notes that the proxy answered a simple Query itself (a
+// SET): the client's unnamed portal is gone, as the Query destroyed it.
+func (b *stmtBook) onAnsweredQuery() {
+	delete(b.portals, "")
+}
+
+// onParse notes that the Parse of st, named name, goes to the server
+// (record made st): it is the client's statement of that name again,
+// after a text whose forgetting (see forgetState) dropped the record of
+// an unnamed statement whose last Parse failed; and an unnamed one is the
+// client's, no longer gone.
+func (b *stmtBook) onParse(name []byte, st *prepared) {
+	b.stmts[string(name)] = st
+	if len(name) == 0 {
+		b.unnamedGone = false
+	}
+}
+
 // onAnsweredParse notes that the proxy answered a Parse of the unnamed
 // statement and the unit binding it: the client's unnamed statement is
 // the answered one, and its unnamed portal gone.
@@ -186,7 +211,7 @@ func (b *stmtBook) tracking() bool {
 // decoded whole, see decodeBind) as the statement it names stands for: a
 // statement prepared for reuse (r), or one planned again first (see
 // replan).
-func (b *stmtBook) bind(l *link, cr msgReader, r *reuseState, pl replanner, m bindMsg, ok bool, n int) error {
+func (b *stmtBook) onBind(l *link, cr msgReader, r *reuseState, pl replanner, m bindMsg, ok bool, n int) error {
 	if !b.tracking() {
 		return forward(l.sw, cr, n)
 	}
@@ -235,19 +260,20 @@ func (b *stmtBook) bind(l *link, cr msgReader, r *reuseState, pl replanner, m bi
 	return forward(l.sw, cr, n)
 }
 
-// describe forwards a Describe, pointing one of the unnamed statement at
-// the statement it stands for, closing it first if a bound Query
-// destroyed it for the client (see stmtBook.unnamedGone), or preparing it
-// again first if it must be (see replan).
-func (b *stmtBook) describe(l *link, cr msgReader, r *reuseState, pl replanner, n int) error {
+// onDescribe forwards the Describe f, pointing one of the unnamed
+// statement at the statement it stands for, closing it first if a bound
+// Query destroyed it for the client (see stmtBook.unnamedGone), or
+// preparing it again first if it must be (see replan). It is decoded once
+// (see clientFrame) for this and the hold checks (replanText).
+func (b *stmtBook) onDescribe(l *link, cr msgReader, r *reuseState, pl replanner, f *clientFrame) error {
+	n := f.n
 	if !b.tracking() || n != 2 { // 2: the unnamed statement or portal
 		return forward(l.sw, cr, n)
 	}
-	body, err := peekBody(cr, n)
+	m, ok, err := f.decodedDescribe(cr)
 	if err != nil {
 		return err
 	}
-	m, ok := decodeDescribe(body)
 	if ok && m.unnamed(targetPortal) && b.portalGone {
 		if err := b.closeUnnamedPortal(l); err != nil {
 			return err
@@ -279,7 +305,7 @@ func (b *stmtBook) describe(l *link, cr msgReader, r *reuseState, pl replanner, 
 
 // execute forwards through l an Execute (n bytes in cr), and returns the
 // probe of the portal it runs, if that has one, to run right after it.
-func (b *stmtBook) execute(l *link, cr msgReader, n int) (p *Probe, err error) {
+func (b *stmtBook) onExecute(l *link, cr msgReader, n int) (p *Probe, err error) {
 	if len(b.portals) > 0 || b.portalGone {
 		body, err := peekBody(cr, n)
 		if err != nil {
@@ -301,7 +327,7 @@ func (b *stmtBook) execute(l *link, cr msgReader, n int) (p *Probe, err error) {
 // close forwards through l a Close (n bytes in cr), forgetting what the
 // book has of what it closes, and the statement prepared for reuse (r)
 // the client's unnamed statement stood for.
-func (b *stmtBook) close(l *link, cr msgReader, r *reuseState, n int) error {
+func (b *stmtBook) onClose(l *link, cr msgReader, r *reuseState, n int) error {
 	l.pipe.loose++
 	if len(b.stmts) == 0 && len(b.portals) == 0 {
 		return forward(l.sw, cr, n)
@@ -436,6 +462,36 @@ type replanner struct {
 	ic  Interceptor
 	c   *Client
 	log *slog.Logger
+}
+
+// replanText returns the text of the prepared statement that the Bind or
+// Describe f next in cr plans again before it is sent (see replan), under
+// the Interceptor's generation gen, without reading it; ok is false when
+// it plans none.
+func (b *stmtBook) replanText(cr msgReader, f *clientFrame, gen uint64) (text string, ok bool) {
+	if len(b.stmts) == 0 {
+		return "", false
+	}
+	var name []byte
+	switch f.typ {
+	case clientMsgBind:
+		m, ok, err := f.decodedBind(cr)
+		if err != nil || !ok {
+			return "", false
+		}
+		name = m.stmt
+	case clientMsgDescribe:
+		// Only a Describe of the unnamed statement plans it again.
+		m, ok, err := f.decodedDescribe(cr)
+		if err != nil || !ok || !m.exact() || !m.unnamed(targetStatement) {
+			return "", false
+		}
+	}
+	st := b.stmts[string(name)]
+	if st == nil || st.gen == gen && (st.again == nil || st.again.state.Load() == stmtReady) {
+		return "", false
+	}
+	return st.text, true
 }
 
 // peekBody returns up to peekLimit bytes of the body of the message next

@@ -47,12 +47,23 @@ func NewPooledSet(names []string, ext string, text func(nonce string, values []s
 	return &PooledSet{names: slices.Clone(names), ext: ext, text: text}, nil
 }
 
-// pooledSession is what a session behind a transaction pooler keeps of its
-// own (see setState.deferred for its token settings' values).
-type pooledSession struct {
+// txPooling is the transaction-pooling part of a session (see
+// Transaction pooling in the package documentation): what a session behind
+// a transaction pooler keeps of its own, the client side's. It is off (on
+// false, everything else empty) unless Config.TransactionPooling is set.
+type txPooling struct {
+	on bool
+	// sets is the Interceptor's, which writes the statement (see
+	// PooledSets), and c the session's client it writes it for.
+	sets PooledSets
+	c    *Client
+	// values are the session's values of its token settings, which always
+	// include the token setting's ("" while unset): the SETs and RESETs
+	// the proxy answered (see onAnswered), over the startup packet's.
+	values []Setting
 	// nonce is what the marker of the session's settings holds in its
 	// transaction: drawn with crypto/rand, never logged, and drawn anew
-	// whenever a client message finds the session idle (see arrive), so
+	// whenever a client message finds the session idle (see onMessage), so
 	// that one a client could read, or leave on a server connection, is
 	// not one still to be used. (Drawn at a ReadyForQuery instead, it
 	// could change in the middle of a transaction the client pipelined
@@ -63,9 +74,40 @@ type pooledSession struct {
 	startup []Setting
 }
 
-// pooledValue returns the session's value of the token setting name.
-func (t *setState) pooledValue(name string) string {
-	for _, d := range t.deferred {
+// start turns the part on for c: it has the token settings of its startup
+// packet, a nonce, and the token setting (token, as the Interceptor names
+// it), unset unless the startup packet set it.
+func (p *txPooling) start(sets PooledSets, c *Client, startup []Setting, token string) {
+	p.on, p.sets, p.c = true, sets, c
+	p.nonce = rand.Text()
+	p.startup = startup
+	p.values = append(p.values[:0], startup...)
+	if !slices.ContainsFunc(startup, func(set Setting) bool { return set.Name == token }) {
+		p.values = append(p.values, Setting{Name: token})
+	}
+}
+
+// onMessage notes that a client message arrived, idle saying it found the
+// session idle: it starts a transaction then, with nothing of an earlier
+// one in flight, and the session draws a new nonce for it (see nonce).
+func (p *txPooling) onMessage(idle bool) {
+	if idle && p.on {
+		p.nonce = rand.Text()
+	}
+}
+
+// statement returns the statement that sets the session's token settings
+// under the configuration in force, nil while the part is off.
+func (p *txPooling) statement() *PooledSet {
+	if !p.on {
+		return nil
+	}
+	return p.sets.PooledSet(p.c)
+}
+
+// value returns the session's value of the token setting name.
+func (p *txPooling) value(name string) string {
+	for _, d := range p.values {
 		if d.Name == name {
 			return d.Value
 		}
@@ -73,15 +115,16 @@ func (t *setState) pooledValue(name string) string {
 	return ""
 }
 
-// Replies to writePooled: CloseComplete and ParseComplete, BindComplete,
+// Replies to write: CloseComplete and ParseComplete, BindComplete,
 // CloseComplete of the statement, then DataRow, CommandComplete and
 // CloseComplete of the portal.
 const pooledSetReplies = 7
 
-// writePooled writes to out (built in l's buffer) set, the statement that
-// sets the session's token settings in the transaction, as the statement
-// name, and sets the replies w wants.
-func (t *setState) writePooled(l *link, out msgWriter, set *PooledSet, name string, w *wait) error {
+// write writes to out (built in l's buffer) the statement that sets the
+// session's token settings in the transaction, as the statement name, and
+// sets the replies w wants.
+func (p *txPooling) write(l *link, out msgWriter, name string, w *wait) error {
+	set := p.statement()
 	b := l.out[:0]
 	b, _ = (&pgproto3.Close{ObjectType: byte(targetStatement), Name: name}).Encode(b)
 	types := make([]uint32, len(set.names)+1)
@@ -90,9 +133,9 @@ func (t *setState) writePooled(l *link, out msgWriter, set *PooledSet, name stri
 	}
 	b, _ = (&pgproto3.Parse{Name: name, Query: set.ext, ParameterOIDs: types}).Encode(b)
 	values := make([][]byte, 0, len(types))
-	values = append(values, []byte(t.pool.nonce))
+	values = append(values, []byte(p.nonce))
 	for _, n := range set.names {
-		values = append(values, []byte(t.pooledValue(n)))
+		values = append(values, []byte(p.value(n)))
 	}
 	b, _ = (&pgproto3.Bind{DestinationPortal: setStmt, PreparedStatement: name, Parameters: values}).Encode(b)
 	// Closed before its portal runs, so that no error can leave it behind.
@@ -104,64 +147,54 @@ func (t *setState) writePooled(l *link, out msgWriter, set *PooledSet, name stri
 	return err
 }
 
-// startPooled readies the session for transaction pooling: it has the
-// token settings of its startup packet, a nonce, and the token setting
-// (token, as the Interceptor names it), unset unless the startup packet
-// set it.
-func (t *setState) startPooled(startup []Setting, token string) {
-	t.pool.nonce = rand.Text()
-	t.pool.startup = startup
-	t.deferred = append(t.deferred[:0], startup...)
-	if !slices.ContainsFunc(startup, func(set Setting) bool { return set.Name == token }) {
-		t.deferred = append(t.deferred, Setting{Name: token})
-	}
-}
-
-// keepPooled keeps set, a SET or RESET the proxy answered, as the
+// onAnswered keeps set, a SET or RESET the proxy answered, as the
 // session's value of its setting: a RESET goes back to the startup
 // packet's value, as Postgres's would.
-func (t *setState) keepPooled(set *Setting) {
+func (p *txPooling) onAnswered(set *Setting) {
+	if !p.on {
+		return // the deferred-settings part keeps it
+	}
 	value := set.Value
 	if set.Reset {
 		value = ""
-		for _, st := range t.pool.startup {
+		for _, st := range p.startup {
 			if st.Name == set.Name {
 				value = st.Value
 			}
 		}
 	}
-	for i := range t.deferred {
-		if t.deferred[i].Name == set.Name {
-			t.deferred[i].Value = value
+	for i := range p.values {
+		if p.values[i].Name == set.Name {
+			p.values[i].Value = value
 			return
 		}
 	}
-	t.deferred = append(t.deferred, Setting{Name: set.Name, Value: value})
+	p.values = append(p.values, Setting{Name: set.Name, Value: value})
 }
 
-// needsToken reports whether the token settings go ahead of the client's
-// Bind m (ok says it was decoded whole) under transaction pooling: it
-// binds a statement that may need them, or one the book does not know
-// (prepared with SQL PREPARE, say).
-func (b *stmtBook) needsToken(m bindMsg, ok bool) bool {
-	if !ok {
-		return false // the server refuses it
+// onBind reports whether the token settings go ahead of the client's Bind
+// m (ok says it was decoded whole): it binds a statement of b that may
+// need them, or one b does not know (prepared with SQL PREPARE, say).
+func (p *txPooling) onBind(b *stmtBook, m bindMsg, ok bool) (needsToken bool) {
+	if !p.on || !ok {
+		return false // off, or the server refuses it
 	}
 	st := b.stmts[string(m.stmt)]
 	return st == nil || st.token
 }
 
-// pooledQuery puts set, the statement that sets the token settings, in
-// front of a Query whose text is text and plan needs them, and again at each
+// onQuery puts the statement that sets the token settings in front of a
+// Query whose text is text and plan needs them, and again at each
 // statement of it that starts a transaction of its own (Plan.TxStarts):
 // the Query's replies to them are kept from the client (probes of their
 // own), and error positions are mapped past them.
-func (t *setState) pooledQuery(set *PooledSet, plan *Plan, text []byte) {
+func (p *txPooling) onQuery(plan *Plan, text []byte) {
+	set := p.statement()
 	values := make([]string, len(set.names))
 	for i, n := range set.names {
-		values[i] = t.pooledValue(n)
+		values[i] = p.value(n)
 	}
-	stmt := set.text(t.pool.nonce, values)
+	stmt := set.text(p.nonce, values)
 	sql := plan.SQL
 	if sql == "" {
 		sql = string(text)
@@ -203,10 +236,10 @@ func (t *setState) pooledQuery(set *PooledSet, plan *Plan, text []byte) {
 		chars: utf8.RuneCountInString(stmt), bytes: len(stmt)}
 }
 
-// pooledProbe keeps the replies to pooledQuery's statement from the client.
+// pooledProbe keeps the replies to onQuery's statement from the client.
 var pooledProbe = NewProbe("", func(*Client, [][]byte) *pgproto3.NoticeResponse { return nil })
 
-// insertOrigin maps error positions in a text that pooledQuery put
+// insertOrigin maps error positions in a text that onQuery put
 // statements into: one of chars characters (bytes bytes) at each byte
 // offset at of sql.
 type insertOrigin struct {
