@@ -137,12 +137,18 @@ func queryEach(b *testing.B, p *fence.Policy, c *proxy.Client, texts []string) {
 // BenchmarkPolicyPooled is the per-statement path behind a transaction
 // pooler (Config.TransactionPooling), where each text is also checked for
 // a change of the token for the session and for whether it needs the
-// token: a cached fenced write, the token's SET, and a plain read.
+// token: a cached fenced write, the token's SET, a plain read, and cached
+// fenced writes whose rewrite is not bound to their literals (RETURNING,
+// and one with a COMMIT between two writes).
 func BenchmarkPolicyPooled(b *testing.B) {
 	for _, bc := range []struct{ name, sql string }{
 		{"write", "UPDATE pgbench_accounts SET abalance = abalance + -1234 WHERE aid = 567890;"},
 		{"set", "SET fence.token = '1000'"},
 		{"read", "SELECT abalance FROM pgbench_branches WHERE bid = 1"},
+		// Not bound to their literals: the cached rewrite of the text as
+		// sent, whose transaction starts were found with it.
+		{"returning", "UPDATE pgbench_accounts SET abalance = abalance + -1234 WHERE aid = 567890 RETURNING abalance"},
+		{"returning-commit", "UPDATE pgbench_accounts SET abalance = 1 WHERE aid = 2 RETURNING abalance; COMMIT; UPDATE pgbench_accounts SET abalance = 1 WHERE aid = 3"},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			p, c := policyWith(b, fence.Config{TransactionPooling: true}, prometheus.NewRegistry())
