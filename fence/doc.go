@@ -40,7 +40,14 @@
 // through, and a text the session's memo passes outside a transaction
 // pooler not at all. Only the steps the analysis says must look further
 // read the text again: the parser, for a refusal or a rewrite, and the
-// literals' scanner, for a simple-protocol write.
+// literals' scanner, for a simple-protocol write. Behind a transaction
+// pooler, where a rewrite run as sent starts its transactions is read
+// from the rewrite, another text that the parser must read (the fence's
+// rewrite spells END and adds its probe's statement): that is found at the
+// rewrite's first use and kept with the plan the cache keeps (planned.tx),
+// so that a cache hit parses nothing. Nothing found is never taken for no
+// starts: a plan whose starts were not found is checked at its use, and
+// one whose rewrite pgfence cannot read is refused at every use.
 //
 // # Per-loop state
 //

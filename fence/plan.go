@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"unicode/utf8"
 
 	"github.com/pgfence/pgfence/proxy"
@@ -44,10 +45,15 @@ func (p *Policy) plan(c *proxy.Client, sql string, mode sqlrewrite.Mode) proxy.P
 	if st.cfg.TransactionPooling {
 		return p.pooledPlan(st, c, &t, mode)
 	}
-	return p.planIn(st, c, &t, mode)
+	plan, _ := p.planIn(st, c, &t, mode)
+	return plan
 }
 
-func (p *Policy) planIn(st *state, c *proxy.Client, t *text, mode sqlrewrite.Mode) proxy.Plan {
+// planIn plans t, but for what only a transaction pooler needs (see
+// pooledPlan). A plan made from a rewrite comes with the planned it was
+// made from (always one with SQL set), where pooledPlan keeps what it
+// finds of that SQL (planned.txStarts); nil otherwise.
+func (p *Policy) planIn(st *state, c *proxy.Client, t *text, mode sqlrewrite.Mode) (proxy.Plan, *planned) {
 	sess := sessionOf(c)
 	sql := t.sql
 	// The name prefilter, and the memo of the last text it passed, compare
@@ -66,12 +72,12 @@ func (p *Policy) planIn(st *state, c *proxy.Client, t *text, mode sqlrewrite.Mod
 		p.noteChange(c, sess, a.Class)
 		if !a.Class.Has(sqlrewrite.Writes) && !a.MayBeDDL() {
 			p.m.passthrough.Inc(shardOf(c))
-			return proxy.Plan{Forget: sess.invalidates(a.Class)}
+			return proxy.Plan{Forget: sess.invalidates(a.Class)}, nil
 		}
 	} else {
 		if sess.passes(st, sql) {
 			p.m.passthrough.Inc(shardOf(c))
-			return proxy.Plan{}
+			return proxy.Plan{}, nil
 		}
 		a = t.analysis(st)
 		ddl := p.noteChange(c, sess, a.Class)
@@ -79,7 +85,7 @@ func (p *Policy) planIn(st *state, c *proxy.Client, t *text, mode sqlrewrite.Mod
 			// It changes no prepared statement and touches no table; the
 			// proxy may answer it itself (see proxy.Plan.Setting).
 			p.m.passthrough.Inc(shardOf(c))
-			return proxy.Plan{Setting: sess.setting(set)}
+			return proxy.Plan{Setting: sess.setting(set)}, nil
 		}
 		// Plan.Forget has the proxy prepare its own statements again: on a
 		// false alarm that costs a Parse, a miss fails the next write that
@@ -90,11 +96,11 @@ func (p *Policy) planIn(st *state, c *proxy.Client, t *text, mode sqlrewrite.Mod
 			if !forget && !ddl {
 				sess.passed(st, sql, a.Class)
 			}
-			return proxy.Plan{Forget: forget}
+			return proxy.Plan{Forget: forget}, nil
 		}
 		if readOnly(c, sql, a) {
 			p.m.passthrough.Inc(shardOf(c))
-			return proxy.Plan{Forget: sess.invalidates(a.Class)}
+			return proxy.Plan{Forget: sess.invalidates(a.Class)}, nil
 		}
 	}
 	forget := sess.invalidates(a.Class)
@@ -118,7 +124,7 @@ func (p *Policy) planIn(st *state, c *proxy.Client, t *text, mode sqlrewrite.Mod
 		p.m.refused.Inc(shardOf(c))
 		p.log.Info("statement refused", "code", res.Refusal.Code, "reason", res.Refusal.Message,
 			"client", c.RemoteAddr, "application_name", c.ApplicationName())
-		return plan
+		return plan, pl
 	case pl.plan.SQL == "" && len(pl.plan.Probes) == 0:
 		p.m.passthrough.Inc(shardOf(c))
 	default:
@@ -139,7 +145,7 @@ func (p *Policy) planIn(st *state, c *proxy.Client, t *text, mode sqlrewrite.Mod
 				"client", c.RemoteAddr, "application_name", c.ApplicationName())
 		}
 	}
-	return plan
+	return plan, pl
 }
 
 // readOnly reports, from its analysis a, that sql spells no write keyword
@@ -169,6 +175,12 @@ type planned struct {
 	// the template with these strings left in the text may (see
 	// sqlrewrite.StringsToKeep).
 	keep []int
+	// tx, behind a transaction pooler, is where plan.SQL starts
+	// transactions of its own, found at its first use (see
+	// planned.txStarts): a cache hit would otherwise parse the rewrite
+	// again. Atomic, as sessions relayed by goroutines share a shard's
+	// caches; nil until found, which is never taken for none.
+	tx atomic.Pointer[txStarts]
 }
 
 // newPlanned makes the plan of res, the rewrite of sql, which it may keep.

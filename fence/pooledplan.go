@@ -43,28 +43,63 @@ func (p *Policy) pooledPlan(st *state, c *proxy.Client, t *text, mode sqlrewrite
 			"client", c.RemoteAddr, "application_name", c.ApplicationName())
 		return pl.plan
 	}
-	plan := p.planIn(st, c, t, mode)
+	plan, pl := p.planIn(st, c, t, mode)
 	plan.NeedsToken = needsToken(a, plan)
 	if plan.NeedsToken && mode == sqlrewrite.Simple && plan.ParamTypes == nil {
-		var starts []sqlrewrite.TxStart
-		var unread *sqlrewrite.Refusal
-		if plan.SQL == "" {
-			starts, unread = a.TxStarts()
-		} else {
-			starts, unread = sqlrewrite.TxStarts(plan.SQL) // the rewrite's, another text
+		var tx txStarts
+		switch {
+		case plan.SQL == "":
+			tx = newTxStarts(a.TxStarts())
+		case pl != nil && pl.plan.SQL == plan.SQL:
+			tx = *pl.txStarts() // the rewrite's, another text: found once per plan
+		default:
+			tx = newTxStarts(sqlrewrite.TxStarts(plan.SQL)) // no plan to keep them in
 		}
-		if unread != nil {
-			pl := p.newPlanned(st, sql, sqlrewrite.Refuse(unread))
+		if tx.unread != nil {
+			pl := p.newPlanned(st, sql, sqlrewrite.Refuse(tx.unread))
 			p.m.refused.Inc(shardOf(c))
-			p.log.Info("statement refused", "code", unread.Code, "reason", unread.Message,
+			p.log.Info("statement refused", "code", tx.unread.Code, "reason", tx.unread.Message,
 				"client", c.RemoteAddr, "application_name", c.ApplicationName())
 			return pl.plan
 		}
-		for _, s := range starts {
-			plan.TxStarts = append(plan.TxStarts, proxy.TxStart{Offset: s.Offset, Index: s.Index})
-		}
+		plan.TxStarts = tx.starts
 	}
 	return plan
+}
+
+// txStarts are where a Query's SQL starts transactions of its own behind a
+// transaction pooler (proxy.Plan.TxStarts), or, when pgfence cannot read
+// it, the refusal to send instead (see sqlrewrite.TxStarts).
+type txStarts struct {
+	starts []proxy.TxStart // shared by every plan of the SQL: read only
+	unread *sqlrewrite.Refusal
+}
+
+func newTxStarts(starts []sqlrewrite.TxStart, unread *sqlrewrite.Refusal) txStarts {
+	if unread != nil {
+		return txStarts{unread: unread}
+	}
+	var tx txStarts
+	if len(starts) > 0 {
+		tx.starts = make([]proxy.TxStart, len(starts))
+		for i, s := range starts {
+			tx.starts[i] = proxy.TxStart{Offset: s.Offset, Index: s.Index}
+		}
+	}
+	return tx
+}
+
+// txStarts returns the txStarts of pl.plan.SQL, found at the first call
+// and kept with pl, which the caches keep: a cache hit then costs no
+// parse, and a rewrite pgfence cannot read is refused every time. Two
+// sessions of a shard may both find them at once, which costs a parse.
+func (pl *planned) txStarts() *txStarts {
+	if tx := pl.tx.Load(); tx != nil {
+		return tx
+	}
+	tx := newTxStarts(sqlrewrite.TxStarts(pl.plan.SQL))
+	pl.tx.Store(&tx)
+	return &tx
 }
 
 // PooledSet implements proxy.PooledSets: the statement that sets every

@@ -3,6 +3,7 @@ package sqlrewrite_test
 import (
 	"fmt"
 	"maps"
+	"slices"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -76,5 +77,71 @@ func TestPlanReadsOnce(t *testing.T) {
 			}
 		}
 		p.SessionEnd(c, nil)
+	}
+}
+
+// TestPooledStartsFoundOnce: behind a transaction pooler, a simple Query
+// whose rewrite is not bound to its literals (RETURNING, several
+// statements, a client whose Query must stay simple) is rewritten as
+// sent, and that rewrite, another text that spells END, is parsed to find
+// where its transactions start: once, with the plan the cache keeps. Its
+// later executions, served from the cache, parse nothing and carry the
+// same starts.
+func TestPooledStartsFoundOnce(t *testing.T) {
+	const (
+		returning = "UPDATE pgbench_accounts SET abalance = 1 WHERE aid = 2 RETURNING abalance"
+		twice     = returning + "; COMMIT; UPDATE pgbench_accounts SET abalance = 1 WHERE aid = 3"
+		plain     = "UPDATE pgbench_accounts SET abalance = 1 WHERE aid = 2"
+	)
+	g, err := sqlrewrite.ParseGuard("pgbench_accounts")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name   string
+		sql    string
+		c      *proxy.Client
+		starts int // transactions the rewrite starts after its first
+	}{
+		{"RETURNING", returning, &proxy.Client{RemoteAddr: "127.0.0.1:1"}, 0},
+		{"COMMIT between writes", twice, &proxy.Client{RemoteAddr: "127.0.0.1:1"}, 1},
+		{"simple only", plain, &proxy.Client{RemoteAddr: "127.0.0.1:1", Replication: true}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, err := fence.New(fence.Config{Guards: []sqlrewrite.Guard{g}, TransactionPooling: true},
+				fence.NewMetrics(prometheus.NewRegistry()), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p.SessionStart(tc.c)
+			defer p.SessionEnd(tc.c, nil)
+			var first proxy.Plan
+			for i := range 3 {
+				var parsed []string
+				stop := sqlrewrite.CountScans(func(what, sql string) {
+					if what == "parse" {
+						parsed = append(parsed, sql)
+					}
+				})
+				plan := p.Query(tc.c, tc.sql)
+				stop()
+				if plan.SQL == "" || plan.ParamTypes != nil || !plan.NeedsToken {
+					t.Fatalf("execution %d: %+v; want the text's rewrite, run as sent, needing the token", i+1, plan)
+				}
+				if i == 0 {
+					first = plan
+					if len(plan.TxStarts) != tc.starts {
+						t.Fatalf("the rewrite starts %v; want %d transactions after its first", plan.TxStarts, tc.starts)
+					}
+					continue
+				}
+				if len(parsed) != 0 {
+					t.Errorf("execution %d, from the cache, parsed %d texts (%.40q...); want none", i+1, len(parsed), parsed)
+				}
+				if plan.SQL != first.SQL || !slices.Equal(plan.TxStarts, first.TxStarts) {
+					t.Errorf("execution %d: starts %v (SQL the same: %v); want the first's, %v", i+1, plan.TxStarts, plan.SQL == first.SQL, first.TxStarts)
+				}
+			}
+		})
 	}
 }
