@@ -321,6 +321,43 @@ func TestPooledTokenAfterCommitInOneQuery(t *testing.T) {
 	c.clean()
 }
 
+// 4b. So do they when the Query's rewrite comes from the cache: a write
+// with RETURNING is rewritten as sent (not bound to its literals), and
+// where that rewrite starts its transactions is found once, with the plan
+// the cache keeps, which each later execution carries.
+func TestPooledTokenAfterCommitCached(t *testing.T) {
+	c := newCarry(t)
+	c.leave("9") // a token the second write would take, were the session's not set ahead of it
+	hits := func() float64 { return c.p.Counter(t, "pgfence_rewrite_cache_hits_total") }
+	const (
+		stale = "UPDATE %[1]s SET val = 'stale' WHERE id = 1 RETURNING fence_epoch; COMMIT; UPDATE %[1]s SET val = 'stale' WHERE id = 1"
+		fresh = "UPDATE %[1]s SET val = 'fresh-a' WHERE id = 2 RETURNING fence_epoch; COMMIT; UPDATE %[1]s SET val = 'fresh' WHERE id = 2"
+	)
+	s := c.client("3")
+	a := c.client("")
+	for _, tbl := range []string{c.plain, c.dom} {
+		for i := range 2 { // the second from the cache
+			h := hits()
+			before := rejects(t, c.p, tbl)
+			if tag := exec(t, s, simple, fmt.Sprintf(stale, tbl)); tag != "UPDATE 0" {
+				t.Errorf("execution %d of two stale writes of %s around a COMMIT: %s, want UPDATE 0", i+1, tbl, tag)
+			}
+			if got := rejects(t, c.p, tbl) - before; got != 2 {
+				t.Errorf("execution %d of two stale writes of %s around a COMMIT counted %v rejects, want 2", i+1, tbl, got)
+			}
+			c.untouched()
+
+			token := int64(10*i + 10)
+			exec(t, a, simple, fmt.Sprintf("SET fence.token = '%d'", token))
+			c.fresh(a, tbl, token, fresh)
+			if i == 1 && hits()-h < 2 {
+				t.Fatalf("the second executions were not served from the rewrite cache (%v hits): this test checks nothing", hits()-h)
+			}
+		}
+	}
+	c.clean()
+}
+
 // 5. A token in the startup packet is the session's: pgfence keeps it and
 // sets it in each transaction, and PgBouncer never sees it.
 func TestPooledStartupToken(t *testing.T) {
