@@ -385,3 +385,45 @@ func TestLoopsUpstreamMoves(t *testing.T) {
 		pgtest.Exec(t, c, "SELECT 1")
 	}
 }
+
+// Two loops on one P, as the core governor (internal/cores) runs them at
+// a light load: they take turns on it, and a session kept busy on one
+// does not stop the other's.
+func TestLoopsShareOneP(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	p := twoLoops(t)
+	if !onLoops(p) {
+		t.Skip("the goroutine relay runs no event loop")
+	}
+	busy, quiet := p.Connect(t, "application_name=busy"), p.Connect(t, "application_name=quiet")
+	if a, b := p.LoopOf(t, "busy"), p.LoopOf(t, "quiet"); a == b {
+		t.Fatalf("both sessions on loop %d", a)
+	}
+	stop := make(chan struct{})
+	errs := make(chan error, 1)
+	go func() {
+		defer close(errs)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			// Big rows keep its loop reading and writing without a pause.
+			if _, err := busy.Exec(ctx, "SELECT repeat('x', 1 << 20) FROM generate_series(1, 8)"); err != nil {
+				errs <- err
+				return
+			}
+		}
+	}()
+	for i := range 500 {
+		var n int
+		if err := quiet.QueryRow(ctx, "SELECT $1::int", i).Scan(&n); err != nil || n != i {
+			t.Fatalf("the quiet session's statement %d: %d, %v", i, n, err)
+		}
+	}
+	close(stop)
+	if err := <-errs; err != nil {
+		t.Fatalf("the busy session: %v", err)
+	}
+}
