@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgfence/pgfence/internal/cores"
 	"github.com/pgfence/pgfence/internal/pgserver"
 	"github.com/pgfence/pgfence/internal/poll"
 )
@@ -190,4 +192,68 @@ func TestServeFollowsPrimaryOnEveryLoop(t *testing.T) {
 	if got := fmt.Sprint(inst.proxy.LoopSessions()); got != "[1 1]" {
 		t.Fatalf("new sessions on the loops: %s, want one each", got)
 	}
+}
+
+// The core governor (on by default) brings an idle pgfence down to one P,
+// its loops go on relaying on it, a second instance still gets a loop per
+// usable core, and closing the first gives the runtime its cores back.
+func TestServeCoreGovernor(t *testing.T) {
+	if cores.Usable() < 2 {
+		t.Skipf("GOMAXPROCS is %d at start: one core leaves the governor nothing to size", cores.Usable())
+	}
+	pg, err := pgserver.Start(context.Background(), pgserver.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pg.Stop()
+	bg := context.Background()
+	args := []string{"--upstream", pg.URL("postgres"), "--discover=false", "--backstop", "off"}
+	inst, _ := serveInstance(t, args...)
+	want := fmt.Sprintf("%d:", cores.Usable())
+	if got := loopSessions(t, inst); !strings.HasPrefix(got, want) {
+		t.Fatalf("/metrics: %q, want a loop per usable core (%d)", got, cores.Usable())
+	}
+	gauge := func(inst *instance, name string) string {
+		for _, line := range strings.Split(metricsText(t, inst), "\n") {
+			if v, ok := strings.CutPrefix(line, name+" "); ok {
+				return v
+			}
+		}
+		return ""
+	}
+	poll.Eventually(t, time.Minute, "an idle pgfence down to one P", func() bool { return gauge(inst, "pgfence_cores") == "1" })
+
+	var cs []*pgx.Conn
+	for range 2 * cores.Usable() {
+		cs = append(cs, connect(t, inst.Addr()))
+	}
+	errs := make(chan error, len(cs))
+	for i, c := range cs {
+		go func() {
+			var n int
+			for range 100 {
+				if err := c.QueryRow(bg, "SELECT $1::int", i).Scan(&n); err != nil || n != i {
+					errs <- fmt.Errorf("session %d: %d, %v", i, n, err)
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range cs {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := fmt.Sprint(inst.proxy.LoopSessions()); strings.Contains(got, " 0") || strings.Contains(got, "[0") {
+		t.Fatalf("a loop holds no session: %s", got)
+	}
+
+	second, _ := serveInstance(t, args...)
+	if got := loopSessions(t, second); !strings.HasPrefix(got, want) {
+		t.Fatalf("a second instance while the first runs on %s P: %q, want a loop per usable core (%d)", gauge(inst, "pgfence_cores"), got, cores.Usable())
+	}
+	second.Close()
+	inst.Close()
+	poll.Eventually(t, time.Minute, "the cores given back", func() bool { return runtime.GOMAXPROCS(0) == cores.Usable() })
 }

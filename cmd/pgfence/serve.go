@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -24,6 +25,7 @@ import (
 
 	"github.com/pgfence/pgfence/fence"
 	"github.com/pgfence/pgfence/internal/catalog"
+	"github.com/pgfence/pgfence/internal/cores"
 	"github.com/pgfence/pgfence/internal/pgversion"
 	"github.com/pgfence/pgfence/internal/server"
 	"github.com/pgfence/pgfence/proxy"
@@ -46,6 +48,7 @@ type serveOptions struct {
 	startupTimeout   time.Duration
 	maxClientConns   int
 	eventLoops       int
+	coreGovernor     bool
 	forwardTokenSets bool
 	upstreamPooling  string
 	drainTimeout     time.Duration
@@ -80,6 +83,7 @@ func (o *serveOptions) addFlags(cmd *cobra.Command) {
 	f.DurationVar(&o.startupTimeout, "startup-timeout", 30*time.Second, "how long a new client may take to send its startup packet")
 	f.IntVar(&o.maxClientConns, "max-client-conns", 1000, "client sessions open at once; more are refused with SQLSTATE 53300 (0: no limit)")
 	f.IntVar(&o.eventLoops, "event-loops", 0, "event loops relaying the sessions, each on a core of its own at most; each new session goes to the loop holding the fewest (0: one per usable core, GOMAXPROCS)")
+	f.BoolVar(&o.coreGovernor, "core-governor", true, "size the Go runtime's Ps (threads running pgfence's code at once) to the load, from one up to the usable cores (GOMAXPROCS), so that the event loops share a core while one is enough; false keeps a P for every usable core")
 	f.BoolVar(&o.forwardTokenSets, "forward-token-sets", false, "send every SET of the fencing token to Postgres as the client sent it; by default pgfence answers a plain one at once and sets the token ahead of the next statement, in the same transaction when that is a fenced write (saves a round trip per transaction)")
 	f.StringVar(&o.upstreamPooling, "upstream-pooling", "none", "what stands at --upstream: none (Postgres itself; pgfence checks, and refuses clients if a pooler answers), session (a pooler that gives each session a server connection of its own, such as PgBouncer with pool_mode = session), or transaction (a pooler that shares server connections between transactions, such as PgBouncer with pool_mode = transaction: pgfence then sets the token in each transaction and leaves nothing on the server connection)")
 	f.BoolVar(&o.initDomains, "init-domains", true, "create the lock-domain table (pgfence.domains) and its rows when missing; false for teams that forbid runtime DDL (run 'pgfence init' instead)")
@@ -183,8 +187,8 @@ func serveCmd() *cobra.Command {
 						continue
 					}
 					log.Info("SIGHUP: reloading the guard configuration")
-					if fresh.upstream != o.upstream || fresh.listen != o.listen || fresh.metricsListen != o.metricsListen || fresh.eventLoops != o.eventLoops {
-						log.Warn("SIGHUP: --upstream, --listen, --metrics-listen and --event-loops take effect only after a restart")
+					if fresh.upstream != o.upstream || fresh.listen != o.listen || fresh.metricsListen != o.metricsListen || fresh.eventLoops != o.eventLoops || fresh.coreGovernor != o.coreGovernor {
+						log.Warn("SIGHUP: --upstream, --listen, --metrics-listen, --event-loops and --core-governor take effect only after a restart")
 					}
 					inst.reload(cmd.Context(), fresh)
 				}
@@ -362,7 +366,7 @@ func start(o serveOptions, log *slog.Logger) (*instance, error) {
 		MaxMessageSize:      o.maxMessageSize,
 		StartupTimeout:      o.startupTimeout,
 		MaxClientConns:      o.maxClientConns,
-		EventLoops:          o.eventLoops,
+		EventLoops:          cmp.Or(o.eventLoops, cores.Usable()),
 		ForwardSettings:     o.forwardTokenSets,
 		TransactionPooling:  txPool,
 		TokenSetting:        cfg.TokenSetting,
@@ -484,6 +488,9 @@ func start(o serveOptions, log *slog.Logger) (*instance, error) {
 	}
 	go func() { srv.Serve(ln); close(inst.served) }()
 	go main.run(ctx, inst, inst.discoverEvery)
+	if o.coreGovernor {
+		go cores.Run(ctx, cores.Options{})
+	}
 	return inst, nil
 }
 

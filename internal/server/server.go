@@ -8,6 +8,7 @@ package server
 
 import (
 	"log/slog"
+	"runtime"
 	"strconv"
 	"time"
 
@@ -93,24 +94,28 @@ func New(cfg Config) (*Server, error) {
 	return built, nil
 }
 
-// loopCollector exports the event loops and how many sessions each holds,
-// read at each scrape (under the proxy's lock, once per scrape).
+// loopCollector exports the event loops, the Ps they run on, and how many
+// sessions each holds, read at each scrape (under the proxy's lock, once per scrape).
 type loopCollector struct{ srv *proxy.Server }
 
 var (
 	eventLoopsDesc = prometheus.NewDesc("pgfence_event_loops",
 		"Event loops relaying client sessions (--event-loops; 0 off Linux, where goroutines relay them).", nil, nil)
+	coresDesc = prometheus.NewDesc("pgfence_cores",
+		"Go Ps pgfence runs on now (GOMAXPROCS): how many threads run its code at once. With the core governor (--core-governor, on by default) it follows the load, from 1 up to the usable cores, and the event loops share them.", nil, nil)
 	loopSessionsDesc = prometheus.NewDesc("pgfence_loop_sessions",
 		"Client sessions each event loop holds now, past startup: each new one goes to the loop that holds the fewest.", []string{"loop"}, nil)
 )
 
 func (loopCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- eventLoopsDesc
+	ch <- coresDesc
 	ch <- loopSessionsDesc
 }
 
 func (c loopCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(eventLoopsDesc, prometheus.GaugeValue, float64(c.srv.EventLoops()))
+	ch <- prometheus.MustNewConstMetric(coresDesc, prometheus.GaugeValue, float64(runtime.GOMAXPROCS(0)))
 	for i, n := range c.srv.LoopSessions() {
 		ch <- prometheus.MustNewConstMetric(loopSessionsDesc, prometheus.GaugeValue, float64(n), strconv.Itoa(i))
 	}
