@@ -6,16 +6,17 @@ package main
 //
 //   - pgfence with one loop on one P (GOMAXPROCS=1), as on a one-core
 //     machine;
-//   - pgfence with one loop on as many Ps as cores (--event-loops 1): one
-//     loop and the rest of the runtime beside it, what every pgfence
-//     before the loops were many did;
-//   - pgfence with its default, a loop per core (GOMAXPROCS, the cores);
+//   - pgfence with a loop per core, each always on a P of its own
+//     (--core-governor=false);
+//   - pgfence with its default: a loop per core, on as many Ps as its
+//     load keeps busy (internal/cores);
 //   - one PgBouncer, and as many PgBouncers as cores sharing one port
 //     (so_reuseport), which is how PgBouncer's users scale it.
 //
 // Each run prints throughput, the cores the proxy used (its CPU time over
 // the run's wall time), its CPU per transaction, and for pgfence the
-// sessions each loop held halfway through. On a machine where Postgres
+// sessions each loop held halfway through and the Ps it ran on then
+// (pgfence_cores). On a machine where Postgres
 // and pgbench share the cores with the proxy, they, not the proxy, bound
 // throughput; CPU per transaction and the balance show what the loops
 // cost and where sessions went. The table goes to bench/last-run-loops.md.
@@ -59,7 +60,7 @@ func (r *runner) benchLoopsOnly() error {
 	}
 	proxies := []proxy{
 		{"pgfence, 1 loop, GOMAXPROCS=1", []string{"GOMAXPROCS=1"}, []string{"--event-loops", "1"}},
-		{fmt.Sprintf("pgfence, 1 loop, GOMAXPROCS=%d", cores), []string{fmt.Sprintf("GOMAXPROCS=%d", cores)}, []string{"--event-loops", "1"}},
+		{fmt.Sprintf("pgfence, %d loops, every P", cores), []string{fmt.Sprintf("GOMAXPROCS=%d", cores)}, []string{"--core-governor=false"}},
 		{fmt.Sprintf("pgfence, %d loops", cores), []string{fmt.Sprintf("GOMAXPROCS=%d", cores)}, nil},
 	}
 	bouncers := []target{r.pgbouncer, fleet}
@@ -333,11 +334,18 @@ func (r *runner) startPgBouncerFleet(n int) (target, error) {
 	return t, nil
 }
 
-// loopSessions reads pgfence_loop_sessions from /metrics, by loop: "2 2".
+// loopSessions reads pgfence_loop_sessions from /metrics, by loop, and
+// pgfence_cores: "2 2; 1 P".
 func loopSessions(metricsURL string) string {
 	text, err := httpGet(metricsURL)
 	if err != nil {
 		return "?"
+	}
+	ps := "?"
+	for _, line := range strings.Split(text, "\n") {
+		if v, ok := strings.CutPrefix(line, "pgfence_cores "); ok {
+			ps = v
+		}
 	}
 	var out []string
 	for i := 0; ; i++ {
@@ -349,7 +357,7 @@ func loopSessions(metricsURL string) string {
 			}
 		}
 		if !found {
-			return strings.Join(out, " ")
+			return strings.Join(out, " ") + "; " + ps + " P"
 		}
 	}
 }
@@ -358,7 +366,7 @@ func renderLoops(names []string, res map[string]map[string]series) string {
 	var b strings.Builder
 	b.WriteString("### Event loops (pgbench -c 16: throughput, the cores the proxy used, its CPU per transaction)\n\n")
 	var t table
-	t.add("mode", "workload", "proxy", "tps", "cores used", "proxy CPU µs/txn", "Postgres CPU µs/txn", "sessions per loop (halfway)")
+	t.add("mode", "workload", "proxy", "tps", "cores used", "proxy CPU µs/txn", "Postgres CPU µs/txn", "sessions per loop; Ps (halfway)")
 	var raw []string
 	for _, mode := range modes {
 		for _, w := range loopsWorkloads {
