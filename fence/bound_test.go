@@ -380,7 +380,10 @@ func TestPipelinedBindAfterSkippedParse(t *testing.T) {
 // about a kilobyte, which pgfence's rewrite of this UPDATE is; on 17 and
 // 18 after the simple Query of the short one). There is nothing to compare
 // with there, and the crash would reset the package's server under the
-// tests that follow: the test runs up to 15 (docs/relaying.md).
+// tests that follow: the test runs up to 15 (docs/relaying.md;
+// TestFailedQueryPortalClosed covers them). The Execute of the unnamed
+// portal gets 34000 through pgfence where 15 answers 25P02: pgfence
+// closed the portal the failed DISCARD ALL left (see stmtBook.portalStale).
 func TestNoNamedParseInFailedBlock(t *testing.T) {
 	pgtest.Need(t)
 	if v := pgtest.Version(t); v.Major() >= 16 {
@@ -421,8 +424,117 @@ func TestNoNamedParseInFailedBlock(t *testing.T) {
 					t.Fatalf("Postgres restarted (it crashed) after this session (%s): %s", []string{"straight", "through pgfence"}[i], answers[i])
 				}
 			}
-			if answers[0] != answers[1] {
-				t.Errorf("through pgfence:\n%s\nstraight:\n%s", answers[1], answers[0])
+			// The Execute, last: 25P02 straight, 34000 through pgfence.
+			want := answers[0]
+			if i := strings.LastIndex(want, aborted); i >= 0 {
+				want = want[:i] + portalClosed + want[i+len(aborted):]
+			}
+			if answers[1] != want {
+				t.Errorf("through pgfence:\n%s\nwant:\n%s\nstraight:\n%s", answers[1], want, answers[0])
+			}
+		})
+	}
+}
+
+const (
+	// aborted is what Postgres answers a statement in a failed block.
+	aborted = "ErrorResponse 25P02 current transaction is aborted, commands ignored until end of transaction block"
+	// portalClosed is what it answers an Execute of the unnamed portal
+	// that pgfence closed after a failed simple Query.
+	portalClosed = `ErrorResponse 34000 portal "" does not exist`
+)
+
+// A simple Query that fails in a transaction block leaves Postgres an
+// unnamed portal pointing at memory it frees at the next message, and
+// PostgreSQL 16.14, 17.10 and 18.4 crash (every session reset) on an
+// Execute of it, which no Bind came before. pgfence closes that portal
+// before the Execute, or before a Bind that Postgres may refuse (see
+// stmtBook.portalStale), on every version: Postgres must be the same
+// server after each sequence, the Execute is answered 34000, and the
+// session goes on. Sequences that Bind the unnamed portal after the
+// failure (a driver's ROLLBACK, as JDBC sends it) or use it in a healthy
+// block get what Postgres answers straight, compared on every version.
+func TestFailedQueryPortalClosed(t *testing.T) {
+	pgtest.Need(t)
+	tbl := table(t, [3]any{1, "v", 5})
+	p := pgtest.StartProxy(t, []string{tbl})
+	update := "UPDATE " + tbl + " SET val = val || 'x' WHERE id = 1"
+	// An unguarded table's UPDATE goes to Postgres as the client sent it:
+	// after DISCARD ALL failed the block, an Execute behind it crashes 17
+	// and 18 straight.
+	plain := tbl + "_plain"
+	pgtest.Exec(t, pgtest.Direct(t), "CREATE TABLE "+plain+" (id int PRIMARY KEY, val text)")
+	t.Cleanup(func() { pgtest.Exec(t, pgtest.Direct(t), "DROP TABLE "+plain) })
+	q := func(sql string) pgproto3.FrontendMessage { return &pgproto3.Query{String: sql} }
+	execute := []pgproto3.FrontendMessage{&pgproto3.Execute{}, &pgproto3.Sync{}}
+	rollback := []pgproto3.FrontendMessage{q("ROLLBACK")}
+	cases := []struct {
+		name     string
+		steps    [][]pgproto3.FrontendMessage // each sent at once, answered before the next
+		straight bool                         // Postgres survives it straight: compare
+	}{
+		{"an Execute after a failed Query", [][]pgproto3.FrontendMessage{
+			{q("BEGIN")}, {q("SELECT 1/0")}, execute, rollback}, false},
+		{"an Execute after a write refused in the failed block", [][]pgproto3.FrontendMessage{
+			{q("BEGIN")}, {q("DISCARD ALL")}, {q("UPDATE " + plain + " SET val = val || 'x' WHERE id = 1")}, execute, rollback}, false},
+		{"an Execute after a fenced write refused in the failed block", [][]pgproto3.FrontendMessage{
+			{q("BEGIN")}, {q("DISCARD ALL")}, {q(update)}, execute, rollback}, false},
+		{"all at once, a fenced write's Parse between", [][]pgproto3.FrontendMessage{{
+			q("BEGIN"), q("DISCARD ALL"), &pgproto3.Parse{Query: update}, &pgproto3.Sync{}, &pgproto3.Execute{}, &pgproto3.Sync{},
+		}, rollback}, false},
+		{"a Bind refused in the failed block, then an Execute", [][]pgproto3.FrontendMessage{
+			{q("BEGIN")}, {q("SELECT 1/0")},
+			{&pgproto3.Parse{Query: "SELECT 1"}, &pgproto3.Bind{}, &pgproto3.Sync{}},
+			execute, rollback}, false},
+		{"a Query, then an Execute in its own batch after a healthy Bind", [][]pgproto3.FrontendMessage{
+			{q("BEGIN")}, {q("SELECT 1")},
+			{&pgproto3.Parse{Query: "SELECT 2"}, &pgproto3.Bind{}, &pgproto3.Sync{}},
+			execute, {q("COMMIT")}}, true},
+		{"ROLLBACK bound to the unnamed portal after a failed Query", [][]pgproto3.FrontendMessage{
+			{q("BEGIN")}, {q("SELECT 1/0")},
+			{&pgproto3.Parse{Query: "ROLLBACK"}, &pgproto3.Bind{}, &pgproto3.Execute{}, &pgproto3.Sync{}},
+			{q("SELECT 3")}}, true},
+		{"the same, pipelined behind the failing Query", [][]pgproto3.FrontendMessage{
+			{q("BEGIN")},
+			{q("SELECT 1/0"), &pgproto3.Parse{Query: "ROLLBACK"}, &pgproto3.Bind{}, &pgproto3.Execute{}, &pgproto3.Sync{}},
+			{q("SELECT 3")}}, true},
+		{"ROLLBACK TO a savepoint, then an Execute", [][]pgproto3.FrontendMessage{
+			{q("BEGIN")}, {q("SAVEPOINT a")}, {q("SELECT 1/0")}, {q("ROLLBACK TO a")}, execute, {q("COMMIT")}}, true},
+		{"a fenced write in a transaction, as pgx sends it", [][]pgproto3.FrontendMessage{
+			{q("BEGIN")}, {q("SET LOCAL fence.token = '20'")},
+			{&pgproto3.Parse{Query: update}, &pgproto3.Bind{}, &pgproto3.Describe{ObjectType: 'P'}, &pgproto3.Execute{}, &pgproto3.Sync{}},
+			{q("COMMIT")}}, true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			addrs := []string{p.Addr}
+			if c.straight {
+				addrs = append(addrs, pgtest.Server().Addr())
+			}
+			var answers [2]string
+			for i, addr := range addrs {
+				before := checkpointerPID(t)
+				conn, fe := pgtest.RawSession(t, addr)
+				conn.SetDeadline(time.Now().Add(20 * time.Second))
+				exchange(t, fe, 1, &pgproto3.Query{String: "SET fence.token = '20'"})
+				for _, step := range c.steps {
+					answers[i] += exchange(t, fe, countReady(step), step...) + "; "
+				}
+				// The session goes on.
+				if got := exchange(t, fe, 1, q("SELECT 1")); got != "RowDescription, DataRow, CommandComplete, ReadyForQuery I" {
+					t.Errorf("after the sequence: %s", got)
+				}
+				endSession(t, conn, fe)
+				if after := checkpointerPID(t); after != before {
+					t.Fatalf("Postgres restarted (it crashed) after this session (%s): %s", []string{"through pgfence", "straight"}[i], answers[i])
+				}
+			}
+			if c.straight {
+				if answers[0] != answers[1] {
+					t.Errorf("through pgfence:\n%s\nstraight:\n%s", answers[0], answers[1])
+				}
+			} else if !strings.Contains(answers[0], portalClosed+", ReadyForQuery E; ") {
+				t.Errorf("the Execute of the failed Query's portal was not answered %q: %s", portalClosed, answers[0])
 			}
 		})
 	}

@@ -80,6 +80,19 @@
 // CommandComplete (or an error) and ReadyForQuery. A simple Query runs in
 // an implicit transaction that ends with it, as this one does at its Sync.
 //
+// # The portal a failed Query leaves
+//
+// A simple Query that fails in a transaction block leaves Postgres its
+// unnamed portal, failed, pointing at the Query's text and plan, which
+// Postgres frees at the next message; an Execute of that portal reads
+// them before it checks the block, and PostgreSQL 16.14, 17.10 and 18.4
+// crash on it. After a Query (sent as one or bound), the first Bind,
+// Execute or Describe of the unnamed portal goes behind a Close of it
+// wherever the block may have failed by then (stmtBook.portalStale), as
+// the portal a bound Query left goes (stmtBook.portalGone). A Bind behind
+// the Close makes the client's portal as it would have; one Postgres
+// refuses leaves none; the Execute of a closed portal gets 34000.
+//
 // # Deferred settings
 //
 // A transaction that sets the fencing token and then writes costs two round

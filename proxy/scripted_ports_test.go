@@ -219,6 +219,59 @@ func TestScriptedReuse(t *testing.T) {
 			},
 		},
 		{
+			// TestFailedQueryPortalClosed: after a simple Query, the unnamed
+			// portal is closed before its first use only where the block
+			// may have failed by then. Answered first in a healthy block,
+			// a Query costs the Bind behind it nothing; pipelined ahead of
+			// its answer, or after a failure, the Bind goes behind a Close.
+			name: "the unnamed portal after a simple Query",
+			script: func(x *scriptEnv) []ps.Step {
+				one := []pgproto3.BackendMessage{ps.ParseComplete, ps.BindComplete, ps.Row("1"), ps.Complete("SELECT 1")}
+				selectOne := []pgproto3.FrontendMessage{ps.Parse("SELECT 1"), ps.Bind(""), ps.Execute(""), ps.Sync}
+				zero := ps.Error("22012", "division by zero")
+				return []ps.Step{
+					ps.ClientSends(ps.Query("BEGIN")),
+					ps.BackendGets(ps.Query("BEGIN")),
+					ps.BackendSends(ps.Complete("BEGIN"), ps.Ready(ps.InBlock)),
+					ps.ClientGets(ps.Complete("BEGIN"), ps.Ready(ps.InBlock)),
+					ps.ClientSends(selectOne...),
+					ps.BackendGets(selectOne...),
+					ps.BackendSends(append(one, ps.Ready(ps.InBlock))...),
+					ps.ClientGets(append(one, ps.Ready(ps.InBlock))...),
+					// Pipelined behind a Query: the Query may fail.
+					ps.ClientSends(append([]pgproto3.FrontendMessage{ps.Query("SELECT 1")}, selectOne...)...),
+					ps.BackendGets(ps.Query("SELECT 1"), ps.Parse("SELECT 1"), ps.ClosePortal(""), ps.Bind(""), ps.Execute(""), ps.Sync),
+					ps.BackendSends(append([]pgproto3.BackendMessage{ps.Row("1"), ps.Complete("SELECT 1"), ps.Ready(ps.InBlock),
+						ps.ParseComplete, ps.CloseComplete}, append(one[1:], ps.Ready(ps.InBlock))...)...),
+					ps.ClientGets(append([]pgproto3.BackendMessage{ps.Row("1"), ps.Complete("SELECT 1"), ps.Ready(ps.InBlock)},
+						append(one, ps.Ready(ps.InBlock))...)...),
+					// A Query that failed: its portal is closed before the
+					// Execute that names it.
+					ps.ClientSends(ps.Query("SELECT 1/0")),
+					ps.BackendGets(ps.Query("SELECT 1/0")),
+					ps.BackendSends(zero, ps.Ready(ps.Failed)),
+					ps.ClientGets(zero, ps.Ready(ps.Failed)),
+					ps.ClientSends(ps.Execute(""), ps.Sync),
+					ps.BackendGets(ps.ClosePortal(""), ps.Execute(""), ps.Sync),
+					ps.BackendSends(ps.CloseComplete, ps.Error("34000", `portal "" does not exist`), ps.Ready(ps.Failed)),
+					ps.ClientGets(ps.Error("34000", `portal "" does not exist`), ps.Ready(ps.Failed)),
+					// Once Postgres has confirmed the Close, the next Execute
+					// goes as sent.
+					ps.ClientSends(ps.Execute(""), ps.Sync),
+					ps.BackendGets(ps.Execute(""), ps.Sync),
+					ps.BackendSends(ps.Error("34000", `portal "" does not exist`), ps.Ready(ps.Failed)),
+					ps.ClientGets(ps.Error("34000", `portal "" does not exist`), ps.Ready(ps.Failed)),
+					ps.ClientSends(ps.Query("ROLLBACK")),
+					ps.BackendGets(ps.Query("ROLLBACK")),
+					ps.BackendSends(ps.Complete("ROLLBACK"), ps.Ready(ps.Idle)),
+					ps.ClientGets(ps.Complete("ROLLBACK"), ps.Ready(ps.Idle)),
+				}
+			},
+			calls: []string{"Query: BEGIN", "Parse: SELECT 1", "Query: SELECT 1", "Parse: SELECT 1", "Query: SELECT 1/0",
+				"Error: 22012 division by zero", `Error: 34000 portal "" does not exist`, `Error: 34000 portal "" does not exist`,
+				"Query: ROLLBACK"},
+		},
+		{
 			// TestNoNamedParseInFailedBlock, pipelined: while the block
 			// may have failed (the client is ahead of the replies), the
 			// proxy prepares nothing under a name of its own: a named
@@ -228,15 +281,18 @@ func TestScriptedReuse(t *testing.T) {
 				reuse(x)
 				x.ic.query["DISCARD ALL"] = proxy.Plan{Forget: true}
 				aborted := ps.Error("25P02", "current transaction is aborted, commands ignored until end of transaction block")
+				// The Execute of the portal DISCARD ALL left failed goes
+				// behind a Close of it (see stmtBook.portalStale).
+				noPortal := ps.Error("34000", `portal "" does not exist`)
 				return append([]ps.Step{
 					ps.ClientSends(ps.Query("BEGIN"), ps.Query("DISCARD ALL"), ps.Parse(write, 25, 20), ps.Sync, ps.Execute(""), ps.Sync),
-					ps.BackendGets(ps.Query("BEGIN"), ps.Query("DISCARD ALL"), ps.Parse(fenced, 25, 20), ps.Sync, ps.Execute(""), ps.Sync),
+					ps.BackendGets(ps.Query("BEGIN"), ps.Query("DISCARD ALL"), ps.Parse(fenced, 25, 20), ps.Sync, ps.ClosePortal(""), ps.Execute(""), ps.Sync),
 					ps.BackendSends(ps.Complete("BEGIN"), ps.Ready(ps.InBlock),
 						ps.Error("25001", "DISCARD ALL cannot run inside a transaction block"), ps.Ready(ps.Failed),
-						aborted, ps.Ready(ps.Failed), aborted, ps.Ready(ps.Failed)),
+						aborted, ps.Ready(ps.Failed), ps.CloseComplete, noPortal, ps.Ready(ps.Failed)),
 					ps.ClientGets(ps.Complete("BEGIN"), ps.Ready(ps.InBlock),
 						ps.Error("25001", "DISCARD ALL cannot run inside a transaction block"), ps.Ready(ps.Failed),
-						aborted, ps.Ready(ps.Failed), aborted, ps.Ready(ps.Failed)),
+						aborted, ps.Ready(ps.Failed), noPortal, ps.Ready(ps.Failed)),
 					ps.ClientSends(ps.Query("ROLLBACK")),
 					ps.BackendGets(ps.Query("ROLLBACK")),
 					ps.BackendSends(ps.Complete("ROLLBACK"), ps.Ready(ps.Idle)),
@@ -246,7 +302,7 @@ func TestScriptedReuse(t *testing.T) {
 			calls: []string{"Query: BEGIN", "Query: DISCARD ALL", "Parse: " + write,
 				"Error: 25001 DISCARD ALL cannot run inside a transaction block",
 				"Error: 25P02 current transaction is aborted, commands ignored until end of transaction block",
-				"Error: 25P02 current transaction is aborted, commands ignored until end of transaction block",
+				`Error: 34000 portal "" does not exist`,
 				"Query: ROLLBACK", "Parse: " + write},
 		},
 		{
@@ -388,14 +444,16 @@ func TestScriptedBound(t *testing.T) {
 		{
 			// TestNoNamedParseInFailedBlock, bound Query: in a block the
 			// last ReadyForQuery said failed, the bound Query is parsed as
-			// the unnamed statement, and leaves the unnamed portal to the
-			// client's Execute.
+			// the unnamed statement, and leaves the unnamed portal as it
+			// was: the one DISCARD ALL's Query left failed, which the
+			// client's Execute finds closed (see stmtBook.portalStale).
 			name: "bound Query in a failed block",
 			script: func(x *scriptEnv) []ps.Step {
 				plans(x)
 				x.ic.query["DISCARD ALL"] = proxy.Plan{Forget: true}
 				discard := ps.Error("25001", "DISCARD ALL cannot run inside a transaction block")
 				aborted := ps.Error("25P02", "current transaction is aborted, commands ignored until end of transaction block")
+				noPortal := ps.Error("34000", `portal "" does not exist`)
 				return []ps.Step{
 					ps.ClientSends(ps.Query("BEGIN")),
 					ps.BackendGets(ps.Query("BEGIN")),
@@ -409,10 +467,12 @@ func TestScriptedBound(t *testing.T) {
 					ps.BackendGets(ps.Parse(boundSQL, 25, 20), ps.Bind("", "x", "1"), ps.Execute(""), ps.Sync),
 					ps.BackendSends(aborted, ps.Ready(ps.Failed)),
 					ps.ClientGets(aborted, ps.Ready(ps.Failed)),
+					// The portal DISCARD ALL left failed is closed first
+					// (see stmtBook.portalStale).
 					ps.ClientSends(ps.Execute(""), ps.Sync),
-					ps.BackendGets(ps.Execute(""), ps.Sync),
-					ps.BackendSends(aborted, ps.Ready(ps.Failed)),
-					ps.ClientGets(aborted, ps.Ready(ps.Failed)),
+					ps.BackendGets(ps.ClosePortal(""), ps.Execute(""), ps.Sync),
+					ps.BackendSends(ps.CloseComplete, noPortal, ps.Ready(ps.Failed)),
+					ps.ClientGets(noPortal, ps.Ready(ps.Failed)),
 					ps.ClientSends(ps.Query("ROLLBACK")),
 					ps.BackendGets(ps.Query("ROLLBACK")),
 					ps.BackendSends(ps.Complete("ROLLBACK"), ps.Ready(ps.Idle)),
@@ -425,7 +485,7 @@ func TestScriptedBound(t *testing.T) {
 			},
 			calls: []string{"Query: BEGIN", "Query: DISCARD ALL", "Error: 25001 DISCARD ALL cannot run inside a transaction block",
 				"Query: " + w1, "Error: 25P02 current transaction is aborted, commands ignored until end of transaction block",
-				"Error: 25P02 current transaction is aborted, commands ignored until end of transaction block",
+				`Error: 34000 portal "" does not exist`,
 				"Query: ROLLBACK", "Query: " + w1},
 		},
 		{

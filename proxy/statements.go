@@ -34,6 +34,17 @@ type stmtBook struct {
 	// leaves open: an Execute or Describe of it before the next Bind of it
 	// closes it first.
 	portalGone bool
+	// portalStale is set by a simple Query that goes to Postgres as one.
+	// If the Query fails in a transaction block, Postgres keeps its
+	// unnamed portal, failed, pointing at the Query's text and plan in
+	// memory it frees at the next message, and an Execute of that portal
+	// reads them: PostgreSQL 16.14, 17.10 and 18.4 crash on it, every
+	// session with them (docs/relaying.md). The first Bind, Execute or
+	// Describe of the unnamed portal after the Query settles the flag
+	// (settleStale): where the block may have failed by the time Postgres
+	// reads it, the portal is closed first, as portalGone closes a bound
+	// Query's. Closing a failed portal reads neither.
+	portalStale bool
 	// unnamedClosed and portalClosed are the proxy's last Close for each,
 	// which Postgres skips after an earlier error in its batch: the flag
 	// stays until it confirms one.
@@ -145,6 +156,25 @@ func (b *stmtBook) onQuery(mayHaveFailed bool) {
 	if !mayHaveFailed {
 		b.portalGone = false
 	}
+	b.portalStale = true
+}
+
+// settleStale decides, at the first Bind, Execute or Describe of the
+// unnamed portal since a simple Query (see portalStale), whether the
+// portal Postgres has may be that Query's, failed: only if the block may
+// have failed by the time Postgres reads what the client sends now (l
+// says). Then it is gone for the client, and closed before it is used.
+// In a block that has not failed there is no failed portal: one that
+// failed within a savepoint went with the ROLLBACK TO that ended the
+// failure.
+func (b *stmtBook) settleStale(l *link) {
+	if !b.portalStale {
+		return
+	}
+	b.portalStale = false
+	if l.blockMayHaveFailed() {
+		b.portalGone, b.portalClosed = true, nil
+	}
 }
 
 // onBoundQuery notes a Query the proxy runs bound (see Bound Queries in
@@ -204,7 +234,7 @@ func (b *stmtBook) forgetParsed() {
 // tracking reports whether the book has anything a Bind, Describe or Close
 // may concern; if not, they are forwarded undecoded.
 func (b *stmtBook) tracking() bool {
-	return len(b.stmts) > 0 || b.unnamedGone || b.portalGone
+	return len(b.stmts) > 0 || b.unnamedGone || b.portalGone || b.portalStale
 }
 
 // bind forwards through l the Bind m (n bytes in cr; ok says m was
@@ -216,6 +246,9 @@ func (b *stmtBook) onBind(l *link, cr msgReader, r *reuseState, pl replanner, m 
 		return forward(l.sw, cr, n)
 	}
 	portal, stmt := m.portal, m.stmt
+	if len(portal) == 0 {
+		b.settleStale(l)
+	}
 	if len(portal) == 0 && b.portalGone {
 		// The Bind replaces the portal a bound Query left only if it
 		// succeeds: close that first. After it the portal is the
@@ -274,9 +307,12 @@ func (b *stmtBook) onDescribe(l *link, cr msgReader, r *reuseState, pl replanner
 	if err != nil {
 		return err
 	}
-	if ok && m.unnamed(targetPortal) && b.portalGone {
-		if err := b.closeUnnamedPortal(l); err != nil {
-			return err
+	if ok && m.unnamed(targetPortal) {
+		b.settleStale(l)
+		if b.portalGone {
+			if err := b.closeUnnamedPortal(l); err != nil {
+				return err
+			}
 		}
 	}
 	if !ok || !m.unnamed(targetStatement) {
@@ -306,13 +342,16 @@ func (b *stmtBook) onDescribe(l *link, cr msgReader, r *reuseState, pl replanner
 // execute forwards through l an Execute (n bytes in cr), and returns the
 // probe of the portal it runs, if that has one, to run right after it.
 func (b *stmtBook) onExecute(l *link, cr msgReader, n int) (p *Probe, err error) {
-	if len(b.portals) > 0 || b.portalGone {
+	if len(b.portals) > 0 || b.portalGone || b.portalStale {
 		body, err := peekBody(cr, n)
 		if err != nil {
 			return nil, err
 		}
 		if m, ok := decodeExecute(body); ok {
 			p = b.portals[string(m.portal)]
+			if len(m.portal) == 0 {
+				b.settleStale(l)
+			}
 			if len(m.portal) == 0 && b.portalGone {
 				if err := b.closeUnnamedPortal(l); err != nil {
 					return nil, err
