@@ -449,7 +449,8 @@ const (
 // PostgreSQL 16.14, 17.10 and 18.4 crash (every session reset) on an
 // Execute of it, which no Bind came before. pgfence closes that portal
 // before the Execute, or before a Bind that Postgres may refuse (see
-// stmtBook.portalStale), on every version: Postgres must be the same
+// stmtBook.portalStale; a Describe of it reads nothing freed, and gets
+// what Postgres answers), on every version: Postgres must be the same
 // server after each sequence, the Execute is answered 34000, and the
 // session goes on. Sequences that Bind the unnamed portal after the
 // failure (a driver's ROLLBACK, as JDBC sends it) or use it in a healthy
@@ -498,6 +499,9 @@ func TestFailedQueryPortalClosed(t *testing.T) {
 			{q("BEGIN")},
 			{q("SELECT 1/0"), &pgproto3.Parse{Query: "ROLLBACK"}, &pgproto3.Bind{}, &pgproto3.Execute{}, &pgproto3.Sync{}},
 			{q("SELECT 3")}}, true},
+		{"a Describe after a failed Query", [][]pgproto3.FrontendMessage{
+			{q("BEGIN")}, {q("SELECT 1/0")}, {&pgproto3.Describe{ObjectType: 'P'}, &pgproto3.Sync{}},
+			{q("DISCARD ALL")}, {&pgproto3.Describe{ObjectType: 'P'}, &pgproto3.Sync{}}, rollback}, true},
 		{"ROLLBACK TO a savepoint, then an Execute", [][]pgproto3.FrontendMessage{
 			{q("BEGIN")}, {q("SAVEPOINT a")}, {q("SELECT 1/0")}, {q("ROLLBACK TO a")}, execute, {q("COMMIT")}}, true},
 		{"a fenced write in a transaction, as pgx sends it", [][]pgproto3.FrontendMessage{

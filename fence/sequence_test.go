@@ -288,7 +288,7 @@ func portalOp(v int) []pgproto3.FrontendMessage {
 
 // sameReplies reports whether pgfence's replies got are Postgres's want,
 // but for the differences allowed anywhere (see FuzzStatementSequences):
-// the SET's portal only if setPortal.
+// the SET's portal only if setPortal, and the portal a failed Query left.
 func sameReplies(want, got []string, setPortal bool) bool {
 	if len(want) != len(got) {
 		return false
@@ -299,6 +299,10 @@ func sameReplies(want, got []string, setPortal bool) bool {
 		case want[k] == got[k]:
 		case failed && got[k] == "ErrorResponse 25P02" && (want[k] == "ErrorResponse 26000" || want[k] == "ErrorResponse 08P01"):
 		case setPortal && got[k] == "ErrorResponse 34000" && (want[k] == "ErrorResponse 55000" || want[k] == "NoData"):
+		// In a failed block, an Execute of the portal a simple Query that
+		// failed left: pgfence closed it first, as an Execute of it
+		// crashes Postgres 16 to 18 (TestFailedQueryPortalClosed).
+		case failed && got[k] == "ErrorResponse 34000" && want[k] == "ErrorResponse 25P02":
 		default:
 			return false
 		}

@@ -86,8 +86,8 @@
 // unnamed portal, failed, pointing at the Query's text and plan, which
 // Postgres frees at the next message; an Execute of that portal reads
 // them before it checks the block, and PostgreSQL 16.14, 17.10 and 18.4
-// crash on it. After a Query (sent as one or bound), the first Bind,
-// Execute or Describe of the unnamed portal goes behind a Close of it
+// crash on it. After a Query (sent as one or bound), the first Bind or
+// Execute of the unnamed portal goes behind a Close of it
 // wherever the block may have failed by then (stmtBook.portalStale), as
 // the portal a bound Query left goes (stmtBook.portalGone). A Bind behind
 // the Close makes the client's portal as it would have; one Postgres

@@ -39,9 +39,8 @@ type stmtBook struct {
 	// unnamed portal, failed, pointing at the Query's text and plan in
 	// memory it frees at the next message, and an Execute of that portal
 	// reads them: PostgreSQL 16.14, 17.10 and 18.4 crash on it, every
-	// session with them (docs/relaying.md). The first Bind, Execute or
-	// Describe of the unnamed portal after the Query settles the flag
-	// (settleStale): where the block may have failed by the time Postgres
+	// session with them (docs/relaying.md). The first Bind or Execute of
+	// the unnamed portal after the Query settles the flag (settleStale): where the block may have failed by the time Postgres
 	// reads it, the portal is closed first, as portalGone closes a bound
 	// Query's. Closing a failed portal reads neither.
 	portalStale bool
@@ -159,8 +158,8 @@ func (b *stmtBook) onQuery(mayHaveFailed bool) {
 	b.portalStale = true
 }
 
-// settleStale decides, at the first Bind, Execute or Describe of the
-// unnamed portal since a simple Query (see portalStale), whether the
+// settleStale decides, at the first Bind or Execute of the unnamed
+// portal since a simple Query (see portalStale), whether the
 // portal Postgres has may be that Query's, failed: only if the block may
 // have failed by the time Postgres reads what the client sends now (l
 // says). Then it is gone for the client, and closed before it is used.
@@ -307,12 +306,11 @@ func (b *stmtBook) onDescribe(l *link, cr msgReader, r *reuseState, pl replanner
 	if err != nil {
 		return err
 	}
-	if ok && m.unnamed(targetPortal) {
-		b.settleStale(l)
-		if b.portalGone {
-			if err := b.closeUnnamedPortal(l); err != nil {
-				return err
-			}
+	// A Describe of a failed Query's portal reads neither its text nor
+	// its plan (see portalStale): it leaves the flag to a Bind or Execute.
+	if ok && m.unnamed(targetPortal) && b.portalGone {
+		if err := b.closeUnnamedPortal(l); err != nil {
+			return err
 		}
 	}
 	if !ok || !m.unnamed(targetStatement) {
