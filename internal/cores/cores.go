@@ -29,8 +29,8 @@
 // only yields its P when the runtime preempts it (10 ms), which keeps the
 // P busy past upAt, and the next interval adds one.
 //
-// GOMAXPROCS is the process's: one Governor runs at a time (Run returns
-// at once if another is running), and it gives the runtime back the Ps it
+// GOMAXPROCS is the process's: one Governor runs at a time (Run waits for
+// the one running to stop), and it gives the runtime back the Ps it
 // started with when it stops. Setting GOMAXPROCS stops the world for a
 // moment; it happens at most once an interval, and only when the load has
 // changed.
@@ -40,7 +40,6 @@ import (
 	"context"
 	"math"
 	"runtime"
-	"sync"
 	"time"
 )
 
@@ -79,17 +78,20 @@ type Options struct {
 	Set func(n int)
 }
 
-// running lets one Governor run at a time.
-var running sync.Mutex
+// turn lets one Governor run at a time: it holds the token while it runs.
+var turn = make(chan struct{}, 1)
 
 // Run sizes the runtime's Ps to the load until ctx ends, then gives it
-// back Max. With a Max of 1 there is nothing to size, and it only waits.
-// It returns at once if another Governor is running.
+// back Max. While another Governor runs it waits for its turn (two
+// servers in one process do not both size GOMAXPROCS). With a Max of 1
+// there is nothing to size, and it only waits.
 func Run(ctx context.Context, o Options) {
-	if !running.TryLock() {
+	select {
+	case turn <- struct{}{}:
+	case <-ctx.Done():
 		return
 	}
-	defer running.Unlock()
+	defer func() { <-turn }()
 	if o.Max <= 0 {
 		o.Max = usable
 	}

@@ -114,32 +114,55 @@ func TestRunSizesTheRuntime(t *testing.T) {
 	}
 }
 
-// TestOneAtATime: a second Governor while one runs does nothing, so two
-// servers in one process cannot fight over GOMAXPROCS.
+// TestOneAtATime: a second Governor waits while one runs, so two servers
+// in one process never both size GOMAXPROCS, and takes over when it stops.
 func TestOneAtATime(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var sets atomic.Int64
-	first := make(chan struct{})
+	first, stopFirst := context.WithCancel(context.Background())
+	defer stopFirst()
+	var firstReads, secondReads atomic.Int64
+	firstDone := make(chan struct{})
 	go func() {
-		defer close(first)
-		Run(ctx, Options{Max: 4, Interval: time.Millisecond, CPU: func() time.Duration { return 0 },
-			Set: func(int) { sets.Add(1) }})
+		defer close(firstDone)
+		Run(first, Options{Max: 4, Interval: time.Millisecond, CPU: func() time.Duration { firstReads.Add(1); return 0 },
+			Set: func(int) {}})
 	}()
-	poll.Eventually(t, time.Minute, "the first Governor sizing", func() bool { return sets.Load() > 0 })
-	second := make(chan struct{})
+	poll.Eventually(t, time.Minute, "the first Governor measuring", func() bool { return firstReads.Load() > 0 })
+	second, stopSecond := context.WithCancel(context.Background())
+	secondDone := make(chan struct{})
 	go func() {
-		defer close(second)
-		Run(context.Background(), Options{Max: 4, Interval: time.Millisecond, CPU: func() time.Duration { return 0 },
-			Set: func(int) { t.Error("a second Governor set GOMAXPROCS") }})
+		defer close(secondDone)
+		Run(second, Options{Max: 4, Interval: time.Millisecond, CPU: func() time.Duration { secondReads.Add(1); return 0 },
+			Set: func(int) {}})
 	}()
-	select {
-	case <-second:
-	case <-time.After(time.Minute):
-		t.Fatal("a second Governor ran beside the first")
+	// The first measures on, many intervals: the second, waiting, has not
+	// started.
+	n := firstReads.Load()
+	poll.Eventually(t, time.Minute, "the first Governor measuring on", func() bool { return firstReads.Load() > n+50 })
+	if r := secondReads.Load(); r != 0 {
+		t.Fatalf("a second Governor measured %d times while the first ran", r)
 	}
-	cancel()
-	<-first
+	stopFirst()
+	<-firstDone
+	poll.Eventually(t, time.Minute, "the second Governor taking over", func() bool { return secondReads.Load() > 0 })
+	stopSecond()
+	<-secondDone
+	// One whose context ends while it waits returns, having set nothing.
+	third, stopThird := context.WithCancel(context.Background())
+	thirdDone := make(chan struct{})
+	var thirdReads atomic.Int64
+	go func() {
+		defer close(thirdDone)
+		Run(third, Options{Max: 4, Interval: time.Hour, CPU: func() time.Duration { thirdReads.Add(1); return 0 }, Set: func(int) {}})
+	}()
+	poll.Eventually(t, time.Minute, "a third Governor running", func() bool { return thirdReads.Load() > 0 })
+	waiting, stopWaiting := context.WithCancel(context.Background())
+	stopWaiting()
+	Run(waiting, Options{Max: 4, CPU: func() time.Duration {
+		t.Error("a Governor whose context ended while it waited ran")
+		return 0
+	}})
+	stopThird()
+	<-thirdDone
 }
 
 // TestUnmeasurable: where the process's CPU time cannot be read, the
