@@ -40,9 +40,10 @@ type stmtBook struct {
 	// memory it frees at the next message, and an Execute of that portal
 	// reads them: PostgreSQL 16.14, 17.10 and 18.4 crash on it, every
 	// session with them (docs/relaying.md). The first Bind or Execute of
-	// the unnamed portal after the Query settles the flag (settleStale): where the block may have failed by the time Postgres
-	// reads it, the portal is closed first, as portalGone closes a bound
-	// Query's. Closing a failed portal reads neither.
+	// the unnamed portal after the Query settles the flag (settleStale):
+	// where the block may have failed by the time Postgres reads it, the
+	// portal is closed first, as portalGone closes a bound Query's.
+	// Closing a failed portal reads neither.
 	portalStale bool
 	// unnamedClosed and portalClosed are the proxy's last Close for each,
 	// which Postgres skips after an earlier error in its batch: the flag

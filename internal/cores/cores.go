@@ -9,7 +9,8 @@
 // a thread per loop: each wake handles fewer events, and each costs a
 // context switch. Measured beside Postgres on 2 cores (BENCHMARKS.md,
 // "Event loops"), two loops on two Ps spent 1.16–1.28× the CPU per
-// transaction of one loop on one P, and two loops sharing one P 1.03×.
+// transaction of one loop on one P, and two loops sharing one P
+// 1.00–1.07×.
 // The loops' cores pay off only when the load needs them.
 //
 // So a Governor measures the process's CPU time (getrusage) every

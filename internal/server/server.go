@@ -95,7 +95,8 @@ func New(cfg Config) (*Server, error) {
 }
 
 // loopCollector exports the event loops, the Ps they run on, and how many
-// sessions each holds, read at each scrape (under the proxy's lock, once per scrape).
+// sessions each holds, read at each scrape (under the proxy's lock, once
+// per scrape).
 type loopCollector struct{ srv *proxy.Server }
 
 var (
