@@ -16,10 +16,10 @@ package main
 // Each run prints throughput, the cores the proxy used (its CPU time over
 // the run's wall time), its CPU per transaction, and for pgfence the
 // sessions each loop held halfway through and the Ps it ran on then
-// (pgfence_cores). On a machine where Postgres
-// and pgbench share the cores with the proxy, they, not the proxy, bound
-// throughput; CPU per transaction and the balance show what the loops
-// cost and where sessions went. The table goes to bench/last-run-loops.md.
+// (pgfence_cores). On a machine where Postgres and pgbench share the
+// cores with the proxy, they, not the proxy, bound throughput; CPU per
+// transaction and the balance show what the loops cost and where
+// sessions went. The table goes to bench/last-run-loops.md.
 
 import (
 	"fmt"
