@@ -410,19 +410,9 @@ func TestNoNamedParseInFailedBlock(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			var answers [2]string
-			for i, addr := range []string{pgtest.Server().Addr(), p.Addr} {
-				before := checkpointerPID(t)
-				conn, fe := pgtest.RawSession(t, addr)
-				conn.SetDeadline(time.Now().Add(20 * time.Second))
-				exchange(t, fe, 1, &pgproto3.Query{String: "SET fence.token = '20'"})
-				for _, step := range c.steps {
-					answers[i] += exchange(t, fe, countReady(step), step...) + "; "
-				}
-				endSession(t, conn, fe)
-				if after := checkpointerPID(t); after != before {
-					t.Fatalf("Postgres restarted (it crashed) after this session (%s): %s", []string{"straight", "through pgfence"}[i], answers[i])
-				}
+			answers := [2]string{
+				runSteps(t, pgtest.Server().Addr(), "straight", c.steps, false),
+				runSteps(t, p.Addr, "through pgfence", c.steps, false),
 			}
 			// The Execute, last: 25P02 straight, 34000 through pgfence.
 			want := answers[0]
@@ -511,27 +501,10 @@ func TestFailedQueryPortalClosed(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			addrs := []string{p.Addr}
-			if c.straight {
-				addrs = append(addrs, pgtest.Server().Addr())
-			}
 			var answers [2]string
-			for i, addr := range addrs {
-				before := checkpointerPID(t)
-				conn, fe := pgtest.RawSession(t, addr)
-				conn.SetDeadline(time.Now().Add(20 * time.Second))
-				exchange(t, fe, 1, &pgproto3.Query{String: "SET fence.token = '20'"})
-				for _, step := range c.steps {
-					answers[i] += exchange(t, fe, countReady(step), step...) + "; "
-				}
-				// The session goes on.
-				if got := exchange(t, fe, 1, q("SELECT 1")); got != "RowDescription, DataRow, CommandComplete, ReadyForQuery I" {
-					t.Errorf("after the sequence: %s", got)
-				}
-				endSession(t, conn, fe)
-				if after := checkpointerPID(t); after != before {
-					t.Fatalf("Postgres restarted (it crashed) after this session (%s): %s", []string{"through pgfence", "straight"}[i], answers[i])
-				}
+			answers[0] = runSteps(t, p.Addr, "through pgfence", c.steps, true)
+			if c.straight {
+				answers[1] = runSteps(t, pgtest.Server().Addr(), "straight", c.steps, true)
 			}
 			if c.straight {
 				if answers[0] != answers[1] {
@@ -542,6 +515,33 @@ func TestFailedQueryPortalClosed(t *testing.T) {
 			}
 		})
 	}
+}
+
+// runSteps runs steps in a raw session to addr (via names it) after a SET
+// of the token, each sent at once and answered before the next, and
+// returns the answers, each step's ended by "; ". With goesOn, the session
+// must then answer a SELECT 1 as an idle one does. It fails the test if
+// Postgres restarted meanwhile (it crashed).
+func runSteps(t *testing.T, addr, via string, steps [][]pgproto3.FrontendMessage, goesOn bool) string {
+	t.Helper()
+	before := checkpointerPID(t)
+	conn, fe := pgtest.RawSession(t, addr)
+	conn.SetDeadline(time.Now().Add(20 * time.Second))
+	exchange(t, fe, 1, &pgproto3.Query{String: "SET fence.token = '20'"})
+	answers := ""
+	for _, step := range steps {
+		answers += exchange(t, fe, countReady(step), step...) + "; "
+	}
+	if goesOn {
+		if got := exchange(t, fe, 1, &pgproto3.Query{String: "SELECT 1"}); got != "RowDescription, DataRow, CommandComplete, ReadyForQuery I" {
+			t.Errorf("after the sequence (%s): %s", via, got)
+		}
+	}
+	endSession(t, conn, fe)
+	if after := checkpointerPID(t); after != before {
+		t.Fatalf("Postgres restarted (it crashed) after this session (%s): %s", via, answers)
+	}
+	return answers
 }
 
 // countReady counts the messages of msgs that end with a ReadyForQuery.
