@@ -10,8 +10,10 @@ package main
 // extended and -M prepared, interleaved and repeated like the other sections.
 //
 // BENCH_ONLY=domain runs this section alone (setup, the two pgfence
-// processes, 3 rounds × 2 modes × 2 targets × 3 client counts × 3 s:
-// about 2 min) and writes its table to bench/last-run-domain.md.
+// processes, 3 rounds × 2 modes × 2 targets × 3 client counts × 3 s),
+// then where a domain write's time goes (benchDomainCost, 3 rounds × 8
+// lines × 3 s): about 4 min. It writes its tables to
+// bench/last-run-domain.md.
 
 import (
 	"fmt"
@@ -121,7 +123,11 @@ func (r *runner) benchDomainOnly() error {
 	if err != nil {
 		return err
 	}
-	r.sectionReport("domain", fmt.Sprintf("pgbench -T %d per run", r.seconds), start, load, renderDomain(res))
+	fresh, storm, err := r.benchDomainCost()
+	if err != nil {
+		return err
+	}
+	r.sectionReport("domain", fmt.Sprintf("pgbench -T %d per run", r.seconds), start, load, renderDomain(res)+renderDomainCost(fresh, storm))
 	return nil
 }
 
@@ -170,5 +176,130 @@ func renderDomain(res map[string]map[string]series) string {
 	b.WriteString("\n<details><summary>Every lock-domain run, in round order (tps/pgfence CPU µs/txn/Postgres CPU µs/txn)</summary>\n\n```\n")
 	b.WriteString(strings.Join(raw, "\n"))
 	b.WriteString("\n```\n</details>\n\n")
+	return b.String()
+}
+
+// Where a lock-domain write's time goes (BENCH_ONLY=domain only): the
+// UPDATE pgfence sends for the fenced-writes script with pgbench_accounts
+// in a lock domain, and the probe it runs after each Execute, sent
+// straight to Postgres, against the same UPDATE fenced by hand with the
+// domain's claim (as Write shapes fences it), with and without that probe.
+// The probe rides in the UPDATE's implicit transaction as pgfence sends it
+// (a pgbench pipeline: one Sync after both), so it runs while the UPDATE
+// holds the domain's row, which every writer of the domain waits for.
+// -M prepared, 8 clients, fresh (token 1000) and in a stale-writer storm
+// (rows and the domain at 2000, odd clients at the stale 1000).
+
+// domainCostLabels are the section's lines, in order.
+var domainCostLabels = []string{"by hand", "by hand + probe", "pgfence's UPDATE", "pgfence's UPDATE + probe"}
+
+// writeDomainCostScripts writes the section's scripts and returns their
+// paths by label, fresh and storm.
+func (r *runner) writeDomainCostScripts() (fresh, storm map[string]string, err error) {
+	update, probe, err := rewrittenUpdate(r.pgfenceBin, "--domain", "pgbench_accounts="+benchDomain)
+	if err != nil {
+		return nil, nil, err
+	}
+	_, hand, ok := strings.Cut(domainByHand, shapeToken)
+	if !ok || !handToken.MatchString(hand) {
+		return nil, nil, fmt.Errorf("the lock-domain script by hand does not set and write token 1000: %q", domainByHand)
+	}
+	hand = strings.TrimSuffix(strings.TrimSpace(hand), ";")
+	pipeline := func(stmts ...string) string {
+		return "\\startpipeline\n" + strings.Join(stmts, ";\n") + ";\n\\endpipeline\n"
+	}
+	bodies := map[string][2]string{ // label: the UPDATE, then what follows it in the pipeline
+		"by hand":                  {hand, ""},
+		"by hand + probe":          {hand, probe},
+		"pgfence's UPDATE":         {update, ""},
+		"pgfence's UPDATE + probe": {update, probe},
+	}
+	fresh, storm = map[string]string{}, map[string]string{}
+	for i, label := range domainCostLabels {
+		b := bodies[label]
+		stmts := []string{b[0]}
+		if b[1] != "" {
+			stmts = append(stmts, b[1])
+		}
+		for _, run := range []struct {
+			into       map[string]string
+			name, head string
+			body       string
+		}{
+			{fresh, "fresh", shapeToken, pipeline(stmts...)},
+			{storm, "storm", stormTokenPgfence, pipeline(stmts...)},
+		} {
+			body := run.body
+			head := run.head
+			if run.name == "storm" && b[0] == hand {
+				head, body = stormTokenHand, handToken.ReplaceAllString(body, ":tok")
+			}
+			p := filepath.Join(r.tmp, fmt.Sprintf("domain-cost-%d-%s.sql", i, run.name))
+			if err := os.WriteFile(p, []byte(fmt.Sprintf(vars, accounts)+head+body), 0o644); err != nil {
+				return nil, nil, err
+			}
+			run.into[label] = p
+		}
+	}
+	return fresh, storm, nil
+}
+
+// benchDomainCost runs the section: fresh, then the storm, each
+// interleaved. It leaves every row at epoch 2000 and the domain at 2000.
+func (r *runner) benchDomainCost() (fresh, storm map[string]series, err error) {
+	freshScripts, stormScripts, err := r.writeDomainCostScripts()
+	if err != nil {
+		return nil, nil, err
+	}
+	direct := r.direct
+	direct.clients = 8
+	run := func(name string, scripts map[string]string) (map[string]series, error) {
+		var ms []measurement
+		for _, label := range domainCostLabels {
+			ms = append(ms, measurement{label, direct, []string{"-f", scripts[label]}})
+		}
+		out, err := r.interleaveModes("lock-domain write, "+name, []string{"prepared"}, ms)
+		if err != nil {
+			return nil, err
+		}
+		return out["prepared"], nil
+	}
+	if err := r.sql("UPDATE pgfence.domains SET token = 0 WHERE domain = '"+benchDomain+"'",
+		"UPDATE pgbench_accounts SET fence_epoch = 0", "VACUUM ANALYZE pgbench_accounts"); err != nil {
+		return nil, nil, err
+	}
+	if fresh, err = run("fresh", freshScripts); err != nil {
+		return nil, nil, err
+	}
+	// Every line wrote: the domain is at 1000 (the claim by hand sets it
+	// as pgfence's does).
+	if tok, err := r.queryInt("SELECT token FROM pgfence.domains WHERE domain = '" + benchDomain + "'"); err != nil || tok != 1000 {
+		return nil, nil, fmt.Errorf("after the fresh lock-domain writes the domain's token is %d, want 1000 (%v)", tok, err)
+	}
+	if err := r.sql("UPDATE pgfence.domains SET token = 2000 WHERE domain = '"+benchDomain+"'",
+		"UPDATE pgbench_accounts SET fence_epoch = 2000", "VACUUM ANALYZE pgbench_accounts"); err != nil {
+		return nil, nil, err
+	}
+	if storm, err = run("storm", stormScripts); err != nil {
+		return nil, nil, err
+	}
+	// No stale write landed, by hand or by pgfence's UPDATE.
+	if n, err := r.queryInt("SELECT count(*) FROM pgbench_accounts WHERE fence_epoch <> 2000"); err != nil || n != 0 {
+		return nil, nil, fmt.Errorf("after the lock-domain storm %d rows are not at epoch 2000 (%v)", n, err)
+	}
+	return fresh, storm, nil
+}
+
+func renderDomainCost(fresh, storm map[string]series) string {
+	var b strings.Builder
+	b.WriteString("### Where a lock-domain write's time goes (straight to Postgres, -M prepared, 8 clients)\n\n")
+	var t table
+	t.add("line", "fresh tps", "/ by hand", "Postgres CPU µs/txn", "storm tps", "/ by hand", "Postgres CPU µs/txn")
+	for _, label := range domainCostLabels {
+		f, s := fresh[label], storm[label]
+		t.add(label, f0(f.tps()), f2(ratio(f, fresh["by hand"])), f1(f.pgCPUUs()),
+			f0(s.tps()), f2(ratio(s, storm["by hand"])), f1(s.pgCPUUs()))
+	}
+	b.WriteString(t.String())
 	return b.String()
 }

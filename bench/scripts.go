@@ -212,12 +212,30 @@ func writeScripts(dir string) (map[string]string, error) {
 // here it is a statement of its own (its own round trip; prepared once
 // with -M prepared).
 func writeRewrittenScript(dir, pgfenceBin string, scripts map[string]string) error {
-	out, err := exec.Command(pgfenceBin, "rewrite", "--guard", "pgbench_accounts", "--prepared",
-		"UPDATE pgbench_accounts SET abalance = abalance + $1 WHERE aid = $2").CombinedOutput()
+	update, probe, err := rewrittenUpdate(pgfenceBin)
 	if err != nil {
-		return fmt.Errorf("pgfence rewrite: %v\n%s", err, out)
+		return err
 	}
-	var update, probe string
+	body := fmt.Sprintf(vars, accounts) + "SET fence.token = '1000';\n" + update + ";\n" + probe + ";\n"
+	p := filepath.Join(dir, "fenced-rewrite-by-hand.sql")
+	if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+		return err
+	}
+	scripts["fenced-rewrite-by-hand"] = p
+	return nil
+}
+
+// rewrittenUpdate returns what `pgfence rewrite --prepared` makes of the
+// fenced-writes UPDATE, with the policy flags in args: the UPDATE, its
+// parameters turned into the scripts' :delta and :aid, and the probe
+// pgfence runs after it.
+func rewrittenUpdate(pgfenceBin string, args ...string) (update, probe string, err error) {
+	args = append(append([]string{"rewrite", "--guard", "pgbench_accounts", "--prepared"}, args...),
+		"UPDATE pgbench_accounts SET abalance = abalance + $1 WHERE aid = $2")
+	out, err := exec.Command(pgfenceBin, args...).CombinedOutput()
+	if err != nil {
+		return "", "", fmt.Errorf("pgfence rewrite: %v\n%s", err, out)
+	}
 	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
 		switch {
 		case strings.HasPrefix(line, "--   SELECT "):
@@ -229,14 +247,7 @@ func writeRewrittenScript(dir, pgfenceBin string, scripts map[string]string) err
 	}
 	update = strings.TrimSpace(update)
 	if probe == "" || !strings.Contains(update, "$1") || !strings.Contains(update, "$2") {
-		return fmt.Errorf("unexpected pgfence rewrite output:\n%s", out)
+		return "", "", fmt.Errorf("unexpected pgfence rewrite output:\n%s", out)
 	}
-	update = strings.NewReplacer("$1", ":delta", "$2", ":aid").Replace(update)
-	body := fmt.Sprintf(vars, accounts) + "SET fence.token = '1000';\n" + update + ";\n" + probe + ";\n"
-	p := filepath.Join(dir, "fenced-rewrite-by-hand.sql")
-	if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
-		return err
-	}
-	scripts["fenced-rewrite-by-hand"] = p
-	return nil
+	return strings.NewReplacer("$1", ":delta", "$2", ":aid").Replace(update), probe, nil
 }
