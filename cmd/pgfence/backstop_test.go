@@ -25,8 +25,13 @@ type serveTest struct {
 	db *pgx.Conn
 }
 
-func newServeTest(t *testing.T) *serveTest {
-	pg, err := pgserver.Start(context.Background(), pgserver.Options{})
+// newServeTest starts a Postgres for the test, with opts if given.
+func newServeTest(t *testing.T, opts ...pgserver.Options) *serveTest {
+	var o pgserver.Options
+	if len(opts) > 0 {
+		o = opts[0]
+	}
+	pg, err := pgserver.Start(context.Background(), o)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -119,6 +119,7 @@ func (d *database) load(ctx context.Context, i *instance) {
 	case err != nil && !d.main && isNoDatabase(err):
 		// Dropped (or renamed): it has no sessions left, and none can
 		// start. A database of its name made later starts over.
+		d.retry.Ended()
 		d.firstErr = err
 		d.gone.Store(true)
 		d.goneOnce.Do(func() { close(d.goneCh) })
@@ -154,6 +155,7 @@ func (d *database) load(ctx context.Context, i *instance) {
 			"upstream", i.upstream, "err", err,
 			"hint", "pgfence's role (the --upstream URL's user) must be able to connect to every database clients use through pgfence; or exclude this one with --exclude-database")
 		d.firstErr = err
+		d.retry.Failed(err) // paces the reads its next sessions would make (see instance.database)
 		i.failedReads.Store(d.name, err)
 		return
 	default:
@@ -163,6 +165,11 @@ func (d *database) load(ctx context.Context, i *instance) {
 		d.retry.Succeeded()
 		d.metrics.DiscoveryOK(true)
 		i.failedReads.Delete(d.name)
+		if !d.main {
+			i.dbMu.Lock()
+			delete(i.paces, d.name)
+			i.dbMu.Unlock()
+		}
 		d.lastGood = read
 		d.known.Store(true)
 		for _, p := range read.Problems {
@@ -553,6 +560,11 @@ func (i *instance) whyNoPolicy(c *proxy.Client) string {
 		if sqlstate := upstream.SQLState(err.(error)); sqlstate != "" {
 			code = " (SQLSTATE " + sqlstate + ")"
 		}
+		var held *upstream.HeldError
+		if errors.As(err.(error), &held) && !held.Trying {
+			return fmt.Sprintf("pgfence is not ready for it: its read of the database's catalog failed%s: see pgfence's log; pgfence reads it again at a session that starts in %v or later",
+				code, held.Left.Round(100*time.Millisecond))
+		}
 		return fmt.Sprintf("pgfence is not ready for it: its read of the database's catalog failed%s: see pgfence's log; reconnect to retry", code)
 	}
 	return fmt.Sprintf("the first read of its catalog did not finish within %v; try again shortly", i.admissionWait)
@@ -587,6 +599,22 @@ func (i *instance) database(name string) *database {
 		return nil
 	}
 	d := newDatabase(name, false, i.log)
+	pace := i.paces[name]
+	if pace == nil {
+		pace = &upstream.Backoff{}
+		i.paces[name] = pace
+	}
+	if err := pace.Try(); err != nil {
+		// Its last read was refused, and the wait that set is not over (or
+		// another session's read is under way): a login now would be
+		// refused the same way, each one a FATAL line in Postgres's log
+		// that tools policing failed logins count against pgfence. The
+		// session is refused without one, saying when pgfence tries again.
+		i.failedReads.Store(name, err)
+		close(d.first)
+		return d
+	}
+	d.retry = pace
 	i.dbs[name] = d
 	go d.run(i.ctx, i, i.discoverEvery)
 	return d

@@ -15,6 +15,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgfence/pgfence/internal/pgserver"
+	"github.com/pgfence/pgfence/internal/pgtest"
 	"github.com/pgfence/pgfence/internal/poll"
 	"github.com/pgfence/pgfence/sqlrewrite"
 )
@@ -273,8 +275,11 @@ func TestServeRefusesDatabasesItCannotFence(t *testing.T) {
 	if !inst.excluded("md_excluded") || inst.excluded("postgres") {
 		t.Fatal("a reload excluding the --upstream database was put in force")
 	}
-	// Once the role may connect, the next session reads it and is served.
+	// Once the role may connect and pgfence is told (SIGHUP; without it,
+	// once the wait its refused read set is over: see
+	// TestServePacesRefusedReads), the next session reads it and is served.
 	s.exec("GRANT CONNECT ON DATABASE md_locked TO md_pgfence")
+	inst.reload(context.Background(), inst.options())
 	if err := connect("md_locked"); err != nil {
 		t.Fatalf("a session to md_locked once pgfence's role may read it: %v", err)
 	}
@@ -294,6 +299,72 @@ func TestServeRefusesDatabasesItCannotFence(t *testing.T) {
 	}
 	if got := tag(t, s.clientOf(inst, "md_locked", "3"), "UPDATE md_kept SET val = 'stale'"); got != "UPDATE 0" {
 		t.Fatalf("stale write to md_locked after its catalog read failed: %s, want UPDATE 0", got)
+	}
+}
+
+// While Postgres refuses pgfence's login to a database other than the
+// --upstream one, the sessions a client keeps opening to it cost pgfence
+// no login each: after a refused read, the sessions that start within the
+// wait it set (about a second, then twice as long each time, up to a
+// minute) are refused at once, saying when pgfence reads it again, and
+// Postgres sees one refused login per wait, not one per session. A SIGHUP
+// reads it again at the next session.
+func TestServePacesRefusedReads(t *testing.T) {
+	pgLog := &pgtest.LogBuffer{}
+	s := newServeTest(t, pgserver.Options{Log: pgLog})
+	s.database("pr_locked")
+	s.exec(`CREATE ROLE pr_pgfence LOGIN; REVOKE CONNECT ON DATABASE pr_locked FROM PUBLIC`)
+	t.Cleanup(func() { s.exec("DROP OWNED BY pr_pgfence; DROP ROLE pr_pgfence") })
+	up := strings.Replace(s.pg.URL("postgres"), "postgres@", "pr_pgfence@", 1)
+	inst := s.serve(serveOptions{upstream: up, discover: true, backstop: "off"})
+
+	refused := func() int { return strings.Count(pgLog.String(), `permission denied for database "pr_locked"`) }
+	session := func() error {
+		c, err := pgx.Connect(context.Background(), "postgres://postgres@"+inst.Addr()+"/pr_locked?sslmode=disable")
+		if err != nil {
+			return err
+		}
+		defer c.Close(context.Background())
+		_, err = c.Exec(context.Background(), "SELECT 1")
+		return err
+	}
+	// Each session is refused: either after a read of its own (one login
+	// Postgres refuses), or at once while the last refusal's wait lasts.
+	var reads, held int
+	poll.Eventually(t, 60*time.Second, "a session refused without a read of its own", func() bool {
+		var pe *pgconn.PgError
+		err := session()
+		switch {
+		case !errors.As(err, &pe) || pe.Code != "08004" || !strings.Contains(pe.Message, `no fencing policy for database "pr_locked"`) ||
+			!strings.Contains(pe.Message, "its read of the database's catalog failed (SQLSTATE 42501): see pgfence's log"):
+			t.Fatalf("a session to a database pgfence's role may not connect to: %v; want 08004 saying its read failed, with the SQLSTATE", err)
+		case strings.Contains(pe.Message, "reconnect to retry"):
+			reads++
+		case strings.Contains(pe.Message, "pgfence reads it again at a session that starts in "):
+			held++
+		default:
+			t.Fatalf("a refused session is told neither to reconnect nor when pgfence reads again: %s", pe.Message)
+		}
+		return held >= 5
+	})
+	// Postgres logs its refusal when it has sent it: wait for the count
+	// the reads make, then check that no more came.
+	poll.Eventually(t, 10*time.Second, "Postgres's log of pgfence's refused logins", func() bool { return refused() >= reads })
+	if got := refused(); got != reads || reads < 1 {
+		t.Fatalf("Postgres refused pgfence's login %d times for %d sessions that read (%d held): want one per read", got, reads, held)
+	}
+
+	// Once the role may connect, a SIGHUP has the next session read it.
+	s.exec("GRANT CONNECT ON DATABASE pr_locked TO pr_pgfence")
+	inst.reload(context.Background(), inst.options())
+	if err := session(); err != nil {
+		t.Fatalf("a session once pgfence's role may read the database and pgfence was reloaded: %v", err)
+	}
+	inst.dbMu.Lock()
+	n := len(inst.paces)
+	inst.dbMu.Unlock()
+	if n != 0 {
+		t.Errorf("%d paces kept after the read worked", n)
 	}
 }
 

@@ -271,6 +271,10 @@ type instance struct {
 	// failedReads is why the last first read of a database failed, by
 	// name, until one works: what its sessions' statements are told.
 	failedReads sync.Map
+	// paces paces the first reads of databases other than the main one
+	// while pgfence's login to them is refused, by name, under dbMu (see
+	// instance.database); a database's goes once a read of it works.
+	paces map[string]*upstream.Backoff
 	// router fences each session with its database's policy.
 	router *fence.Databases
 	// exclude is --exclude-database, as last loaded.
@@ -410,7 +414,7 @@ func start(o serveOptions, log *slog.Logger) (*instance, error) {
 		upstream: addr, upstreamURL: o.upstream,
 		log: log, metrics: metrics, proxy: srv, ln: ln,
 		served: make(chan struct{}), ctx: ctx, stop: cancel,
-		opts: o, main: main, dbs: map[string]*database{mainDB: main}, router: built.Databases,
+		opts: o, main: main, dbs: map[string]*database{mainDB: main}, paces: map[string]*upstream.Backoff{}, router: built.Databases,
 		admissionWait: admissionWait(o.startupTimeout), discoverEvery: o.discoverInterval,
 	}
 	inst.exclude.Store(&exclude)
@@ -551,6 +555,13 @@ func (i *instance) reload(ctx context.Context, o serveOptions) {
 	i.opts = o
 	i.mu.Unlock()
 	i.exclude.Store(&exclude)
+	// A reload is when an operator has changed something: a database whose
+	// reads were refused is read again at its next session.
+	i.dbMu.Lock()
+	for _, b := range i.paces {
+		b.Succeeded()
+	}
+	i.dbMu.Unlock()
 	for _, d := range i.databases() {
 		if d.main || d.known.Load() {
 			d.load(ctx, i)
