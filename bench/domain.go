@@ -205,40 +205,28 @@ func (r *runner) writeDomainCostScripts() (fresh, storm map[string]string, err e
 		return nil, nil, fmt.Errorf("the lock-domain script by hand does not set and write token 1000: %q", domainByHand)
 	}
 	hand = strings.TrimSuffix(strings.TrimSpace(hand), ";")
-	pipeline := func(stmts ...string) string {
-		return "\\startpipeline\n" + strings.Join(stmts, ";\n") + ";\n\\endpipeline\n"
-	}
-	bodies := map[string][2]string{ // label: the UPDATE, then what follows it in the pipeline
-		"by hand":                  {hand, ""},
-		"by hand + probe":          {hand, probe},
-		"pgfence's UPDATE":         {update, ""},
-		"pgfence's UPDATE + probe": {update, probe},
-	}
+	lines := []struct {
+		byHand bool
+		stmts  []string // in one pipeline: one Sync after them all
+	}{{true, []string{hand}}, {true, []string{hand, probe}}, {false, []string{update}}, {false, []string{update, probe}}}
 	fresh, storm = map[string]string{}, map[string]string{}
-	for i, label := range domainCostLabels {
-		b := bodies[label]
-		stmts := []string{b[0]}
-		if b[1] != "" {
-			stmts = append(stmts, b[1])
+	write := func(name, body string) (string, error) {
+		p := filepath.Join(r.tmp, name)
+		return p, os.WriteFile(p, []byte(fmt.Sprintf(vars, accounts)+body), 0o644)
+	}
+	for i, line := range lines {
+		body := "\\startpipeline\n" + strings.Join(line.stmts, ";\n") + ";\n\\endpipeline\n"
+		// In the storm the fence by hand writes the client's token (:tok).
+		stormBody := stormTokenPgfence + body
+		if line.byHand {
+			stormBody = stormTokenHand + handToken.ReplaceAllString(body, ":tok")
 		}
-		for _, run := range []struct {
-			into       map[string]string
-			name, head string
-			body       string
-		}{
-			{fresh, "fresh", shapeToken, pipeline(stmts...)},
-			{storm, "storm", stormTokenPgfence, pipeline(stmts...)},
-		} {
-			body := run.body
-			head := run.head
-			if run.name == "storm" && b[0] == hand {
-				head, body = stormTokenHand, handToken.ReplaceAllString(body, ":tok")
-			}
-			p := filepath.Join(r.tmp, fmt.Sprintf("domain-cost-%d-%s.sql", i, run.name))
-			if err := os.WriteFile(p, []byte(fmt.Sprintf(vars, accounts)+head+body), 0o644); err != nil {
-				return nil, nil, err
-			}
-			run.into[label] = p
+		label := domainCostLabels[i]
+		if fresh[label], err = write(fmt.Sprintf("domain-cost-%d-fresh.sql", i), shapeToken+body); err != nil {
+			return nil, nil, err
+		}
+		if storm[label], err = write(fmt.Sprintf("domain-cost-%d-storm.sql", i), stormBody); err != nil {
+			return nil, nil, err
 		}
 	}
 	return fresh, storm, nil
