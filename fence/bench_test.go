@@ -137,9 +137,10 @@ func queryEach(b *testing.B, p *fence.Policy, c *proxy.Client, texts []string) {
 // BenchmarkPolicyPooled is the per-statement path behind a transaction
 // pooler (Config.TransactionPooling), where each text is also checked for
 // a change of the token for the session and for whether it needs the
-// token: a cached fenced write, the token's SET, a plain read, and cached
+// token: a cached fenced write, the token's SET, a plain read, cached
 // fenced writes whose rewrite is not bound to their literals (RETURNING,
-// and one with a COMMIT between two writes).
+// and one with a COMMIT between two writes), and a text that runs as sent
+// with a COMMIT between two statements (its starts kept by the loop).
 func BenchmarkPolicyPooled(b *testing.B) {
 	for _, bc := range []struct{ name, sql string }{
 		{"write", "UPDATE pgbench_accounts SET abalance = abalance + -1234 WHERE aid = 567890;"},
@@ -149,6 +150,7 @@ func BenchmarkPolicyPooled(b *testing.B) {
 		// sent, whose transaction starts were found with it.
 		{"returning", "UPDATE pgbench_accounts SET abalance = abalance + -1234 WHERE aid = 567890 RETURNING abalance"},
 		{"returning-commit", "UPDATE pgbench_accounts SET abalance = 1 WHERE aid = 2 RETURNING abalance; COMMIT; UPDATE pgbench_accounts SET abalance = 1 WHERE aid = 3"},
+		{"passed-commit", "BEGIN; INSERT INTO pgbench_history (tid, bid, aid, delta) VALUES (1, 1, 2, 3); COMMIT; SELECT 1"},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			p, c := policyWith(b, fence.Config{TransactionPooling: true}, prometheus.NewRegistry())

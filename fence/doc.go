@@ -45,7 +45,10 @@
 // from the rewrite, another text that the parser must read (the fence's
 // rewrite spells END and adds its probe's statement): that is found at the
 // rewrite's first use and kept with the plan the cache keeps (planned.tx),
-// so that a cache hit parses nothing. Nothing found is never taken for no
+// so that a cache hit parses nothing. Where a text that runs as sent
+// starts its transactions is kept likewise, by text, in the loop's caches
+// (caches.passed), when finding it took a parse (a BEGIN; ...; COMMIT; ...
+// sent again and again). Nothing found is never taken for no
 // starts: a plan whose starts were not found is checked at its use, and
 // one whose rewrite pgfence cannot read is refused at every use.
 //

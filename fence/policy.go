@@ -120,6 +120,10 @@ type caches struct {
 	// texts (a write by id) never come again, and caching each costs more
 	// than the miss it would save.
 	seen doorkeeper
+	// passed holds, behind a transaction pooler, where texts that run as
+	// the client sent them start transactions of their own, for those
+	// whose finding takes a parse (see state.passedTxStarts).
+	passed *lru.Cache[string, *txStarts]
 }
 
 // cachesOf returns the caches of c's shard, nil when they are disabled.
@@ -135,6 +139,7 @@ func (st *state) cachesOf(c *proxy.Client) *caches {
 	cs.cache, _ = lru.New[cacheKey, *planned](st.cacheSize)
 	cs.bound, _ = lru.New[string, *planned](st.cacheSize)
 	cs.texts, _ = lru.New[string, *planned](st.cacheSize)
+	cs.passed, _ = lru.New[string, *txStarts](st.cacheSize)
 	cs.seen.seed = maphash.MakeSeed()
 	if !slot.CompareAndSwap(nil, cs) { // a session relayed by goroutines made it first
 		return slot.Load()

@@ -358,6 +358,31 @@ func TestPooledTokenAfterCommitCached(t *testing.T) {
 	c.clean()
 }
 
+// 4c. So do they in a text that runs as sent (no guarded table), whose
+// starts each event loop finds once and keeps: the statement after the
+// COMMIT reads the session's token at every execution, never what was
+// left on the server connection.
+func TestPooledTokenAfterCommitPassed(t *testing.T) {
+	c := newCarry(t)
+	const q = "BEGIN; SELECT 1; COMMIT; SELECT pg_catalog.current_setting('fence.token', true)"
+	for _, cl := range []struct{ token, want string }{{"3", "3"}, {"", ""}} {
+		conn := c.client(cl.token)
+		for i := range 3 { // the later ones from what the loop kept
+			c.leave("9")
+			res, err := conn.PgConn().Exec(ctx, q).ReadAll()
+			if err != nil {
+				t.Fatalf("client with token %q, execution %d: %v", cl.token, i+1, err)
+			}
+			last := res[len(res)-1]
+			if len(res) != 4 || len(last.Rows) != 1 || string(last.Rows[0][0]) != cl.want {
+				t.Fatalf("client with token %q, execution %d: the statement after the COMMIT read %q (%d results); want %q",
+					cl.token, i+1, last.Rows, len(res), cl.want)
+			}
+		}
+	}
+	c.clean()
+}
+
 // 5. A token in the startup packet is the session's: pgfence keeps it and
 // sets it in each transaction, and PgBouncer never sees it.
 func TestPooledStartupToken(t *testing.T) {

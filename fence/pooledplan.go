@@ -1,6 +1,8 @@
 package fence
 
 import (
+	"strings"
+
 	"github.com/pgfence/pgfence/proxy"
 	"github.com/pgfence/pgfence/sqlrewrite"
 )
@@ -49,7 +51,7 @@ func (p *Policy) pooledPlan(st *state, c *proxy.Client, t *text, mode sqlrewrite
 		var tx txStarts
 		switch {
 		case plan.SQL == "":
-			tx = newTxStarts(a.TxStarts())
+			tx = st.passedTxStarts(c, sql, a)
 		case pl != nil && pl.plan.SQL == plan.SQL:
 			tx = *pl.txStarts() // the rewrite's, another text: found once per plan
 		default:
@@ -86,6 +88,24 @@ func newTxStarts(starts []sqlrewrite.TxStart, unread *sqlrewrite.Refusal) txStar
 			tx.starts[i] = proxy.TxStart{Offset: s.Offset, Index: s.Index}
 		}
 	}
+	return tx
+}
+
+// passedTxStarts returns the txStarts of sql, a Query that runs as the
+// client sent it, kept in the shard's caches when finding them took a
+// parse: a text of several statements that spells COMMIT or END (BEGIN;
+// ...; COMMIT, sent again and again) would otherwise be parsed at each
+// execution, on the event loop its session shares with others.
+func (st *state) passedTxStarts(c *proxy.Client, sql string, a *sqlrewrite.Analysis) txStarts {
+	cs := st.cachesOf(c)
+	if cs == nil || len(sql) > maxCachedText || !a.TxStartsParse() {
+		return newTxStarts(a.TxStarts())
+	}
+	if tx, ok := cs.passed.Get(sql); ok {
+		return *tx
+	}
+	tx := newTxStarts(a.TxStarts())
+	cs.passed.Add(strings.Clone(sql), &tx) // kept: see proxy.Interceptor
 	return tx
 }
 

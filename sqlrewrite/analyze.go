@@ -193,6 +193,13 @@ func (a *Analysis) TxStarts() ([]TxStart, *Refusal) {
 	return txStarts(a.sql)
 }
 
+// TxStartsParse reports whether TxStarts parses the text (or may: an
+// analysis made outside a transaction pooler did not look), which a
+// caller that sees the text again may spare by keeping what it found.
+func (a *Analysis) TxStartsParse() bool {
+	return a.facts&fPooled == 0 || a.facts&fTxStarts != 0
+}
+
 // The strings the pass looks for anywhere in a text, ignoring ASCII case:
 // the prefilters' words (see Analyze). The token setting's are the
 // Rewriter's (see newNeedles).
