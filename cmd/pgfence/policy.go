@@ -38,7 +38,7 @@ func (o *policyOptions) addFlags(cmd *cobra.Command) {
 	f.BoolVar(&o.allowTruncate, "allow-truncate", false, "let TRUNCATE of a guarded table through unfenced (refused by default)")
 	f.BoolVar(&o.allowCopyFrom, "allow-copy-from", false, "let COPY FROM into a guarded table through unfenced (refused by default)")
 	f.BoolVar(&o.allowCurrentOf, "allow-current-of", false, "let UPDATE/DELETE ... WHERE CURRENT OF on a guarded table through unfenced (refused by default)")
-	f.IntVar(&o.cacheSize, "rewrite-cache-size", 4096, "distinct statement texts whose rewrite each event loop keeps (LRU; texts over 4 KiB are not kept; 0 disables)")
+	f.IntVar(&o.cacheSize, "rewrite-cache-size", 4096, "distinct statement texts whose rewrite each event loop keeps (LRU; texts over 4 KiB are not kept; 0 disables); as many again of parameterized writes, and of pooled texts that run as sent (where their transactions start)")
 }
 
 func parseRollout(s string) (sqlrewrite.Rollout, error) {
