@@ -90,13 +90,22 @@ func FuzzStatementSequences(f *testing.F) {
 			t.Fatalf("after this sequence (pipelined %v)\n%s\npgfence answered the recovery otherwise than Postgres\n%s", pipelined, sideBySide(msgs, want, got), sideBySide(recovery, wantTail, gotTail))
 		}
 		same := sameReplies(want, got, setInBlock(msgs))
-		if !same && skippedUnnamed(msgs, want) {
+		if !same {
 			k := 0
 			for k < len(want) && k < len(got) && want[k] == got[k] {
 				k++
 			}
-			if pipelined || k < len(got) && got[k] == "ErrorResponse 26000" {
+			switch {
+			case skippedUnnamed(msgs, want) && (pipelined || k < len(got) && got[k] == "ErrorResponse 26000"):
 				return // the allowed difference
+			case setInBlock(msgs) && k < len(want) && k < len(got) && got[k] == "ErrorResponse 34000" &&
+				(want[k] == "NoData" || want[k] == "ErrorResponse 55000"):
+				// The documented one (docs/token.md): the unnamed portal of
+				// a SET pgfence answered in a block is gone, where Postgres
+				// describes it (NoData) or refuses to run it again. A
+				// Describe fails pgfence's block and not Postgres's: the
+				// sessions go their own ways from there.
+				return
 			}
 		}
 		if !same || wantVal != gotVal {
@@ -313,13 +322,15 @@ func sameReplies(want, got []string, setPortal bool) bool {
 	return true
 }
 
-// setInBlock reports whether msgs may bind a SET of the token in a block.
+// setInBlock reports whether msgs may bind a SET of the token in a block,
+// begun by a Query or by a bound BEGIN.
 func setInBlock(msgs []pgproto3.FrontendMessage) bool {
 	set, block := false, false
 	for _, m := range msgs {
 		switch m := m.(type) {
 		case *pgproto3.Parse:
 			set = set || strings.HasPrefix(m.Query, "SET fence.token")
+			block = block || strings.Contains(m.Query, "BEGIN")
 		case *pgproto3.Query:
 			block = block || strings.Contains(m.String, "BEGIN")
 		}
