@@ -262,6 +262,43 @@ func (f *fixture) verify(t *testing.T, check string) {
 	}
 }
 
+// tokenSetStep is one statement of token_set: what a driver sends and the
+// rows it must report.
+type tokenSetStep struct {
+	sql  string
+	rows int64
+}
+
+// tokenSetSteps are token_set's statements on f's table, sent without
+// arguments; a driver then updates row 103 with token 11 again, bound.
+func (f *fixture) tokenSetSteps() []tokenSetStep {
+	return []tokenSetStep{
+		{"SET fence.token = '11'", 0},
+		{fmt.Sprintf("INSERT INTO %s (id, val) VALUES (103, 'tokenset')", f.Table), 1},
+		{"SET fence.token = '9'", 0},
+		{fmt.Sprintf("UPDATE %s SET val = 'stale' WHERE id = 103", f.Table), 0},
+		{"SET fence.token = '11'", 0},
+	}
+}
+
+// tokenLocalStep is one transaction of token_set_local: the token its
+// SET LOCAL sets, the statement after it and its values, and the rows it
+// must report.
+type tokenLocalStep struct {
+	token, sql string
+	args       []any
+	rows       int64
+}
+
+// tokenLocalSteps are token_set_local's transactions on f's table.
+func (f *fixture) tokenLocalSteps() []tokenLocalStep {
+	return []tokenLocalStep{
+		{"12", fmt.Sprintf("INSERT INTO %s (id, val) VALUES (104, 'tokenlocal')", f.Table), nil, 1},
+		{"9", fmt.Sprintf("UPDATE %s SET val = 'stale' WHERE id = 104", f.Table), nil, 0},
+		{"12", fmt.Sprintf("UPDATE %s SET n = n + 1 WHERE id = $1", f.Table), []any{104}, 1},
+	}
+}
+
 func (f *fixture) answered(t *testing.T) float64 {
 	return f.Proxy.Counter(t, "pgfence_token_sets_answered_total")
 }

@@ -292,17 +292,7 @@ func (p *pgxDriver) pipeline(t *testing.T, ctx context.Context) {
 // sends a statement without arguments as a simple Query in every mode.
 func (p *pgxDriver) tokenSet(t *testing.T, ctx context.Context) {
 	c := p.connect(t, ctx, "")
-	steps := []struct {
-		sql  string
-		rows int64
-	}{
-		{"SET fence.token = '11'", 0},
-		{fmt.Sprintf("INSERT INTO %s (id, val) VALUES (103, 'tokenset')", p.f.Table), 1},
-		{"SET fence.token = '9'", 0},
-		{fmt.Sprintf("UPDATE %s SET val = 'stale' WHERE id = 103", p.f.Table), 0},
-		{"SET fence.token = '11'", 0},
-	}
-	for _, s := range steps {
+	for _, s := range p.f.tokenSetSteps() {
 		if n := p.exec(t, ctx, c, s.sql); n != s.rows {
 			t.Fatalf("%s: %d rows, want %d", s.sql, n, s.rows)
 		}
@@ -316,16 +306,7 @@ func (p *pgxDriver) tokenSet(t *testing.T, ctx context.Context) {
 // application that shares connections should.
 func (p *pgxDriver) tokenSetLocal(t *testing.T, ctx context.Context) {
 	c := p.connect(t, ctx, "")
-	steps := []struct {
-		token, sql string
-		args       []any
-		rows       int64
-	}{
-		{"12", fmt.Sprintf("INSERT INTO %s (id, val) VALUES (104, 'tokenlocal')", p.f.Table), nil, 1},
-		{"9", fmt.Sprintf("UPDATE %s SET val = 'stale' WHERE id = 104", p.f.Table), nil, 0},
-		{"12", fmt.Sprintf("UPDATE %s SET n = n + 1 WHERE id = $1", p.f.Table), []any{104}, 1},
-	}
-	for _, s := range steps {
+	for _, s := range p.f.tokenLocalSteps() {
 		tx, err := c.Begin(ctx)
 		if err != nil {
 			t.Fatal(err)

@@ -297,19 +297,9 @@ func (d *pqDriver) fenced(t *testing.T, ctx context.Context) {
 // Queries (no arguments).
 func (d *pqDriver) tokenSet(t *testing.T, ctx context.Context) {
 	c := d.connect(t, ctx, "")
-	steps := []struct {
-		query string
-		rows  int64
-	}{
-		{"SET fence.token = '11'", 0},
-		{fmt.Sprintf("INSERT INTO %s (id, val) VALUES (103, 'tokenset')", d.f.Table), 1},
-		{"SET fence.token = '9'", 0},
-		{fmt.Sprintf("UPDATE %s SET val = 'stale' WHERE id = 103", d.f.Table), 0},
-		{"SET fence.token = '11'", 0},
-	}
-	for _, s := range steps {
-		if n := d.exec(t, ctx, c, s.query); n != s.rows {
-			t.Fatalf("%s: %d rows, want %d", s.query, n, s.rows)
+	for _, s := range d.f.tokenSetSteps() {
+		if n := d.exec(t, ctx, c, s.sql); n != s.rows {
+			t.Fatalf("%s: %d rows, want %d", s.sql, n, s.rows)
 		}
 	}
 	if n := d.exec(t, ctx, c, fmt.Sprintf("UPDATE %s SET n = n + 1 WHERE id = $1", d.f.Table), 103); n != 1 {
@@ -321,16 +311,7 @@ func (d *pqDriver) tokenSet(t *testing.T, ctx context.Context) {
 // lib/pq opens with a BEGIN of its own.
 func (d *pqDriver) tokenSetLocal(t *testing.T, ctx context.Context) {
 	c := d.connect(t, ctx, "")
-	steps := []struct {
-		token, query string
-		args         []any
-		rows         int64
-	}{
-		{"12", fmt.Sprintf("INSERT INTO %s (id, val) VALUES (104, 'tokenlocal')", d.f.Table), nil, 1},
-		{"9", fmt.Sprintf("UPDATE %s SET val = 'stale' WHERE id = 104", d.f.Table), nil, 0},
-		{"12", fmt.Sprintf("UPDATE %s SET n = n + 1 WHERE id = $1", d.f.Table), []any{104}, 1},
-	}
-	for _, s := range steps {
+	for _, s := range d.f.tokenLocalSteps() {
 		tx, err := c.BeginTx(ctx, nil)
 		if err != nil {
 			t.Fatal(err)
@@ -338,12 +319,12 @@ func (d *pqDriver) tokenSetLocal(t *testing.T, ctx context.Context) {
 		if _, err := tx.ExecContext(ctx, "SET LOCAL fence.token = '"+s.token+"'"); err != nil {
 			t.Fatalf("SET LOCAL fence.token = '%s': %v", s.token, err)
 		}
-		res, err := tx.ExecContext(ctx, s.query, s.args...)
+		res, err := tx.ExecContext(ctx, s.sql, s.args...)
 		if err != nil {
-			t.Fatalf("%s: %v", s.query, err)
+			t.Fatalf("%s: %v", s.sql, err)
 		}
 		if n, _ := res.RowsAffected(); n != s.rows {
-			t.Fatalf("%s with token %s: %d rows, want %d", s.query, s.token, n, s.rows)
+			t.Fatalf("%s with token %s: %d rows, want %d", s.sql, s.token, n, s.rows)
 		}
 		if err := tx.Commit(); err != nil {
 			t.Fatal(err)

@@ -16,17 +16,7 @@ import (
 // one pgfence cannot read is refused at every use, from what its plan
 // keeps: being in the cache says nothing of where its transactions start.
 func TestPooledStartsUncheckedRefused(t *testing.T) {
-	g, err := sqlrewrite.ParseGuard("pgbench_accounts")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := New(Config{Guards: []sqlrewrite.Guard{g}, TransactionPooling: true}, NewMetrics(prometheus.NewRegistry()), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := &proxy.Client{RemoteAddr: "127.0.0.1:1"}
-	p.SessionStart(c)
-	defer p.SessionEnd(c, nil)
+	p, c := pooledSession(t)
 	const (
 		sql = "UPDATE pgbench_accounts SET abalance = 1 WHERE aid = 2 RETURNING abalance"
 		// Ends a transaction, then goes on where pgfence's parser cannot
@@ -52,17 +42,7 @@ func TestPooledStartsUncheckedRefused(t *testing.T) {
 // took a parse: a BEGIN; ...; COMMIT; ... sent again and again is not
 // parsed at each execution. A text that needs no parse is not kept.
 func TestPooledPassedStartsKept(t *testing.T) {
-	g, err := sqlrewrite.ParseGuard("pgbench_accounts")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := New(Config{Guards: []sqlrewrite.Guard{g}, TransactionPooling: true}, NewMetrics(prometheus.NewRegistry()), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := &proxy.Client{RemoteAddr: "127.0.0.1:1"}
-	p.SessionStart(c)
-	defer p.SessionEnd(c, nil)
+	p, c := pooledSession(t)
 	// Writes an unguarded table, so it runs as sent with the token set
 	// ahead of it, and again ahead of what follows the COMMIT.
 	const sql = "BEGIN; INSERT INTO audit_log VALUES (1); COMMIT; INSERT INTO audit_log VALUES (2)"
@@ -93,4 +73,22 @@ func TestPooledPassedStartsKept(t *testing.T) {
 	if n := cs.passed.Len(); n != 2 {
 		t.Errorf("the loop's caches keep %d texts' starts; want 2 (the texts that took a parse)", n)
 	}
+}
+
+// pooledSession is a session of a policy behind a transaction pooler that
+// guards pgbench_accounts, ended when the test ends.
+func pooledSession(t *testing.T) (*Policy, *proxy.Client) {
+	t.Helper()
+	g, err := sqlrewrite.ParseGuard("pgbench_accounts")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := New(Config{Guards: []sqlrewrite.Guard{g}, TransactionPooling: true}, NewMetrics(prometheus.NewRegistry()), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &proxy.Client{RemoteAddr: "127.0.0.1:1"}
+	p.SessionStart(c)
+	t.Cleanup(func() { p.SessionEnd(c, nil) })
+	return p, c
 }
