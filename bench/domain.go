@@ -22,6 +22,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/pgfence/pgfence/sqlrewrite"
 )
 
 const benchDomain = "bench"
@@ -190,15 +192,24 @@ func renderDomain(res map[string]map[string]series) string {
 // -M prepared, 8 clients, fresh (token 1000) and in a stale-writer storm
 // (rows and the domain at 2000, odd clients at the stale 1000).
 //
-// The last line runs the probe in a transaction of its own, after the
-// UPDATE's has committed and let the domain's row go: what moving the
+// "by hand + SELECT 1" puts the cheapest statement there is where the
+// probe goes: what any statement of its own in the hold costs.
+//
+// "probe after commit" runs the probe in a transaction of its own, after
+// the UPDATE's has committed and let the domain's row go: what moving the
 // probe out of the row's hold would give, a transaction more per write
 // included. pgfence does not send it so (its flags are the transaction's,
 // gone by then): the line measures a design, not what pgfence does.
+//
+// The "SET answered" lines send the UPDATE as pgfence does after a SET of
+// the token it answered itself: no SET of its own, the token set by
+// pgfence's set_config statement (sqlrewrite.SettingSQL) in the write's
+// pipeline, so in its transaction. They are how much of the write's cost
+// through pgfence is the probe's.
 
 // domainCostLabels are the section's lines, in order.
-var domainCostLabels = []string{"by hand", "by hand + probe", "pgfence's UPDATE", "pgfence's UPDATE + probe",
-	"pgfence's UPDATE, probe after commit"}
+var domainCostLabels = []string{"by hand", "by hand + SELECT 1", "by hand + probe", "pgfence's UPDATE", "pgfence's UPDATE + probe",
+	"pgfence's UPDATE, probe after commit", "pgfence's UPDATE, SET answered", "pgfence's UPDATE + probe, SET answered"}
 
 // writeDomainCostScripts writes the section's scripts and returns their
 // paths by label, fresh and storm.
@@ -212,12 +223,19 @@ func (r *runner) writeDomainCostScripts() (fresh, storm map[string]string, err e
 		return nil, nil, fmt.Errorf("the lock-domain script by hand does not set and write token 1000: %q", domainByHand)
 	}
 	hand = strings.TrimSuffix(strings.TrimSpace(hand), ";")
+	// As pgfence sets a token whose SET it answered: :tok is the client's.
+	answered := strings.Replace(sqlrewrite.SettingSQL, "$1, $2, $3", "E'fence.token', :tok, false", 1)
+	if answered == sqlrewrite.SettingSQL {
+		return nil, nil, fmt.Errorf("pgfence's setting statement has changed shape: %q", sqlrewrite.SettingSQL)
+	}
 	lines := []struct {
-		byHand bool
-		stmts  []string // in one pipeline: one Sync after them all
-		after  string   // a statement of its own after that Sync
-	}{{true, []string{hand}, ""}, {true, []string{hand, probe}, ""}, {false, []string{update}, ""}, {false, []string{update, probe}, ""},
-		{false, []string{update}, probe}}
+		byHand   bool
+		answered bool     // the token set by pgfence's statement in the pipeline, not by a SET before it
+		stmts    []string // in one pipeline: one Sync after them all
+		after    string   // a statement of its own after that Sync
+	}{{true, false, []string{hand}, ""}, {true, false, []string{hand, "SELECT 1"}, ""}, {true, false, []string{hand, probe}, ""},
+		{false, false, []string{update}, ""}, {false, false, []string{update, probe}, ""}, {false, false, []string{update}, probe},
+		{false, true, []string{answered, update}, ""}, {false, true, []string{answered, update, probe}, ""}}
 	fresh, storm = map[string]string{}, map[string]string{}
 	write := func(name, body string) (string, error) {
 		p := filepath.Join(r.tmp, name)
@@ -229,12 +247,15 @@ func (r *runner) writeDomainCostScripts() (fresh, storm map[string]string, err e
 			body += line.after + ";\n"
 		}
 		// In the storm the fence by hand writes the client's token (:tok).
-		stormBody := stormTokenPgfence + body
-		if line.byHand {
+		freshBody, stormBody := shapeToken+body, stormTokenPgfence+body
+		switch {
+		case line.byHand:
 			stormBody = stormTokenHand + handToken.ReplaceAllString(body, ":tok")
+		case line.answered:
+			freshBody, stormBody = "\\set tok 1000\n"+body, stormTokenVar+body
 		}
 		label := domainCostLabels[i]
-		if fresh[label], err = write(fmt.Sprintf("domain-cost-%d-fresh.sql", i), shapeToken+body); err != nil {
+		if fresh[label], err = write(fmt.Sprintf("domain-cost-%d-fresh.sql", i), freshBody); err != nil {
 			return nil, nil, err
 		}
 		if storm[label], err = write(fmt.Sprintf("domain-cost-%d-storm.sql", i), stormBody); err != nil {

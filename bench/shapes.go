@@ -157,6 +157,7 @@ const (
 	shapeToken        = "SET fence.token = '1000';\n"
 	stormTokenPgfence = "\\if :client_id % 2 = 0\nSET fence.token = '2000';\n\\else\nSET fence.token = '1000';\n\\endif\n"
 	stormTokenHand    = "\\if :client_id % 2 = 0\n\\set tok 2000\nSET fence.token = '2000';\n\\else\n\\set tok 1000\nSET fence.token = '1000';\n\\endif\n"
+	stormTokenVar     = "\\if :client_id % 2 = 0\n\\set tok 2000\n\\else\n\\set tok 1000\n\\endif\n" // the token in :tok alone
 )
 
 // handToken is the token in a script's fence by hand: a whole-word 1000
