@@ -137,12 +137,16 @@ var setupVersion = func() string {
 }()
 
 // setupState is the mark Setup leaves on the schema (its comment): the
-// version of setupSQL and a fingerprint of the helpers' bodies and the
+// version of setupSQL and a fingerprint of the helpers (their bodies,
+// whether they run as their owner, and the settings they run with) and the
 // domain table's triggers, so that one edited, dropped or disabled by hand
-// is found and set up again.
+// is found and set up again: an ALTER FUNCTION that only made a helper
+// SECURITY INVOKER, or took its search_path or client_min_messages away,
+// leaves its body as it was.
 const setupState = `
 SELECT $1::text || ' ' || pg_catalog.md5(
-         coalesce((SELECT pg_catalog.string_agg(p.proname || ':' || p.prosrc, ';' ORDER BY p.proname)
+         coalesce((SELECT pg_catalog.string_agg(p.proname || ':' || p.prosecdef::text || ':' ||
+                     coalesce(pg_catalog.array_to_string(p.proconfig, ','), '') || ':' || p.prosrc, ';' ORDER BY p.proname)
                    FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
                    WHERE n.nspname = 'pgfence' AND p.proname NOT LIKE 'backstop\_%'), '') || '|' ||
          coalesce((SELECT pg_catalog.string_agg(t.tgname || ':' || t.tgenabled::text, ';' ORDER BY t.tgname)

@@ -129,33 +129,52 @@ func TestTriggerAfterBackstopPartition(t *testing.T) {
 	}
 }
 
-// A helper of pgfence's schema edited by hand (here: claim_domain made to
-// accept any token) is found: Verify reports it, Install sets it up again.
+// A helper of pgfence's schema edited by hand is found: Verify reports it,
+// Install sets it up again. A body (claim_domain made to accept any
+// token), and what an ALTER FUNCTION changes without touching the body:
+// running as the caller, or without the client_min_messages that makes
+// note_reject's notice reach pgfence whatever the client asked for.
 func TestSetupDrift(t *testing.T) {
 	db := pgtest.Direct(t)
 	if err := backstop.Setup(ctx, db); err != nil {
 		t.Fatal(err)
 	}
-	body := func() string {
-		var b string
-		if err := db.QueryRow(ctx, "SELECT prosrc FROM pg_proc WHERE oid = 'pgfence.claim_domain(text, bigint)'::regprocedure").Scan(&b); err != nil {
+	// def is what the edits below change, for both helpers.
+	def := func() string {
+		var d string
+		if err := db.QueryRow(ctx, `SELECT string_agg(proname || ' ' || prosecdef::text || ' ' || coalesce(array_to_string(proconfig, ','), '') || ' ' || prosrc, '; ' ORDER BY proname)
+			FROM pg_proc WHERE oid IN ('pgfence.claim_domain(text, bigint)'::regprocedure, 'pgfence.note_reject(oid, text, text, bigint, bigint)'::regprocedure)`).Scan(&d); err != nil {
 			t.Fatal(err)
 		}
-		return b
+		return d
 	}
-	orig := body()
-	pgtest.Exec(t, db, `CREATE OR REPLACE FUNCTION pgfence.claim_domain(d text, tok bigint) RETURNS boolean LANGUAGE sql AS $$ SELECT true $$`)
-	r, err := backstop.Reconcile(ctx, db, nil, backstop.Options{}, backstop.Verify)
-	if err != nil {
-		t.Fatal(err)
+	orig := def()
+	if !strings.Contains(orig, "client_min_messages=notice") {
+		t.Fatalf("note_reject does not set client_min_messages: %q", orig)
 	}
-	if len(r.Problems) == 0 || !strings.Contains(r.Problems[0], "changed by hand") {
-		t.Fatalf("Verify after claim_domain was edited: %q", r.Problems)
-	}
-	if _, err := backstop.Reconcile(ctx, db, nil, backstop.Options{}, backstop.Install); err != nil {
-		t.Fatal(err)
-	}
-	if body() != orig {
-		t.Fatalf("Install left claim_domain as edited: %q", body())
+	for _, edit := range []struct{ name, sql string }{
+		{"body", `CREATE OR REPLACE FUNCTION pgfence.claim_domain(d text, tok bigint) RETURNS boolean LANGUAGE sql AS $$ SELECT true $$`},
+		{"security invoker", `ALTER FUNCTION pgfence.claim_domain(text, bigint) SECURITY INVOKER`},
+		{"client_min_messages reset", `ALTER FUNCTION pgfence.note_reject(oid, text, text, bigint, bigint) RESET client_min_messages`},
+	} {
+		t.Run(edit.name, func(t *testing.T) {
+			pgtest.Exec(t, db, edit.sql)
+			if def() == orig {
+				t.Fatalf("%s changed nothing the test can see", edit.sql)
+			}
+			r, err := backstop.Reconcile(ctx, db, nil, backstop.Options{}, backstop.Verify)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(r.Problems) == 0 || !strings.Contains(r.Problems[0], "changed by hand") {
+				t.Fatalf("Verify after %s: %q", edit.sql, r.Problems)
+			}
+			if _, err := backstop.Reconcile(ctx, db, nil, backstop.Options{}, backstop.Install); err != nil {
+				t.Fatal(err)
+			}
+			if d := def(); d != orig {
+				t.Fatalf("Install left the helpers as edited: %q, want %q", d, orig)
+			}
+		})
 	}
 }

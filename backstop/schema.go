@@ -96,9 +96,13 @@ $pgfence$`,
 	// sessions' replies to count them as its rejects. The notice carries
 	// the statement's time and a mark of it keyed with pgfence's secret
 	// (see NoticeMark), so that pgfence counts no notice a client raised
-	// itself, nor one it raised again.
+	// itself, nor one it raised again. It is sent whatever the session's
+	// client_min_messages (the function sets it for its own run): a client
+	// that turned notices off, or a role with ALTER ROLE ... SET
+	// client_min_messages = warning, would otherwise hide its rejects from
+	// pgfence.
 	`CREATE OR REPLACE FUNCTION pgfence.note_reject(rel oid, kind text, mode text, epoch bigint, tok bigint) RETURNS void
-	LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $pgfence$
+	LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET client_min_messages = notice AS $pgfence$
 DECLARE
   seq regclass := to_regclass('pgfence.' || quote_ident('rejects_' || rel));
   at int8 := (extract(epoch FROM statement_timestamp()) * 1000000)::int8;

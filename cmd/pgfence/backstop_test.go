@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/pgfence/pgfence/internal/pgserver"
@@ -189,6 +190,32 @@ func TestServeBackstop(t *testing.T) {
 		if v := scrape(t, inst, `fencing_reject_total{database="postgres",kind="row",mode="enforce",table="public.bs_accounts",via="backstop"}`); v != "1" {
 			t.Fatalf(`fencing_reject_total{via="backstop"} = %q, want 1`, v)
 		}
+		// A session that asked for no notices (as ALTER ROLE ... SET
+		// client_min_messages = warning would) is counted all the same:
+		// the backstop raises its notice at its own client_min_messages.
+		// pgfence keeps it from the client, as from any other.
+		quietCfg, err := pgx.ParseConfig("postgres://postgres@" + inst.Addr() + "/postgres?sslmode=disable&client_min_messages=warning")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var notices []string
+		quietCfg.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) { notices = append(notices, n.Code+" "+n.Message) }
+		quiet, err := pgx.ConnectConfig(bg, quietCfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer quiet.Close(bg)
+		tag(t, quiet, "SET fence.token = '3'")
+		tag(t, quiet, "SELECT bs_set(2, 'stale')")
+		if v, e := s.epoch("bs_accounts", 2); v != "w" || e != 5 {
+			t.Fatalf("a stale write through a function landed: %q at %d", v, e)
+		}
+		if v := scrape(t, inst, `fencing_reject_total{database="postgres",kind="row",mode="enforce",table="public.bs_accounts",via="backstop"}`); v != "2" {
+			t.Fatalf(`fencing_reject_total{via="backstop"} after a reject in a session with client_min_messages = warning: %q, want 2`, v)
+		}
+		if len(notices) != 0 {
+			t.Fatalf("the quiet client got notices: %q", notices)
+		}
 		if got := tag(t, s.direct("3"), "UPDATE bs_accounts SET val = 'stale' WHERE id = 2"); got != "UPDATE 0" {
 			t.Fatalf("stale direct write: %s", got)
 		}
@@ -209,8 +236,8 @@ func TestServeBackstop(t *testing.T) {
 		}
 		// The database's counters are read at each discovery.
 		inst.reload(bg, inst.opts)
-		if v := scrape(t, inst, `pgfence_backstop_rejects_total{database="postgres",table="public.bs_accounts"}`); v != "2" {
-			t.Fatalf("pgfence_backstop_rejects_total = %q, want 2 (one through pgfence, one direct)", v)
+		if v := scrape(t, inst, `pgfence_backstop_rejects_total{database="postgres",table="public.bs_accounts"}`); v != "3" {
+			t.Fatalf("pgfence_backstop_rejects_total = %q, want 3 (two through pgfence, one direct)", v)
 		}
 	})
 
