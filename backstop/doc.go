@@ -16,7 +16,17 @@
 //     to PUBLIC without letting any writer lower a token.
 //   - pgfence.claim_domain, note_reject and note_exempt: SECURITY DEFINER
 //     helpers, so that application roles need no grants on pgfence's
-//     counters or domain rows.
+//     counters or domain rows. The row triggers run as the writer, so
+//     PUBLIC may call the helpers; note_reject and note_exempt refuse a
+//     call from outside any trigger (pg_trigger_depth() = 0), so that a
+//     client cannot count a reject, or write an audit line, by calling one
+//     in a statement of its own. A trigger a client makes on a table it
+//     owns can still call them: telling that trigger from the backstop's
+//     would take the row triggers running as pgfence's role (SECURITY
+//     DEFINER), which would lose the writer's role that the exempt-role
+//     check reads (CURRENT_USER); the call stack (PG_CONTEXT) cannot tell
+//     them apart, as it quotes the caller's statement text, which the
+//     client writes.
 //   - One row trigger function per distinct guard configuration, named
 //     backstop_<hash of its body>: the configuration is baked into the
 //     body (column, token setting, rollout, missing-token policy, lock

@@ -110,6 +110,15 @@ DECLARE
   sch name;
   tbl name;
 BEGIN
+  -- Only a trigger notes anything: this helper is PUBLIC's, as the
+  -- backstop's triggers run as the writer, and a client's own statement
+  -- that called it would otherwise count (and mark) a reject that never
+  -- was. (A trigger a client made on a table of its own still can: see
+  -- docs/backstop.md.)
+  IF pg_trigger_depth() = 0 THEN
+    RAISE EXCEPTION USING ERRCODE = '42501',
+      MESSAGE = 'pgfence: pgfence.note_reject is the database backstop''s; only its triggers call it';
+  END IF;
   IF seq IS NOT NULL THEN
     PERFORM nextval(seq);
   END IF;
@@ -141,6 +150,11 @@ $pgfence$`,
 DECLARE
   k text;
 BEGIN
+  -- As note_reject: only a trigger notes anything.
+  IF pg_trigger_depth() = 0 THEN
+    RAISE EXCEPTION USING ERRCODE = '42501',
+      MESSAGE = 'pgfence: pgfence.note_exempt is the database backstop''s; only its triggers call it';
+  END IF;
   PERFORM nextval('pgfence.exempt_writes');
   -- As note_reject's mark: a client cannot set it ahead to hide the line.
   SELECT md5(s.key || ' ' || statement_timestamp() || ' ' || rel) INTO k FROM pgfence.secret s;

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -215,6 +216,22 @@ func TestServeBackstop(t *testing.T) {
 		}
 		if len(notices) != 0 {
 			t.Fatalf("the quiet client got notices: %q", notices)
+		}
+		// The helpers are PUBLIC's, for the triggers' sake: a client that
+		// calls one itself is refused, and counts nothing.
+		forger := s.client(inst, "3")
+		for _, call := range []string{
+			"SELECT pgfence.note_reject('bs_accounts'::regclass, 'row', 'enforce', 9, 3)",
+			"DO $$ BEGIN PERFORM pgfence.note_exempt('bs_accounts'::regclass, current_user); END $$",
+		} {
+			_, err := forger.Exec(bg, call)
+			var pe *pgconn.PgError
+			if !errors.As(err, &pe) || pe.Code != "42501" || !strings.Contains(pe.Message, "only its triggers call it") {
+				t.Fatalf("%s: %v, want 42501 saying only the backstop's triggers call it", call, err)
+			}
+		}
+		if v := scrape(t, inst, `fencing_reject_total{database="postgres",kind="row",mode="enforce",table="public.bs_accounts",via="backstop"}`); v != "2" {
+			t.Fatalf(`fencing_reject_total{via="backstop"} after a client called note_reject itself: %q, want 2`, v)
 		}
 		if got := tag(t, s.direct("3"), "UPDATE bs_accounts SET val = 'stale' WHERE id = 2"); got != "UPDATE 0" {
 			t.Fatalf("stale direct write: %s", got)
