@@ -224,8 +224,8 @@ func (r *runner) writeDomainCostScripts() (fresh, storm map[string]string, err e
 	}
 	hand = strings.TrimSuffix(strings.TrimSpace(hand), ";")
 	// As pgfence sets a token whose SET it answered: :tok is the client's.
-	answered := strings.Replace(sqlrewrite.SettingSQL, "$1, $2, $3", "E'fence.token', :tok, false", 1)
-	if answered == sqlrewrite.SettingSQL {
+	setToken := strings.Replace(sqlrewrite.SettingSQL, "$1, $2, $3", "E'fence.token', :tok, false", 1)
+	if setToken == sqlrewrite.SettingSQL {
 		return nil, nil, fmt.Errorf("pgfence's setting statement has changed shape: %q", sqlrewrite.SettingSQL)
 	}
 	lines := []struct {
@@ -233,9 +233,19 @@ func (r *runner) writeDomainCostScripts() (fresh, storm map[string]string, err e
 		answered bool     // the token set by pgfence's statement in the pipeline, not by a SET before it
 		stmts    []string // in one pipeline: one Sync after them all
 		after    string   // a statement of its own after that Sync
-	}{{true, false, []string{hand}, ""}, {true, false, []string{hand, "SELECT 1"}, ""}, {true, false, []string{hand, probe}, ""},
-		{false, false, []string{update}, ""}, {false, false, []string{update, probe}, ""}, {false, false, []string{update}, probe},
-		{false, true, []string{answered, update}, ""}, {false, true, []string{answered, update, probe}, ""}}
+	}{
+		{byHand: true, stmts: []string{hand}},
+		{byHand: true, stmts: []string{hand, "SELECT 1"}},
+		{byHand: true, stmts: []string{hand, probe}},
+		{stmts: []string{update}},
+		{stmts: []string{update, probe}},
+		{stmts: []string{update}, after: probe},
+		{answered: true, stmts: []string{setToken, update}},
+		{answered: true, stmts: []string{setToken, update, probe}},
+	}
+	if len(lines) != len(domainCostLabels) {
+		return nil, nil, fmt.Errorf("%d lock-domain cost lines for %d labels", len(lines), len(domainCostLabels))
+	}
 	fresh, storm = map[string]string{}, map[string]string{}
 	write := func(name, body string) (string, error) {
 		p := filepath.Join(r.tmp, name)
