@@ -73,3 +73,41 @@ func TestProtocol32(t *testing.T) {
 		t.Fatalf("after the cancel: %d, %v", one, err)
 	}
 }
+
+// A logical replication connection (replication=database) takes only the
+// simple protocol: through pgfence its fenced writes are rewritten in the
+// text, not bound, and its SETs go to Postgres as sent (the relay cannot
+// set them ahead of its next statement there). A stale write changes
+// nothing, a fresh one lands with its token. (proxy's
+// TestReplicationConnections checks the relay: replication commands and
+// WAL streaming.)
+func TestReplicationConnectionFenced(t *testing.T) {
+	tbl := table(t, [3]any{1, "a", 5})
+	p := pgtest.StartProxy(t, []string{tbl})
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	logical, err := pgconn.Connect(ctx, p.URL("replication=database"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logical.Close(ctx)
+	run := func(sql string) *pgconn.Result {
+		t.Helper()
+		res, err := logical.Exec(ctx, sql).ReadAll()
+		if err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+		return res[len(res)-1]
+	}
+	run("SET fence.token = '3'")
+	if r := run("UPDATE " + tbl + " SET val = 'stale' WHERE id = 1"); r.CommandTag.String() != "UPDATE 0" {
+		t.Fatalf("a stale write on a replication connection: %s", r.CommandTag)
+	}
+	run("SET fence.token = '7'")
+	if r := run("UPDATE " + tbl + " SET val = 'fresh' WHERE id = 1"); r.CommandTag.String() != "UPDATE 1" {
+		t.Fatalf("a fresh write on a replication connection: %s", r.CommandTag)
+	}
+	if val, epoch := row(t, tbl, 1); val != "fresh" || epoch != 7 {
+		t.Fatalf("row after the writes: %q at %d, want fresh at 7", val, epoch)
+	}
+}
