@@ -86,19 +86,7 @@ func TestReplicationConnectionFenced(t *testing.T) {
 	p := pgtest.StartProxy(t, []string{tbl})
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	logical, err := pgconn.Connect(ctx, p.URL("replication=database"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer logical.Close(ctx)
-	run := func(sql string) *pgconn.Result {
-		t.Helper()
-		res, err := logical.Exec(ctx, sql).ReadAll()
-		if err != nil {
-			t.Fatalf("%s: %v", sql, err)
-		}
-		return res[len(res)-1]
-	}
+	run := p.Logical(t, ctx)
 	run("SET fence.token = '3'")
 	if r := run("UPDATE " + tbl + " SET val = 'stale' WHERE id = 1"); r.CommandTag.String() != "UPDATE 0" {
 		t.Fatalf("a stale write on a replication connection: %s", r.CommandTag)

@@ -134,19 +134,7 @@ func TestReplicationConnections(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
-	logical, err := pgconn.Connect(ctx, p.URL("replication=database"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer logical.Close(ctx)
-	run := func(sql string) *pgconn.Result {
-		t.Helper()
-		res, err := logical.Exec(ctx, sql).ReadAll()
-		if err != nil {
-			t.Fatalf("%s: %v", sql, err)
-		}
-		return res[len(res)-1]
-	}
+	run := p.Logical(t, ctx)
 	if r := run("IDENTIFY_SYSTEM"); len(r.Rows) != 1 {
 		t.Fatalf("IDENTIFY_SYSTEM: %d rows", len(r.Rows))
 	}

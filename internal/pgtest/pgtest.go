@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -319,6 +320,27 @@ func (p *Proxy) URL(extra ...string) string {
 func (p *Proxy) Connect(t testing.TB, extra ...string) *pgx.Conn {
 	t.Helper()
 	return Connect(t, p.URL(extra...))
+}
+
+// Logical opens a logical replication connection (replication=database,
+// simple protocol only) through the proxy, closed when the test ends, and
+// returns a function that runs one text on it and returns the last
+// statement's result, failing the test on an error.
+func (p *Proxy) Logical(t testing.TB, ctx context.Context) (run func(sql string) *pgconn.Result) {
+	t.Helper()
+	c, err := pgconn.Connect(ctx, p.URL("replication=database"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close(context.Background()) })
+	return func(sql string) *pgconn.Result {
+		t.Helper()
+		res, err := c.Exec(ctx, sql).ReadAll()
+		if err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+		return res[len(res)-1]
+	}
 }
 
 // Connect opens a pgx connection to url, closed when the test ends.
