@@ -30,13 +30,13 @@
 //   - One row trigger function per distinct guard configuration, named
 //     backstop_<hash of its body>: the configuration is baked into the
 //     body (column, token setting, rollout, missing-token policy, lock
-//     domain, exempt roles), so a function's name says what it enforces
+//     domain, exempt roles, pooled roles), so a function's name says what it enforces
 //     and drift (a body edited by hand) shows as a mismatch.
 //   - One reject counter per guarded table, the sequence rejects_<oid>:
 //     sequences are not transactional, so a reject is counted even when its
 //     transaction rolls back, and counting takes no row lock.
 //   - The recorded configuration (record.go): pgfence.settings (token
-//     setting, exempt roles, TRUNCATE) and pgfence.guarded, one row per
+//     setting, exempt roles, pooled roles, TRUNCATE) and pgfence.guarded, one row per
 //     guarded table by oid (epoch column, rollout, missing-token policy,
 //     lock domain, and the functions its triggers run).
 //   - pgfence.secret, a key only pgfence's role reads, with which

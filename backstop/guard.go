@@ -29,6 +29,7 @@ var guardSQL = []string{
 		token_setting text NOT NULL,
 		allow_truncate boolean NOT NULL,
 		exempt_roles name[] NOT NULL)`,
+	`ALTER TABLE pgfence.settings ADD COLUMN IF NOT EXISTS pooled_roles name[] NOT NULL DEFAULT '{}'`,
 	`GRANT SELECT ON pgfence.settings TO PUBLIC`,
 	// One row per guarded table, by oid (which a rename keeps): its epoch
 	// column, rollout, missing-token policy and lock domain, and the

@@ -33,6 +33,7 @@ type recordedSettings struct {
 	tokenSetting  string
 	allowTruncate bool
 	exemptRoles   []string
+	pooledRoles   []string
 }
 
 type recordedTable struct {
@@ -72,7 +73,7 @@ func readRecorded(ctx context.Context, conn *pgx.Conn) (*recorded, error) {
 		return r, nil
 	}
 	var s recordedSettings
-	err := conn.QueryRow(ctx, "SELECT token_setting, allow_truncate, exempt_roles::text[] FROM pgfence.settings").Scan(&s.tokenSetting, &s.allowTruncate, &s.exemptRoles)
+	err := conn.QueryRow(ctx, "SELECT token_setting, allow_truncate, exempt_roles::text[], pooled_roles::text[] FROM pgfence.settings").Scan(&s.tokenSetting, &s.allowTruncate, &s.exemptRoles, &s.pooledRoles)
 	switch {
 	case err == nil:
 		r.settings = &s
@@ -133,7 +134,7 @@ func (r *recorded) options(o Options) Options {
 	if r.settings == nil || o.Replace {
 		return o
 	}
-	o.TokenSetting, o.AllowTruncate, o.ExemptRoles = r.settings.tokenSetting, r.settings.allowTruncate, r.settings.exemptRoles
+	o.TokenSetting, o.AllowTruncate, o.ExemptRoles, o.PooledRoles = r.settings.tokenSetting, r.settings.allowTruncate, r.settings.exemptRoles, r.settings.pooledRoles
 	return o
 }
 
@@ -162,11 +163,8 @@ func (r *recorded) differences(guards []sqlrewrite.Guard, oids []uint32, o Optio
 		if s.allowTruncate != o.AllowTruncate {
 			out = append(out, fmt.Sprintf("--allow-truncate: %v in the database, %v here", s.allowTruncate, o.AllowTruncate))
 		}
-		mine := slices.Clone(o.ExemptRoles)
-		slices.Sort(mine)
-		if theirs := slices.Sorted(slices.Values(s.exemptRoles)); !slices.Equal(theirs, mine) {
-			out = append(out, fmt.Sprintf("--backstop-exempt-role: [%s] in the database, [%s] here", strings.Join(theirs, ", "), strings.Join(mine, ", ")))
-		}
+		out = appendRoleDifference(out, "--backstop-exempt-role", s.exemptRoles, o.ExemptRoles)
+		out = appendRoleDifference(out, "--backstop-pooled-role", s.pooledRoles, o.PooledRoles)
 	}
 	if d := o.Discovered; d != nil && r.ddl.rollout != nil && r.ddl.allowMissing != nil {
 		rec := r.discovered(*d, o)
@@ -209,6 +207,16 @@ func (r *recorded) differences(guards []sqlrewrite.Guard, oids []uint32, o Optio
 	return out
 }
 
+// appendRoleDifference appends to out a line for flag when the roles
+// recorded (theirs) are not this instance's (mine).
+func appendRoleDifference(out []string, flag string, theirs, mine []string) []string {
+	t, m := slices.Sorted(slices.Values(theirs)), slices.Sorted(slices.Values(mine))
+	if slices.Equal(t, m) {
+		return out
+	}
+	return append(out, fmt.Sprintf("%s: [%s] in the database, [%s] here", flag, strings.Join(t, ", "), strings.Join(m, ", ")))
+}
+
 func missingWord(allow bool) string {
 	if allow {
 		return "allow"
@@ -225,11 +233,12 @@ const RolloutHint = "the database's configuration stays, as every pgfence instan
 // with (effective: the recorded one, or this instance's where none is or
 // o replaces it), and forgets the tables that are gone.
 func record(ctx context.Context, tx pgx.Tx, state []tableState, eff []sqlrewrite.Guard, want []wanted, o Options) error {
-	if _, err := tx.Exec(ctx, `INSERT INTO pgfence.settings (token_setting, allow_truncate, exempt_roles) VALUES ($1, $2, $3)
-		ON CONFLICT (one) DO UPDATE SET token_setting = excluded.token_setting, allow_truncate = excluded.allow_truncate, exempt_roles = excluded.exempt_roles
-		WHERE $4 AND (pgfence.settings.token_setting, pgfence.settings.allow_truncate, pgfence.settings.exempt_roles)
-		      IS DISTINCT FROM (excluded.token_setting, excluded.allow_truncate, excluded.exempt_roles)`,
-		o.setting(), o.AllowTruncate, sortedRoles(o.ExemptRoles), o.Replace); err != nil {
+	if _, err := tx.Exec(ctx, `INSERT INTO pgfence.settings (token_setting, allow_truncate, exempt_roles, pooled_roles) VALUES ($1, $2, $3, $5)
+		ON CONFLICT (one) DO UPDATE SET token_setting = excluded.token_setting, allow_truncate = excluded.allow_truncate,
+		    exempt_roles = excluded.exempt_roles, pooled_roles = excluded.pooled_roles
+		WHERE $4 AND (pgfence.settings.token_setting, pgfence.settings.allow_truncate, pgfence.settings.exempt_roles, pgfence.settings.pooled_roles)
+		      IS DISTINCT FROM (excluded.token_setting, excluded.allow_truncate, excluded.exempt_roles, excluded.pooled_roles)`,
+		o.setting(), o.AllowTruncate, sortedRoles(o.ExemptRoles), o.Replace, sortedRoles(o.PooledRoles)); err != nil {
 		return fmt.Errorf("recording the backstop's configuration: %w", err)
 	}
 	for i, st := range state {

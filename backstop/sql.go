@@ -76,6 +76,14 @@ type Options struct {
 	// ExemptRoles may write guarded tables without the fence (migrations):
 	// the trigger lets their writes through as they are, and counts them.
 	ExemptRoles []string
+	// PooledRoles are the login roles that reach Postgres only through
+	// pgfence behind a transaction pooler: their sessions' token counts
+	// only in the transaction pgfence set it in (its marker holds that
+	// transaction's stamp, see sqlrewrite.PooledStamp). A token a client
+	// left on a pooled server connection, where pgfence cannot see (in a
+	// function), would otherwise fence the next client's writes that
+	// pgfence did not see as writes, with the wrong lease's token.
+	PooledRoles []string
 	// Discovered, when discovery is on, is the configuration a table that
 	// has the discovered epoch column gets (its Column; no Schema or
 	// Table): Install then keeps an event trigger that puts the backstop
@@ -141,18 +149,22 @@ END
 	return named("backstop_truncate_", b.String()), true
 }
 
+// roleArray is roles as a name[] literal, sorted.
+func roleArray(roles []string) string {
+	roles = slices.Sorted(slices.Values(roles))
+	quoted := make([]string, len(roles))
+	for i, r := range roles {
+		quoted[i] = literal(r)
+	}
+	return "ARRAY[" + strings.Join(quoted, ", ") + "]::pg_catalog.name[]"
+}
+
 // exempt writes the test that lets exempt roles through, returning ret.
 func exempt(b *strings.Builder, o Options, ret string) {
 	if len(o.ExemptRoles) == 0 {
 		return
 	}
-	roles := slices.Clone(o.ExemptRoles)
-	slices.Sort(roles)
-	quoted := make([]string, len(roles))
-	for i, r := range roles {
-		quoted[i] = literal(r)
-	}
-	fmt.Fprintf(b, "  IF CURRENT_USER OPERATOR(pg_catalog.=) ANY (ARRAY[%s]::pg_catalog.name[]) THEN\n", strings.Join(quoted, ", "))
+	fmt.Fprintf(b, "  IF CURRENT_USER OPERATOR(pg_catalog.=) ANY (%s) THEN\n", roleArray(o.ExemptRoles))
 	b.WriteString("    PERFORM pgfence.note_exempt(TG_RELID, CURRENT_USER);\n")
 	if ret == "" {
 		b.WriteString("    IF TG_OP OPERATOR(pg_catalog.=) 'DELETE' THEN RETURN OLD; END IF;\n    RETURN NEW;\n")
@@ -178,14 +190,16 @@ func rowBody(g sqlrewrite.Guard, o Options) string {
 	exempt(&b, o, "")
 	fmt.Fprintf(&b, "  t := pg_catalog.current_setting(%s, true);\n", literal(setting))
 	b.WriteString("  IF t OPERATOR(pg_catalog.=) '' THEN t := NULL; END IF;\n")
+	pooled(&b, g, o, "t", "NULL", setting)
 	names := setting
 	if g.Domain != "" {
 		ds := setting + "." + g.Domain
 		names = ds + " or " + setting
 		// The precedence rule (see sqlrewrite's tokenText): a leftover
 		// per-domain token must not silently override the one just set.
-		fmt.Fprintf(&b, `  d := pg_catalog.current_setting(%s, true);
-  IF d OPERATOR(pg_catalog.<>) '' THEN
+		fmt.Fprintf(&b, "  d := pg_catalog.current_setting(%s, true);\n", literal(ds))
+		pooled(&b, g, o, "d", "''", ds)
+		fmt.Fprintf(&b, `  IF d OPERATOR(pg_catalog.<>) '' THEN
     IF t IS NOT NULL AND t OPERATOR(pg_catalog.<>) d THEN
       RAISE EXCEPTION USING ERRCODE = '22023',
         MESSAGE = pg_catalog.format('pgfence: both %s and %s are set, to different tokens (%%L and %%L), for a write to guarded table %%I.%%I in lock domain %s', d, t, TG_TABLE_SCHEMA, TG_TABLE_NAME),
@@ -193,7 +207,7 @@ func rowBody(g sqlrewrite.Guard, o Options) string {
     END IF;
     t := d;
   END IF;
-`, literal(ds), ds, setting, doubleQuoted(g.Domain),
+`, ds, setting, doubleQuoted(g.Domain),
 			literal("a per-domain token left over from another lease must not override the one you set: RESET the setting of the lease you do not hold (RESET "+ds+"), or set both to the same token"))
 	}
 	switch {
@@ -285,6 +299,38 @@ func rowBody(g sqlrewrite.Guard, o Options) string {
 	b.WriteString("  IF TG_OP OPERATOR(pg_catalog.=) 'DELETE' THEN RETURN OLD; END IF;\n")
 	fmt.Fprintf(&b, "  %s := tok;\n  RETURN NEW;\nEND\n", col)
 	return b.String()
+}
+
+// pooled writes, for a pooled role's session (Options.PooledRoles), the
+// test that drops the token in variable v, read from setting, unless
+// pgfence set it in this transaction: v becomes none, or, where a missing
+// token fails the write, the write fails saying why.
+func pooled(b *strings.Builder, g sqlrewrite.Guard, o Options, v, none, setting string) {
+	if len(o.PooledRoles) == 0 {
+		return
+	}
+	fmt.Fprintf(b, `  IF %s OPERATOR(pg_catalog.<>) '' AND SESSION_USER OPERATOR(pg_catalog.=) ANY (%s)
+     AND pg_catalog.split_part(COALESCE(pg_catalog.current_setting(%s, true), ''), ' ', 2) OPERATOR(pg_catalog.<>) %s THEN
+`, v, roleArray(o.PooledRoles), literal(sqlrewrite.PooledMarker(asciiLower(setting))), sqlrewrite.PooledStamp)
+	if g.Rollout == sqlrewrite.Enforce && !g.AllowMissingToken {
+		fmt.Fprintf(b, `    RAISE EXCEPTION USING ERRCODE = '55000',
+      MESSAGE = pg_catalog.format('pgfence: no fencing token was set by pgfence in this transaction for this write to guarded table %%I.%%I: role %%s reaches Postgres through a transaction pooler, where the %s a server connection holds may be another client''s', TG_TABLE_SCHEMA, TG_TABLE_NAME, SESSION_USER),
+      HINT = %s;
+`, setting, literal("pgfence sets the token ahead of each statement it sees may write: a text with no write keyword and no function call (a SELECT of a view whose function writes, say) gets none; call the writing function in the text, e.g. SELECT f()"))
+	} else {
+		fmt.Fprintf(b, "    %s := %s;\n", v, none)
+	}
+	b.WriteString("  END IF;\n")
+}
+
+// asciiLower folds ASCII upper case, as Postgres folds setting names.
+func asciiLower(s string) string {
+	return strings.Map(func(r rune) rune {
+		if 'A' <= r && r <= 'Z' {
+			return r + 'a' - 'A'
+		}
+		return r
+	}, s)
 }
 
 // tokenRE is what a token must look like to be cast to int8 (as the

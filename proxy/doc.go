@@ -149,7 +149,9 @@
 //     that what a client left there is gone once the transaction commits.
 //     It does so at most once per transaction: it also sets a marker
 //     setting per token setting (pgfence.tx.<name>), transaction-local
-//     too, and sets nothing while the marker holds the session's nonce, so
+//     too, and sets nothing while the marker holds the session's nonce
+//     (and the transaction's start, which the database backstop of a
+//     pooled role checks: see backstop.Options.PooledRoles), so
 //     a SET LOCAL the client ran after it in the same transaction stands.
 //     The nonce is drawn with crypto/rand, never logged, and drawn anew
 //     whenever a client message finds the session idle, where a

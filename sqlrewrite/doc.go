@@ -108,7 +108,8 @@
 // holds the start of the transaction that raised it (flagValue), and the
 // probe, which runs in the write's transaction, counts only a flag that
 // holds its own transaction's start; a pooled marker holds a nonce the
-// proxy draws for each transaction (PooledSet). Within one
+// proxy draws for each transaction and that transaction's start
+// (PooledSet), which the backstop of a pooled role checks. Within one
 // transaction a client can still raise a flag (or clear one) itself,
 // through a function its own statement calls: SQL offers nothing the
 // rewrite can compute that a function the client calls cannot, so that

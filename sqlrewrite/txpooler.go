@@ -309,6 +309,19 @@ func endsTx(stmt *pg_query.Node) bool {
 // transaction pooler is the setting pgfence.tx.<name>.
 const pooledMarker = "pgfence.tx."
 
+// PooledMarker names the marker of the token setting name (lower case),
+// which PooledSet sets to the proxy's nonce, a space and PooledStamp.
+func PooledMarker(name string) string { return pooledMarker + name }
+
+// PooledStamp is the expression for the transaction's start that a pooled
+// marker holds after its nonce and a space: the database backstop trusts a
+// token a pooled role's session holds only in the transaction whose stamp
+// its marker holds (see backstop.Options.PooledRoles), so a token left for
+// the session on a server connection counts in no later transaction. Its
+// text is the same whatever the session's settings (numeric, not a
+// timestamp's text, which DateStyle and TimeZone change).
+const PooledStamp = "pg_catalog.extract(E'epoch', pg_catalog.now())::pg_catalog.text"
+
 // PooledSet returns the statement that sets the token settings names
 // (lower case) for the transaction it runs in, behind a transaction pooler,
 // unless it has already run in that transaction, in pieces to join around
@@ -318,9 +331,9 @@ const pooledMarker = "pgfence.tx."
 // parameter ($1 for the nonce, $i+1 for value i) or a literal.
 //
 // For each setting it reads the marker pgfence.tx.<name>: unless it holds
-// the nonce, it sets the setting to "" for the session, then to its value
-// for the transaction, and the marker to the nonce for the transaction.
-// So:
+// the nonce and the transaction's stamp (PooledStamp), it sets the setting
+// to "" for the session, then to its value for the transaction, and the
+// marker to the nonce and the stamp for the transaction. So:
 //
 //   - It sets each setting once per transaction: a SET LOCAL the client
 //     runs after it in the same transaction stands.
@@ -334,11 +347,18 @@ const pooledMarker = "pgfence.tx."
 //     for the session once the transaction commits (a procedure that
 //     commits and writes on finds no token, and fails closed), and before
 //     that the transaction reads its own value.
+//   - A transaction it did not run in (its text wrote nothing pgfence
+//     could see) reads whatever the server connection holds; the
+//     backstop of a pooled role trusts no token there whose marker lacks
+//     that transaction's stamp.
 //
 // Every operator and function is schema-qualified, so the client's
 // search_path cannot change what it does.
 func PooledSet(names []string) (parts []string, args []int) {
 	text := "SELECT "
+	// The marker's value, after the nonce's argument: in parentheses, as
+	// OPERATOR() spellings share one precedence, left to right.
+	stamped := " OPERATOR(pg_catalog.||) " + quoteLiteral(" ") + " OPERATOR(pg_catalog.||) " + PooledStamp + ")"
 	arg := func(a int) {
 		parts, args = append(parts, text), append(args, a)
 		text = "::pg_catalog.text"
@@ -348,13 +368,13 @@ func PooledSet(names []string) (parts []string, args []int) {
 			text += ", "
 		}
 		name, marker := quoteLiteral(n), quoteLiteral(pooledMarker+n)
-		text += "CASE WHEN COALESCE(pg_catalog.current_setting(" + marker + ", true), " + quoteLiteral("") + ") OPERATOR(pg_catalog.<>) "
+		text += "CASE WHEN COALESCE(pg_catalog.current_setting(" + marker + ", true), " + quoteLiteral("") + ") OPERATOR(pg_catalog.<>) ("
 		arg(0)
-		text += " THEN pg_catalog.set_config(" + name + ", " + quoteLiteral("") + ", false) OPERATOR(pg_catalog.||) pg_catalog.set_config(" + name + ", "
+		text += stamped + " THEN pg_catalog.set_config(" + name + ", " + quoteLiteral("") + ", false) OPERATOR(pg_catalog.||) pg_catalog.set_config(" + name + ", "
 		arg(i + 1)
-		text += ", true) OPERATOR(pg_catalog.||) pg_catalog.set_config(" + marker + ", "
+		text += ", true) OPERATOR(pg_catalog.||) pg_catalog.set_config(" + marker + ", ("
 		arg(0)
-		text += ", true) END"
+		text += stamped + ", true) END"
 	}
 	if len(names) == 0 {
 		text += "NULL" // nothing to set: still one statement, one column

@@ -225,8 +225,8 @@ func TestPooledSetParts(t *testing.T) {
 	}
 	for _, want := range []string{"pg_catalog.set_config(E'fence.token', $2::pg_catalog.text, true)",
 		"pg_catalog.set_config(E'fence.token.billing', $3::pg_catalog.text, true)",
-		"COALESCE(pg_catalog.current_setting(E'pgfence.tx.fence.token', true), E'') OPERATOR(pg_catalog.<>) $1::pg_catalog.text",
-		"pg_catalog.set_config(E'pgfence.tx.fence.token', $1::pg_catalog.text, true)", "pg_catalog.set_config(E'fence.token', E'', false)"} {
+		"COALESCE(pg_catalog.current_setting(E'pgfence.tx.fence.token', true), E'') OPERATOR(pg_catalog.<>) ($1::pg_catalog.text" + stamp,
+		"pg_catalog.set_config(E'pgfence.tx.fence.token', ($1::pg_catalog.text" + stamp + ", true)", "pg_catalog.set_config(E'fence.token', E'', false)"} {
 		if !strings.Contains(sql, want) {
 			t.Errorf("the statement lacks %s:\n%s", want, sql)
 		}
@@ -255,9 +255,12 @@ func TestPooledSetSQL(t *testing.T) {
 	}
 	for _, want := range []string{`pg_catalog.set_config(E'fence.token', E'4\\2'::pg_catalog.text, true)`,
 		`pg_catalog.set_config(E'fence.token.billing', E''::pg_catalog.text, true)`,
-		`pg_catalog.set_config(E'pgfence.tx.fence.token', E'n''1'::pg_catalog.text, true)`} {
+		`pg_catalog.set_config(E'pgfence.tx.fence.token', (E'n''1'::pg_catalog.text` + stamp + `, true)`} {
 		if !strings.Contains(sql, want) {
 			t.Errorf("the statement with literals lacks %s:\n%s", want, sql)
 		}
 	}
 }
+
+// stamp is what a pooled marker's value has after its nonce.
+const stamp = " OPERATOR(pg_catalog.||) E' ' OPERATOR(pg_catalog.||) " + PooledStamp + ")"

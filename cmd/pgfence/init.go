@@ -22,6 +22,7 @@ type initOptions struct {
 	discover       bool
 	discoverColumn string
 	exemptRoles    []string
+	pooledRoles    []string
 	pooling        string
 }
 
@@ -77,7 +78,7 @@ GRANT statements that would give it.`,
 			defer conn.Close(context.Background())
 			read, err := catalog.Read(ctx, conn, catalog.Options{
 				Discover: o.discover, DiscoverColumn: o.discoverColumn, InitDomains: true,
-				Backstop: true, BackstopMode: backstop.Install, ExemptRoles: o.exemptRoles,
+				Backstop: true, BackstopMode: backstop.Install, ExemptRoles: o.exemptRoles, PooledRoles: o.pooledRoles,
 				TokenSetting: o.tokenSetting, AllowTruncate: o.allowTruncate,
 				Replace: true, // init is how a configuration is rolled out
 			}, cfg.Guards, apply)
@@ -147,6 +148,7 @@ GRANT statements that would give it.`,
 	f.BoolVar(&o.discover, "discover", true, "also install on every table that has a bigint --discover-column, as serve guards them")
 	f.StringVar(&o.discoverColumn, "discover-column", "fence_epoch", "epoch column name that discovery looks for")
 	f.StringArrayVar(&o.exemptRoles, "backstop-exempt-role", nil, "a role whose writes the backstop lets through unfenced (migrations), counted and logged in the server log (repeatable)")
+	f.StringArrayVar(&o.pooledRoles, "backstop-pooled-role", nil, "a login role that reaches Postgres only through pgfence behind a transaction pooler (the pooler's user for its server connections): the backstop counts its sessions' fencing token only in a transaction pgfence set it in, so that a token one client left on a shared server connection (in a function) never fences another's write (repeatable)")
 	return cmd
 }
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -142,5 +143,111 @@ func TestServeTransactionPooling(t *testing.T) {
 	}
 	if got := scrape(t, inst, fmt.Sprintf("fencing_reject_total{database=%q,kind=%q,mode=%q,table=%q,via=%q}", "postgres", "row", "enforce", "public.accounts", "backstop")); got != "1" {
 		t.Fatalf("the backstop's reject counted as %q, want 1", got)
+	}
+}
+
+// TestServePooledRole: behind a transaction pooler clients share server
+// connections, and a token one client left on one for the session, in a
+// function, stays there for the next client. A write pgfence does not see
+// as one (a SELECT of a view whose function writes: no write keyword, no
+// call in the text) gets no token from pgfence, so the backstop reads what
+// the connection holds. With --backstop-pooled-role it counts a token only
+// in the transaction pgfence set it in: the stale client's hidden write is
+// refused, not landed under the other client's token.
+func TestServePooledRole(t *testing.T) {
+	s := newServeTest(t)
+	s.exec("CREATE ROLE pooled_app LOGIN")
+	t.Cleanup(func() { s.exec("DROP OWNED BY pooled_app"); s.exec("DROP ROLE pooled_app") })
+	s.exec("CREATE TABLE accounts (id int PRIMARY KEY, val text, fence_epoch bigint NOT NULL DEFAULT 0)")
+	s.exec("INSERT INTO accounts VALUES (1, 'a', 60)")
+	s.exec("GRANT SELECT, UPDATE ON accounts TO pooled_app")
+	s.exec(`CREATE FUNCTION leave(tok text) RETURNS text LANGUAGE sql AS $$ SELECT set_config('fence.token', tok, false) $$`)
+	s.exec(`CREATE FUNCTION bump() RETURNS int LANGUAGE sql AS $$ UPDATE accounts SET val = 'hidden' WHERE id = 1 RETURNING 1 $$`)
+	s.exec("CREATE VIEW hidden AS SELECT bump() AS a")
+	s.exec("GRANT SELECT ON hidden TO pooled_app")
+
+	// One server connection, so that every transaction runs on it.
+	b, err := pgbouncer.Start(context.Background(), pgbouncer.Options{Upstream: s.pg.Addr(), PoolMode: "transaction", PoolSize: 1, Users: []string{"pooled_app"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Stop)
+	through := "postgres://postgres@" + b.Addr() + "/postgres?sslmode=disable"
+	connect := func(inst *instance, tok string) *pgx.Conn {
+		t.Helper()
+		c, err := pgx.Connect(context.Background(), "postgres://pooled_app@"+inst.Addr()+"/postgres?sslmode=disable")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close(context.Background()) })
+		if _, err := c.Exec(context.Background(), "SET fence.token = '"+tok+"'"); err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	// leaveAndWriteHidden has the lease's holder (token 100) leave its
+	// token on the server connection, then the stale client (50, below the
+	// row's 60) write through the view.
+	leaveAndWriteHidden := func(inst *instance) error {
+		t.Helper()
+		holder, stale := connect(inst, "100"), connect(inst, "50")
+		if _, err := holder.Exec(context.Background(), "SELECT leave('100')"); err != nil {
+			t.Fatal(err)
+		}
+		_, err := stale.Exec(context.Background(), "SELECT a FROM hidden")
+		return err
+	}
+
+	for _, pooled := range []bool{false, true} {
+		s.exec("UPDATE accounts SET val = 'a', fence_epoch = 60 WHERE id = 1")
+		o := serveOptions{upstream: through, upstreamPooling: poolingTransaction, discover: true, backstop: "install"}
+		if pooled {
+			o.pooledRoles = []string{"pooled_app"}
+		}
+		// Each configuration recorded as 'pgfence init' records it.
+		cmd := rootCmd()
+		cmd.SetOut(io.Discard)
+		args := []string{"init", "--upstream", through, "--upstream-pooling", "transaction", "--guard", "public.accounts"}
+		if pooled {
+			args = append(args, "--backstop-pooled-role", "pooled_app")
+		}
+		cmd.SetArgs(args)
+		if err := cmd.Execute(); err != nil {
+			t.Fatal(err)
+		}
+		inst := s.serve(o)
+		err := leaveAndWriteHidden(inst)
+		v, e := s.epoch("accounts", 1)
+		if !pooled {
+			// What the flag is for: without it the stale write lands
+			// under the other client's token.
+			if err != nil || v != "hidden" || e != 100 {
+				t.Fatalf("without --backstop-pooled-role: %v, row %q at %d; want the leftover token's write (hidden at 100), which the flag prevents", err, v, e)
+			}
+			continue
+		}
+		var pe *pgconn.PgError
+		if !errors.As(err, &pe) || pe.Code != "55000" || !strings.Contains(pe.Message, "transaction pooler") {
+			t.Fatalf("the stale client's hidden write with --backstop-pooled-role: %v; want 55000 naming the transaction pooler", err)
+		}
+		if v != "a" || e != 60 {
+			t.Fatalf("row 1 is %q at %d after the refused write, want a at 60", v, e)
+		}
+		// Writes pgfence sees get the session's own token, set in their
+		// transaction: fenced as ever, in a function called in the text too.
+		c := connect(inst, "70")
+		if got := tag(t, c, "UPDATE accounts SET val = 'seen' WHERE id = 1"); got != "UPDATE 1" {
+			t.Fatalf("a fresh write with --backstop-pooled-role: %s", got)
+		}
+		if _, err := c.Exec(context.Background(), "SELECT bump()"); err != nil {
+			t.Fatalf("a fresh write in a function called in the text: %v", err)
+		}
+		if v, e := s.epoch("accounts", 1); v != "hidden" || e != 70 {
+			t.Fatalf("after fresh writes at 70: %q at %d", v, e)
+		}
+		stale := connect(inst, "50")
+		if got := tag(t, stale, "UPDATE accounts SET val = 'stale' WHERE id = 1"); got != "UPDATE 0" {
+			t.Fatalf("a stale write pgfence sees: %s", got)
+		}
 	}
 }

@@ -58,6 +58,7 @@ type serveOptions struct {
 	initDomains      bool
 	backstop         string
 	exemptRoles      []string
+	pooledRoles      []string
 	excludeDatabases []string
 	// readyWithoutBackstop has /readyz answer 200 while a guarded table
 	// lacks its backstop.
@@ -89,6 +90,7 @@ func (o *serveOptions) addFlags(cmd *cobra.Command) {
 	f.BoolVar(&o.initDomains, "init-domains", true, "create the lock-domain table (pgfence.domains) and its rows when missing; false for teams that forbid runtime DDL (run 'pgfence init' instead)")
 	f.StringVar(&o.backstop, "backstop", "install", "the database backstop: triggers on every guarded table that enforce the fence inside Postgres, for writes pgfence cannot see (views, functions, cascades, direct connections): install (and keep it installed), verify (only check and report; install it with 'pgfence init'), or off")
 	f.StringArrayVar(&o.exemptRoles, "backstop-exempt-role", nil, "a role whose writes the backstop lets through unfenced (migrations), counted and logged in the server log (repeatable)")
+	f.StringArrayVar(&o.pooledRoles, "backstop-pooled-role", nil, "a login role that reaches Postgres only through pgfence behind a transaction pooler (the pooler's user for its server connections): the backstop counts its sessions' fencing token only in a transaction pgfence set it in, so that a token one client left on a shared server connection (in a function) never fences another's write (repeatable)")
 	f.StringVar(&o.tlsCert, "tls-cert", "", "PEM certificate (chain) for client TLS; with --tls-key, pgfence accepts sslmode=require/verify-full clients and terminates their TLS")
 	f.StringVar(&o.tlsKey, "tls-key", "", "PEM private key for --tls-cert")
 	f.DurationVar(&o.drainTimeout, "drain-timeout", defaultDrainTimeout, "on SIGTERM, how long open transactions may go on before their sessions are closed; the runtime must give pgfence this plus 5s before it kills it (podman's and docker's stop timeout, 10s by default; Kubernetes' terminationGracePeriodSeconds)")
@@ -334,7 +336,8 @@ func start(o serveOptions, log *slog.Logger) (*instance, error) {
 	if err != nil {
 		return nil, err
 	}
-	if _, _, err := backstopMode(o.backstop); err != nil {
+	_, backstopOn, err := backstopMode(o.backstop)
+	if err != nil {
 		return nil, err
 	}
 	if o.eventLoops < 0 {
@@ -343,6 +346,9 @@ func start(o serveOptions, log *slog.Logger) (*instance, error) {
 	txPool, err := o.transactionPooling()
 	if err != nil {
 		return nil, err
+	}
+	if txPool && backstopOn && len(o.pooledRoles) == 0 {
+		log.Warn("behind a transaction pooler without --backstop-pooled-role: a fencing token one client leaves on a shared server connection (set in a function) fences the next client's writes that pgfence cannot see in the text; name the pooler's login role with --backstop-pooled-role (and run pgfence init with it)")
 	}
 	mainDB, err := upstreamDatabase(o.upstream)
 	if err != nil {
@@ -597,7 +603,7 @@ func (o serveOptions) catalogOptions() (catalog.Options, error) {
 	}
 	return catalog.Options{
 		Discover: o.discover, DiscoverColumn: o.discoverColumn, InitDomains: o.initDomains,
-		Backstop: on, BackstopMode: mode, ExemptRoles: o.exemptRoles,
+		Backstop: on, BackstopMode: mode, ExemptRoles: o.exemptRoles, PooledRoles: o.pooledRoles,
 		TokenSetting: o.tokenSetting, AllowTruncate: o.allowTruncate,
 	}, nil
 }

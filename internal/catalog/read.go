@@ -28,6 +28,7 @@ type Options struct {
 	Backstop     bool
 	BackstopMode backstop.Mode
 	ExemptRoles  []string
+	PooledRoles  []string
 	TokenSetting string
 	// AllowTruncate lets TRUNCATE of a guarded table through the backstop.
 	AllowTruncate bool
@@ -153,7 +154,7 @@ func Read(ctx context.Context, conn *pgx.Conn, o Options, explicit []sqlrewrite.
 	r.Problems = append(r.Problems, applyMembers(r.Guards, members)...)
 	applyMembers(tables, members)
 	if o.Backstop {
-		bo := backstop.Options{TokenSetting: o.TokenSetting, AllowTruncate: o.AllowTruncate, ExemptRoles: o.ExemptRoles, Replace: o.Replace}
+		bo := backstop.Options{TokenSetting: o.TokenSetting, AllowTruncate: o.AllowTruncate, ExemptRoles: o.ExemptRoles, PooledRoles: o.PooledRoles, Replace: o.Replace}
 		if o.Discover {
 			// What a table found by its epoch column gets, for the event
 			// trigger that installs the backstop as DDL creates one.

@@ -29,6 +29,8 @@ type Options struct {
 	PoolSize int
 	// Extra lines for the [pgbouncer] section.
 	Extra []string
+	// Users are the roles besides postgres that clients may log in as.
+	Users []string
 }
 
 // PgBouncer is a running PgBouncer.
@@ -109,7 +111,7 @@ pidfile = %[4]s/pgbouncer.pid
 logfile = %[4]s/pgbouncer.log
 %[7]s
 `, host, port, listen, dir, opt.PoolMode, opt.PoolSize, strings.Join(opt.Extra, "\n"))
-	for name, text := range map[string]string{"pgbouncer.ini": ini, "userlist.txt": `"postgres" ""` + "\n"} {
+	for name, text := range map[string]string{"pgbouncer.ini": ini, "userlist.txt": userList(opt.Users)} {
 		p := filepath.Join(dir, name)
 		if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
 			os.RemoveAll(dir)
@@ -169,4 +171,14 @@ func freePort() (int, error) {
 	}
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+// userList is the auth file listing postgres and users, with no password
+// (trust authentication).
+func userList(users []string) string {
+	var b strings.Builder
+	for _, u := range append([]string{"postgres"}, users...) {
+		fmt.Fprintf(&b, "%q \"\"\n", u)
+	}
+	return b.String()
 }
