@@ -65,6 +65,8 @@ test: ensure-postgres
 	cd deploy/kubernetes && $(GO) vet ./... && $(GO) test -count=1 ./...
 	# And on TLS, both legs (clients with sslmode=require and the test CA; Postgres with ssl on).
 	PGFENCE_TEST_TLS=1 $(GO) test -count=1 -timeout 10m ./proxy ./fence ./backstop ./compat
+	# The drivers again where the backstop's helpers are in place, as serve has them by default: fenced writes right after a SET pgfence answered go without their probe.
+	PGFENCE_TEST_HELPERS=1 $(GO) test -count=1 -timeout 10m ./compat
 ifneq ($(strip $(PG_VERSIONS)),)
 	$(MAKE) test-versions
 endif

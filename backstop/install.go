@@ -212,6 +212,10 @@ func supported(ctx context.Context, conn *pgx.Conn) error {
 	return nil
 }
 
+// IsSetUp reports whether pgfence's schema objects are as this version's
+// Setup leaves them, at the cost of one query.
+func IsSetUp(ctx context.Context, conn *pgx.Conn) (bool, error) { return setUp(ctx, conn) }
+
 // setUp reports whether pgfence's schema objects are as Setup left them.
 func setUp(ctx context.Context, conn *pgx.Conn) (bool, error) {
 	var want string

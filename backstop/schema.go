@@ -1,6 +1,10 @@
 package backstop
 
-import "slices"
+import (
+	"slices"
+
+	"github.com/pgfence/pgfence/sqlrewrite"
+)
 
 // setupSQL creates pgfence's schema objects, or brings them up to date:
 // schemaSQL's, the DDL guard's (guardSQL) and the discovery watch's
@@ -141,6 +145,26 @@ BEGIN
       DETAIL = format('kind=%s mode=%s epoch=%s token=%s rel=%s at=%s mark=%s', kind, mode, coalesce(epoch::text, ''), tok, rel, at, k),
       SCHEMA = sch, TABLE = tbl;
   END IF;
+END
+$pgfence$`,
+	// note_stale is how a write pgfence rewrote raises a stale row's flag
+	// where the database has it (sqlrewrite.Config.StaleNotice): as
+	// set_config(flag, value, true) does, returning value, and with a
+	// notice whose detail is the flag's name and value, which pgfence takes
+	// from its session's replies instead of running the probe after the
+	// write (sqlrewrite.ParseStaleNotice). It runs only for stale rows. As
+	// note_reject's, its notice is sent whatever the session's
+	// client_min_messages. It counts nothing and runs as its caller: a
+	// client that calls it raises a flag of its own transaction, as it
+	// could with set_config, and pgfence counts such a notice only during
+	// one of the client's own fenced writes, for that write's tables.
+	`CREATE OR REPLACE FUNCTION pgfence.note_stale(flag text, value text) RETURNS text
+	LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET client_min_messages = notice AS $pgfence$
+BEGIN
+  PERFORM set_config(flag, value, true);
+  RAISE NOTICE USING ERRCODE = '` + sqlrewrite.StaleNoticeCode + `',
+    MESSAGE = 'pgfence: a stale row was left unchanged', DETAIL = flag || ' ' || value;
+  RETURN value;
 END
 $pgfence$`,
 	// note_exempt counts a row written by an exempt role and logs the

@@ -11,7 +11,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgproto3"
 
+	"github.com/pgfence/pgfence/fence"
 	"github.com/pgfence/pgfence/internal/pgtest"
+	"github.com/pgfence/pgfence/proxy"
 )
 
 // TestRelayAllocations checks that, once a session is warm, the event loop
@@ -24,8 +26,20 @@ func TestRelayAllocations(t *testing.T) {
 	if os.Getenv("PGFENCE_TEST_RELAY") == "goroutines" {
 		t.Skip("the goroutine relay allocates a pipeline entry per probe; the claim is the event loop's")
 	}
+	t.Run("probes", func(t *testing.T) { relayAllocations(t) })
+	// Where the backstop's helpers are in place, the writes right after a
+	// SET pgfence answered go without their probe (see fence/quiet.go).
+	t.Run("helpers", func(t *testing.T) {
+		p := relayAllocations(t, staleNotices(t))
+		if got := p.Counter(t, "pgfence_probes_left_out_total"); got == 0 {
+			t.Error("no probe was left out: the measure is not of that path")
+		}
+	})
+}
+
+func relayAllocations(t *testing.T, edit ...func(*proxy.Config, *fence.Config)) *pgtest.Proxy {
 	tbl := table(t, [3]any{1, "v", 5})
-	p := pgtest.StartProxy(t, []string{tbl})
+	p := pgtest.StartProxy(t, []string{tbl}, edit...)
 	c := p.Connect(t)
 	pgtest.Exec(t, c, "SET fence.token = '10'")
 	conn := c.PgConn().Conn()
@@ -132,6 +146,7 @@ func TestRelayAllocations(t *testing.T) {
 	if val, epoch := row(t, tbl, 1); val != "z" || epoch != 10 {
 		t.Fatalf("row is %q at epoch %d, want z at 10", val, epoch)
 	}
+	return p
 }
 
 // pgfenceAllocs runs f with every allocation profiled, and counts those

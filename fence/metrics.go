@@ -31,6 +31,7 @@ type Metrics struct {
 	cacheMisses   *loopstat.Counter
 	bound         *loopstat.Counter
 	setsAnswered  *loopstat.Counter
+	probesOut     *loopstat.Counter
 	passthrough   *loopstat.Counter
 	fenced        *loopstat.Counter
 	refused       *loopstat.Counter
@@ -107,6 +108,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		"Fenced simple-protocol writes run as a statement prepared once per session and bound to their literals, rather than rewritten as sent.")
 	setsAnswered := counter("pgfence_token_sets_answered_total",
 		"SETs of the fencing token that pgfence answered itself, setting the token on the server ahead of the client's next statement (set_config), rather than forwarded to it as sent.")
+	probesOut := counter("pgfence_probes_left_out_total",
+		"Fenced writes whose probe pgfence left out: it took their token from a SET it answered right ahead of them, and their stale rows from the notices the write raised (where the backstop's helpers are in place).")
 	m := &Metrics{
 		queries: counter("pgfence_queries_total",
 			"Query and Parse messages by what pgfence did with them: passthrough, fenced or refused.",
@@ -120,6 +123,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		cacheMisses:  cacheMisses.With(),
 		bound:        bound.With(),
 		setsAnswered: setsAnswered.With(),
+		probesOut:    probesOut.With(),
 		views:        map[string]*DatabaseMetrics{},
 	}
 	a := &m.all
@@ -161,7 +165,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		"The highest fencing token a write to a table of the lock domain went through with, through this pgfence (0 until one does).", "domain")
 	reg.MustRegister(a.rejects, a.withoutToken, a.guardedWrites, a.unfenced, a.guarded, a.discoveryOK,
 		a.backstop, a.backstopOK, a.exposed, a.differs, a.unfenceable, a.counts, a.tokenGap, a.acceptedTable, a.acceptedDomain)
-	reg.MustRegister(m.queries, m.errors, m.connsTotal, m.connsActive, cacheHits, cacheMisses, bound, setsAnswered)
+	reg.MustRegister(m.queries, m.errors, m.connsTotal, m.connsActive, cacheHits, cacheMisses, bound, setsAnswered, probesOut)
 	m.passthrough = m.queries.With("passthrough")
 	m.fenced = m.queries.With("fenced")
 	m.refused = m.queries.With("refused")

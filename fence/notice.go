@@ -21,7 +21,15 @@ import (
 // with the backstop's code that the backstop did not raise: a client's own
 // function can raise any notice, but not one whose mark holds (see
 // backstop.NoticeMark), nor raise one of the backstop's again.
+//
+// The notices of pgfence.note_stale (sqlrewrite.StaleNoticeCode), a
+// rewritten write's stale rows, are kept from the client too: one whose
+// write pgfence watches is counted there (see quiet.go), and any other is
+// counted by the write's probe, from the flag it raised.
 func (p *Policy) Notice(c *proxy.Client, n *pgproto3.NoticeResponse) bool {
+	if n.Code == sqlrewrite.StaleNoticeCode {
+		return false
+	}
 	if n.Code != backstop.CodeStaleNotice {
 		return true
 	}

@@ -53,6 +53,10 @@ type Config struct {
 	// ServerVersion is the server's server_version_num, 0 when unknown
 	// (see sqlrewrite.Config.ServerVersion).
 	ServerVersion int
+	// StaleNotice says the database has the backstop's helpers (see
+	// sqlrewrite.Config.StaleNotice): a fenced write may then go without
+	// its probe (see quiet.go).
+	StaleNotice bool
 }
 
 // codeStaleDomain is the SQLSTATE of a stale INSERT into a table of a lock
@@ -199,7 +203,7 @@ func (p *Policy) Reload(cfg Config) error {
 		cfg.TokenSetting = "fence.token"
 	}
 	rw, err := sqlrewrite.New(sqlrewrite.Config{Guards: cfg.Guards, TokenSetting: cfg.TokenSetting, Allow: cfg.Allow, DDLGuard: cfg.DDLGuard,
-		ServerVersion: cfg.ServerVersion})
+		ServerVersion: cfg.ServerVersion, StaleNotice: cfg.StaleNotice})
 	if err != nil {
 		return err
 	}

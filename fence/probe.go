@@ -39,9 +39,13 @@ func (p *Policy) probe(st *state, pr sqlrewrite.Probe) *proxy.Probe {
 			series[i].domainAccepted = p.m.acceptedDomain.of(t.Domain)
 		}
 	}
-	v, _ := st.probes.LoadOrStore(pr.SQL, proxy.NewProbe(pr.SQL, func(c *proxy.Client, row [][]byte) *pgproto3.NoticeResponse {
+	probe := proxy.NewProbe(pr.SQL, func(c *proxy.Client, row [][]byte) *pgproto3.NoticeResponse {
 		return p.probed(c, &pr, series, notify, row)
-	}))
+	})
+	if st.cfg.StaleNotice {
+		probe.SetQuiet(p.quiet(st, &pr, series, notify))
+	}
+	v, _ := st.probes.LoadOrStore(pr.SQL, probe)
 	return v.(*proxy.Probe)
 }
 
@@ -66,35 +70,51 @@ func (p *Policy) probed(c *proxy.Client, pr *sqlrewrite.Probe, series []probeSer
 			p.log.Error("probe returned a short row; reject counts may be low", "columns", len(row), "tables", len(pr.Tables))
 			return nil
 		}
-		mode := t.Rollout.String()
-		shard := shardOf(c)
-		if len(o.Token) > 0 {
-			series[i].set.Inc(shard)
-		} else {
-			series[i].missing.Inc(shard)
-			series[i].allowed.Inc(shard)
-			p.log.Warn("write without fencing token let through", "table", t.Table, "mode", mode,
-				"client", c.RemoteAddr, "application_name", c.ApplicationName(), "user", c.User)
-		}
-		if o.Stale == sqlrewrite.NotStale {
-			if tok, ok := parseToken(o.Token); ok && t.Rollout != sqlrewrite.Observe {
-				series[i].accepted.raise(tok)
-				if d := series[i].domainAccepted; d != nil {
-					d.raise(tok)
-				}
+		if p.outcome(c, t, &series[i], o) {
+			token = o.Token
+			if t.Rollout == sqlrewrite.Enforce {
+				stale = append(stale, t.Table)
 			}
-			continue
-		}
-		token = o.Token
-		if o.Stale > sqlrewrite.StaleDomain {
-			p.log.Error("probe returned an unknown outcome; reject counts may be low", "table", t.Table)
-			continue
-		}
-		p.staleWrite(c, series[i].rejects[o.Stale], series[i].gaps[o.Stale], t.Table, mode, o.Stale.String(), "rewrite", string(o.Token), string(o.Winner), "domain", t.Domain)
-		if t.Rollout == sqlrewrite.Enforce {
-			stale = append(stale, t.Table)
 		}
 	}
+	return staleNotice(notify, stale, token)
+}
+
+// outcome counts what a guarded write left behind in table t, as its probe
+// (or, left out, its replies: see quiet.go) found it, and reports whether
+// a stale row was skipped (Enforce) or would have been (Shadow).
+func (p *Policy) outcome(c *proxy.Client, t sqlrewrite.ProbeTable, series *probeSeries, o sqlrewrite.ProbeOutcome) (stale bool) {
+	mode := t.Rollout.String()
+	shard := shardOf(c)
+	if len(o.Token) > 0 {
+		series.set.Inc(shard)
+	} else {
+		series.missing.Inc(shard)
+		series.allowed.Inc(shard)
+		p.log.Warn("write without fencing token let through", "table", t.Table, "mode", mode,
+			"client", c.RemoteAddr, "application_name", c.ApplicationName(), "user", c.User)
+	}
+	if o.Stale == sqlrewrite.NotStale {
+		if tok, ok := parseToken(o.Token); ok && t.Rollout != sqlrewrite.Observe {
+			series.accepted.raise(tok)
+			if d := series.domainAccepted; d != nil {
+				d.raise(tok)
+			}
+		}
+		return false
+	}
+	if o.Stale > sqlrewrite.StaleDomain {
+		p.log.Error("probe returned an unknown outcome; reject counts may be low", "table", t.Table)
+		return false
+	}
+	p.staleWrite(c, series.rejects[o.Stale], series.gaps[o.Stale], t.Table, mode, o.Stale.String(), "rewrite", string(o.Token), string(o.Winner), "domain", t.Domain)
+	return true
+}
+
+// staleNotice is the WARNING a stale writer gets when notify (NotifyStale)
+// asks for one: stale are the Enforce tables whose rows it left alone,
+// token the token it ran with.
+func staleNotice(notify bool, stale []string, token []byte) *pgproto3.NoticeResponse {
 	if !notify || len(stale) == 0 {
 		return nil
 	}

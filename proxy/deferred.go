@@ -43,6 +43,11 @@ type applyState struct {
 	// afterPlan is set while a Query or Parse that starts a batch is
 	// planned, to set deferred settings ahead of it (see applyPlanned).
 	afterPlan bool
+	// joined is set from sending the deferred settings joined to a unit
+	// of one fenced write that found the session idle until that unit's
+	// Execute, which may then leave its probe out (see Quiet); a Sync
+	// clears it.
+	joined bool
 	// held, heldOut and heldWriter: see above.
 	held       bool
 	heldOut    heldBuffer

@@ -173,7 +173,38 @@ type Probe struct {
 	// closeStmt closes the statement, under transaction pooling.
 	closeStmt []byte
 	done      ProbeFunc
+	// quiet, if set, lets the proxy leave the probe out (see Quiet).
+	quiet *Quiet
 }
+
+// Quiet lets the proxy leave a probe out after an Execute whose write
+// tells all the probe would: the write raises a notice for each stale row
+// it leaves alone, and the token it runs with is the one the proxy's
+// deferred settings (see Config.ForwardSettings) set right ahead of it, in
+// the same transaction. That holds for the Execute of a unit of one
+// fenced write (Bind, Execute, Sync) that the proxy sends joined to the
+// deferred settings while the session is idle: the transaction is the
+// unit's own, so a flag the write raised goes with it, and no statement of
+// the client's runs between the settings and the write. The proxy then
+// watches the write's replies in place of the probe's.
+type Quiet struct {
+	// Known reports whether set, the settings set ahead of the write,
+	// tell the token it runs with.
+	Known func(c *Client, set []Setting) bool
+	// Notice sees each notice the watched write raises, and reports
+	// whether it is the write's own account of a stale row: it is then
+	// kept from the client, and note is what Done gets of it.
+	Notice func(c *Client, n *pgproto3.NoticeResponse) (note string, ok bool)
+	// Done is told the write completed (CommandComplete, or
+	// PortalSuspended), with set and the notes of its notices, as the
+	// probe's ProbeFunc would be told its row. A non-nil notice is sent
+	// to the client ahead of the write's completion.
+	Done func(c *Client, set []Setting, notes []string) *pgproto3.NoticeResponse
+}
+
+// SetQuiet lets the proxy leave p out where q says it may. Call it before
+// p is first used.
+func (p *Probe) SetQuiet(q *Quiet) { p.quiet = q }
 
 // ProbeFunc receives a probe's row: its text values, nil for NULL, valid
 // only during the call (the session reuses their buffers). A non-nil notice

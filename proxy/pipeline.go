@@ -83,6 +83,12 @@ type wait struct {
 	// after it, says what the proxy sends after them is held back until
 	// they are answered (see applyState.held).
 	held bool
+	// quiet, on a waitExecute, is the probe the proxy left out after it
+	// (see Quiet), with the settings set ahead of the write and the notes
+	// of its stale rows' notices.
+	quiet *Probe
+	set   []Setting
+	notes []string
 }
 
 // position maps the position of an error in the text w answers for to
@@ -267,7 +273,7 @@ func (p *pipeline) drop() {
 		if cap(params) > maxKeptParams {
 			params = nil // not held by an idle session
 		}
-		*w = wait{pooled: true, params: params, ends: w.ends[:0]}
+		*w = wait{pooled: true, params: params, ends: w.ends[:0], set: w.set[:0]}
 		p.free = append(p.free, w)
 	}
 }

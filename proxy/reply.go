@@ -30,6 +30,11 @@ func (s *session) reply(w *wait, typ serverMsg, n int) error {
 		if w != nil {
 			switch w.kind {
 			case waitExecute:
+				if w.quiet != nil {
+					if err := s.quietDone(w); err != nil {
+						return err
+					}
+				}
 				s.pipe.pop()
 			case waitQuery:
 				if w.probes != nil {
@@ -53,7 +58,7 @@ func (s *session) reply(w *wait, typ serverMsg, n int) error {
 	case serverMsgParameterStatus:
 		return s.parameterStatus(n)
 	case serverMsgNoticeResponse:
-		return s.serverNotice(n)
+		return s.serverNotice(w, n)
 	case serverMsgBackendKeyData:
 		s.auth.onKeyData(s.sr, n)
 	case serverMsgAuthentication:
@@ -85,8 +90,9 @@ func (s *session) swallowReply(w *wait, typ serverMsg, n int) error {
 }
 
 // serverNotice forwards a NoticeResponse unless the Interceptor keeps it
-// from the client.
-func (s *session) serverNotice(n int) error {
+// from the client, or it is the account of a stale row of the write w
+// watches (see Quiet), which is noted.
+func (s *session) serverNotice(w *wait, n int) error {
 	b, err := body(s.sr, n, &s.sbuf)
 	if err != nil {
 		return err
@@ -94,6 +100,12 @@ func (s *session) serverNotice(n int) error {
 	var nr pgproto3.NoticeResponse
 	if err := nr.Decode(b); err != nil {
 		return fmt.Errorf("server sent a malformed NoticeResponse: %w", err)
+	}
+	if w != nil && w.quiet != nil {
+		if note, ok := w.quiet.quiet.Notice(s.c, &nr); ok {
+			w.notes = append(w.notes, note)
+			return nil
+		}
 	}
 	if !s.srv.cfg.Interceptor.Notice(s.c, &nr) {
 		return nil

@@ -276,7 +276,7 @@ func (r *reuseState) forget(b *stmtBook) {
 // the statement this session prepared of it, or prepares one named for
 // the session tagged tag), Bind and Execute. pooled says a transaction
 // pooler is behind the proxy, where no statement outlives a transaction.
-func (r *reuseState) sendBound(l *link, tag string, plan *Plan, pooled bool) error {
+func (r *reuseState) sendBound(l *link, tag string, plan *Plan, pooled bool, exec *wait) error {
 	ss := r.lookup(plan.SQL, plan.ParamTypes)
 	name := ""
 	swallow := l.pipe.get(waitSwallow)
@@ -322,7 +322,7 @@ func (r *reuseState) sendBound(l *link, tag string, plan *Plan, pooled bool) err
 	if _, err := l.sw.Write(l.out); err != nil {
 		return err
 	}
-	l.pipe.push(executeWait)
+	l.pipe.push(exec)
 	return nil
 }
 

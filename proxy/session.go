@@ -275,7 +275,7 @@ func (s *session) clientMessage(f *clientFrame) error {
 	case clientMsgParse, clientMsgBind, clientMsgExecute, clientMsgClose, clientMsgDescribe, clientMsgFlush:
 		s.c.midBatch = true
 	case clientMsgSync:
-		s.c.midBatch = false
+		s.c.midBatch, s.apply.joined = false, false
 		if len(s.c.afterSync) > 0 {
 			// A hold taken in the batch this Sync ends (see Statement holds).
 			s.c.held, s.c.holdAgain, s.c.afterSync = true, append(s.c.holdAgain, s.c.afterSync...), nil
@@ -292,7 +292,11 @@ func (s *session) clientMessage(f *clientFrame) error {
 	case clientMsgBind:
 		return s.bind(f)
 	case clientMsgExecute:
-		p, err := s.book.onExecute(&s.link, s.cr, n)
+		var set []Setting // the settings just set ahead of it, if it may go without its probe
+		if s.apply.joined {
+			set, s.apply.joined = s.sets.deferred, false
+		}
+		p, err := s.book.onExecute(&s.link, s.cr, n, s.c, set)
 		if p != nil && err == nil {
 			// Run the probe right after the Execute, in the same
 			// transaction, before whatever the client sends next.
@@ -369,10 +373,17 @@ func (s *session) query(n int) error {
 // Sync.
 func (s *session) queryBound(plan *Plan) error {
 	s.book.onBoundQuery(s.failedNow())
-	if err := s.reuse.sendBound(&s.link, s.tag, plan, s.txPool()); err != nil {
+	p, exec := plan.probe(), executeWait
+	if s.apply.joined {
+		s.apply.joined = false
+		if w := s.watch(p, s.c, s.sets.deferred); w != nil {
+			p, exec = nil, w
+		}
+	}
+	if err := s.reuse.sendBound(&s.link, s.tag, plan, s.txPool(), exec); err != nil {
 		return err
 	}
-	if p := plan.probe(); p != nil {
+	if p != nil {
 		if err := s.injectProbe(p); err != nil {
 			return err
 		}
@@ -629,11 +640,18 @@ func (s *session) applyDeferred(f *clientFrame) error {
 	case clientMsgBind:
 		if u, ok := s.unit(f); ok {
 			if s.book.fencedWrite(u.stmt) {
-				return s.sendDeferred()
+				return s.sendDeferredJoined()
 			}
 		}
 	}
 	return s.sendDeferredHolding()
+}
+
+// sendDeferredJoined sends the deferred settings joined to the unit of one
+// fenced write the client's message being handled starts.
+func (s *session) sendDeferredJoined() error {
+	s.apply.joined = s.sets.wasIdle
+	return s.sendDeferred()
 }
 
 // applyPlanned is applyDeferred for a batch that starts with a Query or
@@ -644,12 +662,11 @@ func (s *session) applyPlanned(plan *Plan, parse bool, name []byte) error {
 	fenced := plan.probe() != nil && !plan.Forget
 	if parse {
 		u, ok := s.unit(nil)
-		fenced = fenced && ok && bytes.Equal(u.stmt, name)
-	} else {
-		fenced = fenced && plan.ParamTypes != nil && !s.c.midBatch
-	}
-	if fenced {
-		return s.sendDeferred()
+		if fenced = fenced && ok && bytes.Equal(u.stmt, name); fenced {
+			return s.sendDeferredJoined()
+		}
+	} else if fenced = fenced && plan.ParamTypes != nil && !s.c.midBatch; fenced {
+		return s.sendDeferredJoined()
 	}
 	return s.sendDeferredHolding()
 }

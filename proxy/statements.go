@@ -339,8 +339,10 @@ func (b *stmtBook) onDescribe(l *link, cr msgReader, r *reuseState, pl replanner
 }
 
 // execute forwards through l an Execute (n bytes in cr), and returns the
-// probe of the portal it runs, if that has one, to run right after it.
-func (b *stmtBook) onExecute(l *link, cr msgReader, n int) (p *Probe, err error) {
+// probe of the portal it runs, if that has one, to run right after it:
+// none where set, the settings set right ahead of it (see Quiet), tell the
+// probe's Quiet all it needs, which then watches the write's replies.
+func (b *stmtBook) onExecute(l *link, cr msgReader, n int, c *Client, set []Setting) (p *Probe, err error) {
 	if len(b.portals) > 0 || b.portalGone || b.portalStale {
 		body, err := peekBody(cr, n)
 		if err != nil {
@@ -358,7 +360,11 @@ func (b *stmtBook) onExecute(l *link, cr msgReader, n int) (p *Probe, err error)
 			}
 		}
 	}
-	l.pipe.push(executeWait)
+	w := executeWait
+	if ww := l.watch(p, c, set); ww != nil {
+		w, p = ww, nil
+	}
+	l.pipe.push(w)
 	return p, forward(l.sw, cr, n)
 }
 

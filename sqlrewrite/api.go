@@ -1,5 +1,10 @@
 package sqlrewrite
 
+import (
+	"strconv"
+	"strings"
+)
+
 // Guard names one guarded table and its epoch column, and how it is fenced.
 // Names are already normalised the way Postgres folds identifiers (see
 // ParseGuard).
@@ -116,7 +121,17 @@ type Config struct {
 	// with, a text that may write a guarded table and that pgfence cannot
 	// read is refused as a version skew (0A000, see skew.go).
 	ServerVersion int
+	// StaleNotice says the database has the backstop's helper
+	// pgfence.note_stale (see StaleNoticeCode): a stale row raises its
+	// flag through it, which also raises a notice, so that the proxy can
+	// learn of it without the probe (see Probe).
+	StaleNotice bool
 }
+
+// StaleNoticeCode is the SQLSTATE of the notice pgfence.note_stale raises
+// for a stale row a rewritten write left alone (StaleNotice). Its detail
+// is the flag's name, a space and the flag's value (ParseStaleNotice).
+const StaleNoticeCode = "PF011"
 
 // Allow names the unfenceable forms a configuration lets through. On a
 // table whose guard has Backstop, COPY FROM and CURRENT OF run fenced by
@@ -295,6 +310,40 @@ type ProbeTable struct {
 	Table   string
 	Rollout Rollout
 	Domain  string // the table's lock domain, "" for none
+	// Guard is the index of the table's guard in the configuration, which
+	// names its flags (see ParseStaleNotice).
+	Guard int
+}
+
+// ParseStaleNotice reads the detail of a StaleNoticeCode notice: the guard
+// whose flag the stale row raised, which flag, and what beat the token
+// (empty when pgfence cannot know it). ok is false for a detail that is
+// not such a notice's.
+func ParseStaleNotice(detail string) (guard int, kind Stale, winner string, ok bool) {
+	name, value, found := strings.Cut(detail, " ")
+	if !found {
+		return 0, NotStale, "", false
+	}
+	var index string
+	switch {
+	case strings.HasPrefix(name, dflagPrefix):
+		kind, index = StaleDomain, name[len(dflagPrefix):]
+	case strings.HasPrefix(name, flagPrefix):
+		kind, index = StaleRow, name[len(flagPrefix):]
+	default:
+		return 0, NotStale, "", false
+	}
+	guard, err := strconv.Atoi(index)
+	// The value is the transaction's start (which has colons), ':' and the
+	// winner (which has none).
+	at := strings.LastIndexByte(value, ':')
+	if err != nil || guard < 0 || at < 0 {
+		return 0, NotStale, "", false
+	}
+	if winner = value[at+1:]; winner == unknownEpoch {
+		winner = ""
+	}
+	return guard, kind, winner, true
 }
 
 // PreparedWrite is an SQL-level PREPARE of a statement writing guarded tables.

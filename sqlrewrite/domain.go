@@ -68,8 +68,8 @@ func StaleDomainTokens(message string) (token, newer string, ok bool) {
 // token.
 func (g *guardInfo) domainRaise(ref string) string {
 	d := g.domain
-	return "pg_catalog.set_config(CASE WHEN " + d.exists + " THEN " + g.flag + " ELSE " + g.dflag + " END, " +
-		flagValue("CASE WHEN "+d.exists+" THEN "+g.epochText(ref)+" ELSE "+d.winner+" END") + ", true)"
+	return g.raise("CASE WHEN "+d.exists+" THEN "+g.flag+" ELSE "+g.dflag+" END",
+		flagValue("CASE WHEN "+d.exists+" THEN "+g.epochText(ref)+" ELSE "+d.winner+" END"))
 }
 
 // domainNamed returns the lock domain called name, creating it.

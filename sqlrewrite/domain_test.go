@@ -207,7 +207,7 @@ func TestDomainProbe(t *testing.T) {
 	if len(res.Probes) != 1 || res.Probes[0].SQL != want {
 		t.Fatalf("Probes = %+v", res.Probes)
 	}
-	wantTables := []ProbeTable{{"audit", Enforce, ""}, {"obs", Observe, "billing"}, {"accounts", Enforce, "billing"}}
+	wantTables := []ProbeTable{{"audit", Enforce, "", 1}, {"obs", Observe, "billing", 2}, {"accounts", Enforce, "billing", 0}}
 	for i, pt := range res.Probes[0].Tables {
 		if pt != wantTables[i] {
 			t.Errorf("table %d = %+v, want %+v", i, pt, wantTables[i])

@@ -57,7 +57,7 @@ func (r *Rewriter) build(res *Result, stmts []*pg_query.RawStmt, plans []*plan, 
 		}
 		pr := Probe{Index: -1, SQL: r.probeSQL(tables)}
 		for _, g := range tables {
-			pr.Tables = append(pr.Tables, ProbeTable{Table: g.name, Rollout: g.Rollout, Domain: g.Domain})
+			pr.Tables = append(pr.Tables, ProbeTable{Table: g.name, Rollout: g.Rollout, Domain: g.Domain, Guard: g.index})
 		}
 		if mode == Simple {
 			last := st.lastCode(len(st.toks))
@@ -251,7 +251,7 @@ func (r *Rewriter) fenceWhere(sql string, sp span, g *guardInfo, ref string, fro
 	if g.Rollout == Shadow || g.AllowMissingToken {
 		epochOK = ref + "." + g.column + " OPERATOR(pg_catalog.<=) " + g.tok
 	}
-	raise := "pg_catalog.set_config(" + g.flag + ", " + g.staleValue(ref) + ", true)"
+	raise := g.raise(g.flag, g.staleValue(ref))
 	if g.domainFenced() {
 		epochOK, raise = "("+g.domain.exists+" AND "+epochOK+")", g.domainRaise(ref)
 	}
@@ -274,6 +274,16 @@ func (r *Rewriter) fenceWhere(sql string, sp span, g *guardInfo, ref string, fro
 		{at: condStart, text: "("},
 		{at: condEnd, text: pad(sql, condEnd, ") AND ("+lead+" OR (("+cond+") AND "+stale+"))"+gate)},
 	}, nil
+}
+
+// raise is the expression that raises flag to value, and returns value:
+// set_config's, or, where the database has it (Config.StaleNotice), the
+// backstop's helper, which also raises a notice saying so.
+func (g *guardInfo) raise(flag, value string) string {
+	if g.notice {
+		return "pgfence.note_stale(" + flag + ", " + value + ")"
+	}
+	return "pg_catalog.set_config(" + flag + ", " + value + ", true)"
 }
 
 // unknownEpoch stands in a stale flag for an epoch pgfence cannot know (a

@@ -64,6 +64,8 @@ type guardInfo struct {
 	// dflag is the literal naming the guard's domain-stale flag, when the
 	// guard is fenced by its domain (see domainFenced).
 	dflag string
+	// notice is Config.StaleNotice (see raise).
+	notice bool
 }
 
 // New validates cfg and builds a Rewriter.
@@ -85,6 +87,7 @@ func New(cfg Config) (*Rewriter, error) {
 			name:   g.Label(),
 			column: quoteIdent(g.Column),
 			flag:   quoteLiteral(flagPrefix + strconv.Itoa(i)),
+			notice: cfg.StaleNotice,
 		}
 		if g.Domain != "" {
 			gi.domain = r.domainNamed(g.Domain)

@@ -270,7 +270,7 @@ func TestRewriteExample(t *testing.T) {
 		t.Errorf("Fenced = %+v", res.Fenced)
 	}
 	if len(res.Probes) != 1 || res.Probes[0].Index != 1 || res.Probes[0].SQL != probe ||
-		len(res.Probes[0].Tables) != 1 || res.Probes[0].Tables[0] != (ProbeTable{"accounts", Enforce, ""}) {
+		len(res.Probes[0].Tables) != 1 || res.Probes[0].Tables[0] != (ProbeTable{"accounts", Enforce, "", 0}) {
 		t.Errorf("Probes = %+v", res.Probes)
 	}
 }
@@ -580,5 +580,54 @@ func TestBlank(t *testing.T) {
 	}
 	if !castFollows("'5' /* x */ ::interval", 3) || castFollows("'5' /* x ::interval", 3) || castFollows("'5' + 1", 3) {
 		t.Error("castFollows does not read the blanks before :: as blank does")
+	}
+}
+
+// TestStaleNotice: where the database has the backstop's helpers, a stale
+// row raises its flag through pgfence.note_stale, which returns the value
+// as set_config would (so the write's condition is the same), in row and
+// lock-domain fencing alike; ParseStaleNotice reads its notice back.
+func TestStaleNotice(t *testing.T) {
+	g := []Guard{{Table: "accounts", Column: "e"}, {Table: "ledger", Column: "e", Domain: "billing"}}
+	for _, notice := range []bool{false, true} {
+		r, err := New(Config{Guards: g, TokenSetting: "fence.token", StaleNotice: notice})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, sql := range []string{"UPDATE accounts SET x = 1 WHERE id = 1", "DELETE FROM ledger WHERE id = 2"} {
+			res, err := r.Rewrite(sql, Prepared, nil)
+			if err != nil || res.Refusal != nil {
+				t.Fatalf("%s: %v %+v", sql, err, res.Refusal)
+			}
+			helper, setConfig := strings.Contains(res.SQL, "pgfence.note_stale("), strings.Contains(res.SQL, "set_config(E'pgfence.stale_") ||
+				strings.Contains(res.SQL, "set_config(CASE WHEN")
+			if helper != notice || setConfig == notice {
+				t.Errorf("StaleNotice %v: %s\n%s", notice, sql, res.SQL)
+			}
+			if _, err := pg_query.Parse(res.SQL); err != nil {
+				t.Errorf("%s: %v", res.SQL, err)
+			}
+		}
+	}
+	for _, c := range []struct {
+		detail string
+		guard  int
+		kind   Stale
+		winner string
+		ok     bool
+	}{
+		{"pgfence.stale_3 2026-11-29 00:10:00.5+00:45", 3, StaleRow, "45", true},
+		{"pgfence.dstale_0 2026-11-29 00:10:00+00:-9", 0, StaleDomain, "-9", true},
+		{"pgfence.stale_1 2026-11-29 00:10:00+00:?", 1, StaleRow, "", true},
+		{"pgfence.stale_x 2026:1", 0, NotStale, "", false},
+		{"pgfence.stale_1", 0, NotStale, "", false},
+		{"pgfence.noticed 1:2", 0, NotStale, "", false},
+		{"pgfence.stale_-1 a:2", 0, NotStale, "", false},
+		{"pgfence.stale_2 no-colon", 0, NotStale, "", false},
+	} {
+		guard, kind, winner, ok := ParseStaleNotice(c.detail)
+		if guard != c.guard || kind != c.kind || winner != c.winner || ok != c.ok {
+			t.Errorf("ParseStaleNotice(%q) = %d, %v, %q, %v; want %d, %v, %q, %v", c.detail, guard, kind, winner, ok, c.guard, c.kind, c.winner, c.ok)
+		}
 	}
 }

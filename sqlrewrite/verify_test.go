@@ -394,7 +394,7 @@ func (v *verifier) checkProbe(p Probe, tables []*guardInfo) error {
 	sql := "SELECT pg_catalog.current_setting(" + quoteLiteral(v.r.setting) + ", true), " + flagTag
 	clear := ""
 	for i, g := range tables {
-		if p.Tables[i] != (ProbeTable{Table: g.name, Rollout: g.Rollout, Domain: g.Domain}) {
+		if p.Tables[i] != (ProbeTable{Table: g.name, Rollout: g.Rollout, Domain: g.Domain, Guard: g.index}) {
 			return fmt.Errorf("table %d is %+v, want %s", i, p.Tables[i], g.name)
 		}
 		flag := quoteLiteral(fmt.Sprintf("pgfence.stale_%d", g.index))

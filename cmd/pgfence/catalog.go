@@ -29,10 +29,12 @@ func backstopMode(s string) (mode backstop.Mode, on bool, err error) {
 }
 
 // configure puts in cfg what a read of the catalog found besides the
-// guards: whether the database's DDL guard is in place, the key of the
-// backstop's notices, and the server's version.
+// guards: whether the database's DDL guard is in place, whether its
+// backstop's helpers are, the key of the backstop's notices, and the
+// server's version.
 func configure(r *catalog.Found, cfg *fence.Config) {
 	cfg.DDLGuard = r.Backstop != nil && r.Backstop.GuardingDDL
+	cfg.StaleNotice = r.Helpers
 	cfg.NoticeKey = r.NoticeKey
 	cfg.ServerVersion = int(r.Version)
 }

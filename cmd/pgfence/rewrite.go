@@ -28,7 +28,8 @@ prepares once per session and binds the write's literals to, when it does
 middle of an extended-protocol batch gets). It takes the same policy flags as
 serve. --backstop shows what serve does where the database backstop is in
 place on the guarded tables (serve installs it by default): MERGE, COPY FROM
-and WHERE CURRENT OF then run unrewritten, fenced by Postgres. SQL "-" reads
+and WHERE CURRENT OF then run unrewritten, fenced by Postgres, and a stale row
+raises its flag through the backstop's helper pgfence.note_stale. SQL "-" reads
 the text from stdin. The exit status is 1 when the statement is refused.`,
 		Example: `  pgfence rewrite --guard accounts "UPDATE accounts SET balance = 0 WHERE id = 1"`,
 		Args:    cobra.ExactArgs(1),
@@ -51,7 +52,7 @@ the text from stdin. The exit status is 1 when the statement is refused.`,
 			for i := range cfg.Guards {
 				cfg.Guards[i].Backstop = backstop
 			}
-			rw, err := sqlrewrite.New(sqlrewrite.Config{Guards: cfg.Guards, TokenSetting: cfg.TokenSetting, Allow: cfg.Allow})
+			rw, err := sqlrewrite.New(sqlrewrite.Config{Guards: cfg.Guards, TokenSetting: cfg.TokenSetting, Allow: cfg.Allow, StaleNotice: backstop})
 			if err != nil {
 				return err
 			}
@@ -62,7 +63,7 @@ the text from stdin. The exit status is 1 when the statement is refused.`,
 				}
 				if ok {
 					printBinding(cmd.OutOrStdout(), p)
-					return printRewrite(cmd.OutOrStdout(), p.SQL, res)
+					return printRewrite(cmd.OutOrStdout(), p.SQL, res, backstop)
 				}
 			}
 			mode := sqlrewrite.Simple
@@ -73,7 +74,7 @@ the text from stdin. The exit status is 1 when the statement is refused.`,
 			if err != nil {
 				return err
 			}
-			return printRewrite(cmd.OutOrStdout(), sql, res)
+			return printRewrite(cmd.OutOrStdout(), sql, res, backstop)
 		},
 	}
 	o.addFlags(cmd)
@@ -120,7 +121,9 @@ func typeName(oid uint32) string {
 	return fmt.Sprintf("type %d", oid)
 }
 
-func printRewrite(w io.Writer, sql string, res *sqlrewrite.Result) error {
+// printRewrite prints res, the rewrite of sql; helpers says the
+// backstop's helpers are in place (see sqlrewrite.Config.StaleNotice).
+func printRewrite(w io.Writer, sql string, res *sqlrewrite.Result, helpers bool) error {
 	if r := res.Refusal; r != nil {
 		fmt.Fprintf(w, "ERROR:  %s\n", r.Message)
 		if r.Hint != "" {
@@ -153,6 +156,9 @@ func printRewrite(w io.Writer, sql string, res *sqlrewrite.Result) error {
 			fmt.Fprintf(w, "-- statement %d is pgfence's probe for %s (its result is kept from the client)\n", p.Index+1, strings.Join(tables, ", "))
 		} else {
 			fmt.Fprintf(w, "-- after each Execute, pgfence runs its probe for %s:\n--   %s\n", strings.Join(tables, ", "), p.SQL)
+		}
+		if helpers && p.Index < 0 {
+			fmt.Fprintln(w, "-- (but not after a write right after a SET of the token that pgfence answered: its stale rows raise notices through pgfence.note_stale, which pgfence counts instead)")
 		}
 	}
 	fmt.Fprintln(w, res.SQL)

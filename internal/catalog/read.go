@@ -57,6 +57,10 @@ type Found struct {
 	NoticeKey string
 	// Version is the server's: the rewriter's refusals depend on it.
 	Version pgversion.Version
+	// Helpers says pgfence's schema objects are as this version sets them
+	// up, the backstop's helpers among them, which rewrites may then call
+	// (see fence.Config.StaleNotice).
+	Helpers bool
 }
 
 // readVersion reads the server's version and refuses one pgfence does not
@@ -137,6 +141,9 @@ func Read(ctx context.Context, conn *pgx.Conn, o Options, explicit []sqlrewrite.
 				r.Problems = append(r.Problems, fmt.Sprintf("%v (run 'pgfence init' as a role that may create the pgfence schema)", err))
 			}
 		}
+		r.Helpers = setUp
+	} else if r.Helpers, err = backstop.IsSetUp(ctx, conn); err != nil {
+		return nil, err
 	}
 	// Without the schema, the domains' rows would fail for the same reason.
 	if o.InitDomains && setUp {

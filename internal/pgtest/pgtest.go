@@ -24,6 +24,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/pgfence/pgfence/backstop"
 	"github.com/pgfence/pgfence/fence"
 	"github.com/pgfence/pgfence/internal/pgserver"
 	"github.com/pgfence/pgfence/internal/pgversion"
@@ -34,6 +35,13 @@ import (
 )
 
 var pg *pgserver.Server
+
+// helpers sets the backstop's helpers up once per package, under
+// PGFENCE_TEST_HELPERS.
+var helpers struct {
+	sync.Once
+	err error
+}
 
 // version is pg's server_version_num.
 var version pgversion.Version
@@ -191,6 +199,16 @@ func StartProxy(t testing.TB, guards []string, edit ...func(*proxy.Config, *fenc
 	}
 	px, pcfg, log := newProxy()
 	fcfg := fence.Config{Guards: gs, TokenSetting: "fence.token", ServerVersion: int(version)}
+	if os.Getenv("PGFENCE_TEST_HELPERS") == "1" {
+		// As serve where the backstop's helpers are in place (make test
+		// runs the driver suites this way too): fenced writes right after
+		// a SET pgfence answered go without their probe.
+		helpers.Do(func() { helpers.err = backstop.Setup(context.Background(), Direct(t)) })
+		if helpers.err != nil {
+			t.Fatal(helpers.err)
+		}
+		fcfg.StaleNotice = true
+	}
 	for _, e := range edit {
 		e(&pcfg, &fcfg)
 	}
