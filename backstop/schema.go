@@ -149,22 +149,35 @@ END
 $pgfence$`,
 	// note_stale is how a write pgfence rewrote raises a stale row's flag
 	// where the database has it (sqlrewrite.Config.StaleNotice): as
-	// set_config(flag, value, true) does, returning value, and with a
-	// notice whose detail is the flag's name and value, which pgfence takes
-	// from its session's replies instead of running the probe after the
-	// write (sqlrewrite.ParseStaleNotice). It runs only for stale rows. As
-	// note_reject's, its notice is sent whatever the session's
-	// client_min_messages. It counts nothing and runs as its caller: a
-	// client that calls it raises a flag of its own transaction, as it
-	// could with set_config, and pgfence counts such a notice only during
-	// one of the client's own fenced writes, for that write's tables.
+	// set_config(flag, value, true) does, returning value; and, in a
+	// transaction whose probe pgfence leaves out (sqlrewrite.QuietSetting
+	// is on), with a notice whose detail is the flag's name and value,
+	// which pgfence takes from its session's replies instead
+	// (sqlrewrite.ParseStaleNotice). It runs only for stale rows. A notice
+	// costs the writer a send of its own (Postgres flushes each at once),
+	// so it is raised only where it is read. It counts nothing and runs as
+	// its caller: a client that calls it raises a flag of its own
+	// transaction, as it could with set_config, and pgfence counts such a
+	// notice only during one of the client's own fenced writes, for that
+	// write's tables. Every name is schema-qualified, so that it needs no
+	// search_path of its own (a function's SET costs every call).
 	`CREATE OR REPLACE FUNCTION pgfence.note_stale(flag text, value text) RETURNS text
+	LANGUAGE plpgsql AS $pgfence$
+BEGIN
+  PERFORM pg_catalog.set_config(flag, value, true);
+  IF pg_catalog.current_setting('` + sqlrewrite.QuietSetting + `', true) OPERATOR(pg_catalog.=) 'on' THEN
+    PERFORM pgfence.raise_stale(flag, value);
+  END IF;
+  RETURN value;
+END
+$pgfence$`,
+	// raise_stale raises note_stale's notice, whatever the session's
+	// client_min_messages (as note_reject's).
+	`CREATE OR REPLACE FUNCTION pgfence.raise_stale(flag text, value text) RETURNS void
 	LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET client_min_messages = notice AS $pgfence$
 BEGIN
-  PERFORM set_config(flag, value, true);
   RAISE NOTICE USING ERRCODE = '` + sqlrewrite.StaleNoticeCode + `',
     MESSAGE = 'pgfence: a stale row was left unchanged', DETAIL = flag || ' ' || value;
-  RETURN value;
 END
 $pgfence$`,
 	// note_exempt counts a row written by an exempt role and logs the

@@ -224,8 +224,8 @@ func (r *runner) writeDomainCostScripts() (fresh, storm map[string]string, err e
 	}
 	hand = strings.TrimSuffix(strings.TrimSpace(hand), ";")
 	// As pgfence sets a token whose SET it answered: :tok is the client's.
-	setToken := strings.Replace(sqlrewrite.SettingSQL, "$1, $2, $3", "E'fence.token', :tok, false", 1)
-	if setToken == sqlrewrite.SettingSQL {
+	setToken := strings.Replace(strings.Replace(sqlrewrite.SettingSQL, "$1, $2, $3", "E'fence.token', :tok, false", 1), "$4", "false", 1)
+	if strings.Contains(setToken, "$") {
 		return nil, nil, fmt.Errorf("pgfence's setting statement has changed shape: %q", sqlrewrite.SettingSQL)
 	}
 	lines := []struct {

@@ -70,4 +70,12 @@
 // takes its lock only to write a line (see staleLog). A session relayed by
 // goroutines is counted in a shard by its id, with the same atomic adds and
 // locks, which are then shared by the sessions of a shard.
+//
+// # Counting a fenced write
+//
+// A fenced write is counted from its probe's row (probe.go: the token it
+// ran with, and per table whether a stale row raised its flag), or, where
+// the proxy left the probe out, from the token pgfence set right ahead of
+// it and the notices its stale rows raised (quiet.go); both go through
+// outcome, so the two count alike.
 package fence

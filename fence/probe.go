@@ -64,6 +64,7 @@ type probeSeries struct {
 func (p *Policy) probed(c *proxy.Client, pr *sqlrewrite.Probe, series []probeSeries, notify bool, row [][]byte) *pgproto3.NoticeResponse {
 	var stale []string
 	var token []byte
+	fresh := true
 	for i, t := range pr.Tables {
 		o, ok := pr.Outcome(row, i)
 		if !ok {
@@ -71,11 +72,14 @@ func (p *Policy) probed(c *proxy.Client, pr *sqlrewrite.Probe, series []probeSer
 			return nil
 		}
 		if p.outcome(c, t, &series[i], o) {
-			token = o.Token
+			fresh, token = false, o.Token
 			if t.Rollout == sqlrewrite.Enforce {
 				stale = append(stale, t.Table)
 			}
 		}
+	}
+	if sess := sessionOf(c); fresh && sess.probeNext.Load() {
+		sess.probeNext.Store(false) // see quiet.go
 	}
 	return staleNotice(notify, stale, token)
 }

@@ -119,11 +119,45 @@ func TestQuietWrites(t *testing.T) {
 		t.Errorf("the client got a notice: %s %s (%s)", n.Code, n.Message, n.Detail)
 	}
 
+	// A session whose write went without its probe and was stale has its
+	// next writes probed, which then raise no notice, until one is fresh.
+	pgtest.Exec(t, c, "SET fence.token = '42'")
+	if tag := pgtest.Exec(t, c, "UPDATE "+tbl+" SET val = 'A' WHERE id = 2"); tag != "UPDATE 0" {
+		t.Fatalf("stale write after a stale one: %s", tag)
+	}
+	if got := out(); got != 2 {
+		t.Fatalf("probes left out: %v after a stale write right after a stale one, want 2 still", got)
+	}
+	if got := p.Counter(t, "fencing_reject_total", "table="+tbl, "kind=row"); got != 3 {
+		t.Fatalf("probed stale write: %v rejects, want 3", got)
+	}
+	pgtest.Exec(t, c, "SET fence.token = '46'")
+	if tag := pgtest.Exec(t, c, "UPDATE "+tbl+" SET val = 'C' WHERE id = 2"); tag != "UPDATE 1" {
+		t.Fatalf("fresh write: %s", tag)
+	}
+	if got := out(); got != 2 {
+		t.Fatalf("probes left out: %v after the first fresh write since, want 2 still", got)
+	}
+	pgtest.Exec(t, c, "SET fence.token = '46'")
+	if tag := pgtest.Exec(t, c, "UPDATE "+tbl+" SET val = 'D' WHERE id = 2"); tag != "UPDATE 1" {
+		t.Fatalf("fresh write: %s", tag)
+	}
+	if got := out(); got != 3 {
+		t.Fatalf("probes left out: %v once a probed write was fresh, want 3", got)
+	}
+	if got := p.Counter(t, "pgfence_token_accepted_max", "table="+tbl); got != 46 {
+		t.Errorf("token accepted: %v, want 46", got)
+	}
+
 	// A notice a client raises itself, outside a write of its own, counts
 	// nothing and is not shown.
 	pgtest.Exec(t, c, "SELECT pgfence.note_stale('pgfence.stale_0', 'x:99')")
-	if got := p.Counter(t, "fencing_reject_total", "table="+tbl); got != 2 {
-		t.Fatalf("a client's own call of the helper counted: %v rejects, want 2", got)
+	// Nor may it set the mark that has the helper raise one.
+	if _, err := c.Exec(ctx, "SELECT set_config('pgfence.quiet', 'on', false)"); pgErr(t, err).Code != "42501" {
+		t.Errorf("a client set pgfence.quiet: %v, want 42501", err)
+	}
+	if got := p.Counter(t, "fencing_reject_total", "table="+tbl); got != 3 {
+		t.Fatalf("a client's own call of the helper counted: %v rejects, want 3", got)
 	}
 	if n := notices(); len(n) != 0 {
 		t.Errorf("the client got %d notices, want none", len(n))
@@ -212,13 +246,15 @@ func TestQuietNotifyStale(t *testing.T) {
 func TestQuietProtocols(t *testing.T) {
 	tbl := table(t, [3]any{1, "x", 0})
 	p := pgtest.StartProxy(t, []string{tbl}, staleNotices(t))
-	c := p.Connect(t)
 	modes := []struct {
 		name string
 		mode pgx.QueryExecMode
 	}{{"simple", pgx.QueryExecModeSimpleProtocol}, {"prepared", pgx.QueryExecModeCacheStatement}, {"unnamed", pgx.QueryExecModeExec}}
 	for i, m := range modes {
 		fresh, stale := int64(100+10*i), int64(99+10*i)
+		// A session of its own: after its stale write, a session's writes
+		// are probed until one is fresh (see TestQuietZombie).
+		c := p.Connect(t)
 		// pgx prepares a statement at its first use, in a unit of its
 		// own: the SET's token is then set ahead of that, and the write
 		// is probed. Prepared here, every write below is a unit of one.

@@ -2,6 +2,7 @@ package fence
 
 import (
 	"strings"
+	"sync/atomic"
 
 	"github.com/pgfence/pgfence/proxy"
 	"github.com/pgfence/pgfence/sqlrewrite"
@@ -38,6 +39,12 @@ type session struct {
 	// backstop's was met (see Notice); the server side's only.
 	noticed      map[string]int64
 	forgedNotice bool
+	// probeNext is set when a write that went without its probe left a
+	// stale row alone, until a probed write leaves none (see quiet.go).
+	// Read by the client side, written by the server side: both on the
+	// event loop, the only relay that answers SETs, but atomic all the
+	// same.
+	probeNext atomic.Bool
 	// serverSeries are the series of events the server side resolved
 	// (see Policy.counter), clientSeries the client side's.
 	serverSeries, clientSeries seriesCache

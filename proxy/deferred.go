@@ -43,11 +43,12 @@ type applyState struct {
 	// afterPlan is set while a Query or Parse that starts a batch is
 	// planned, to set deferred settings ahead of it (see applyPlanned).
 	afterPlan bool
-	// joined is set from sending the deferred settings joined to a unit
-	// of one fenced write that found the session idle until that unit's
-	// Execute, which may then leave its probe out (see Quiet); a Sync
-	// clears it.
-	joined bool
+	// quiet is the probe of the unit of one fenced write that found the
+	// session idle and that the deferred settings were sent joined to, with
+	// the quiet mark (Config.SettingSQL's fourth argument), when its Quiet
+	// let the proxy leave it out (see Quiet): until that unit's Execute,
+	// which it then watches; a Sync clears it.
+	quiet *Probe
 	// held, heldOut and heldWriter: see above.
 	held       bool
 	heldOut    heldBuffer
@@ -84,7 +85,7 @@ func (a *applyState) prepare() []byte {
 	if a.prep == nil {
 		b, _ := (&pgproto3.Close{ObjectType: byte(targetStatement), Name: a.stmtName()}).Encode(nil)
 		a.prep, _ = (&pgproto3.Parse{Name: a.stmtName(), Query: a.sql,
-			ParameterOIDs: []uint32{25, 25, 16}}).Encode(b)
+			ParameterOIDs: []uint32{25, 25, 16, 16}}).Encode(b)
 	}
 	return a.prep
 }
@@ -205,8 +206,8 @@ func (a *applyState) write(l *link, out msgWriter, t *setState, pool *txPooling,
 		// Bind setStmt to its portal: the values in text, results in text.
 		l.out = append(append(l.out[:0], byte(clientMsgBind), 0, 0, 0, 0), setStmt...)
 		l.out = append(append(l.out, 0), a.stmtName()...)
-		l.out = append(l.out, 0, 0, 0, 0, 3)
-		for _, v := range [3]string{set.Name, set.Value, boolText(set.Local)} {
+		l.out = append(l.out, 0, 0, 0, 0, 4)
+		for _, v := range [4]string{set.Name, set.Value, boolText(set.Local), boolText(a.quiet != nil)} {
 			l.out = binary.BigEndian.AppendUint32(l.out, uint32(len(v)))
 			l.out = append(l.out, v...)
 		}

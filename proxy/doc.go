@@ -13,7 +13,8 @@
 // the statements prepared for reuse (reuseState, reuse.go), the SETs the
 // proxy answers itself (setState, settings.go) and how they are set on
 // the server (applyState, deferred.go), transaction pooling (txPooling,
-// txpooling.go), probes (probeState, probes.go), forgetting (forgetState,
+// txpooling.go), probes (probeState, probes.go) and the writes watched in
+// their place (Quiet, quiet.go), forgetting (forgetState,
 // forget.go) and authentication (authState, auth.go). A part is a type
 // with hooks named for the message they act on: onMessage (any client
 // message), onQuery, onParse, onBind, onDescribe, onExecute, onClose,
@@ -122,6 +123,15 @@
 // from there Postgres undoes it when the client's SET would be undone. If
 // it failed ahead of a write, the block failed with the write, and the
 // client can only roll back past the SET; it is dropped.
+//
+// A unit of one fenced write that found the session idle and got the
+// settings joined to it (applyState.joined, until its Execute) runs in a
+// transaction of its own, right after them: the settings the proxy sent
+// are those the write runs with. Its probe's Quiet (see Quiet) may then
+// let the proxy leave the probe out: the Execute's wait carries the
+// settings, the notices the write raises go to the Quiet first, and the
+// write's CommandComplete tells it the write completed, in place of the
+// probe's row.
 //
 // # Transaction pooling
 //

@@ -2,11 +2,12 @@ package proxy
 
 // A fenced write the proxy watches instead of probing (see Quiet).
 
-// watch returns the wait for the Execute of a write whose probe p (nil:
-// none) the proxy may leave out, set being the settings it set right
-// ahead of the write (nil: none), or nil when it must run p.
-func (l *link) watch(p *Probe, c *Client, set []Setting) *wait {
-	if p == nil || set == nil || p.quiet == nil || !p.quiet.Known(c, set) {
+// watch returns the wait for the Execute of a write whose probe is p (nil:
+// none), where quiet is the probe the deferred settings set right ahead of
+// it (set) were sent for with the quiet mark (nil: none); or nil when the
+// proxy must run p (a reload may have planned the statement again since).
+func (l *link) watch(p, quiet *Probe, set []Setting) *wait {
+	if p == nil || p != quiet {
 		return nil
 	}
 	w := l.pipe.get(waitExecute)

@@ -593,6 +593,28 @@ func fencedWrite(x *scriptEnv) {
 	x.ic.query[w1] = plan
 }
 
+// quietWrite plans w1 as fencedWrite does, with a probe whose Quiet lets
+// the proxy leave it out after a SET of fence.token it answered: notices
+// whose message is "stale" are the write's own.
+func quietWrite(x *scriptEnv) {
+	fencedWrite(x)
+	x.ic.query[w1].Probes[0].Probe.SetQuiet(&proxy.Quiet{
+		Known: func(_ *proxy.Client, set []proxy.Setting) bool {
+			for _, s := range set {
+				x.ic.note("Known: %s = %s", s.Name, s.Value)
+			}
+			return len(set) > 0
+		},
+		Notice: func(_ *proxy.Client, n *pgproto3.NoticeResponse) (string, bool) {
+			return n.Detail, n.Message == "stale"
+		},
+		Done: func(_ *proxy.Client, set []proxy.Setting, notes []string) *pgproto3.NoticeResponse {
+			x.ic.note("Done: %d settings, notes %q", len(set), notes)
+			return nil
+		},
+	})
+}
+
 // calls concatenates lists of calls.
 func calls(parts ...any) []string {
 	var out []string
@@ -643,6 +665,36 @@ func TestScriptedDeferred(t *testing.T) {
 			},
 			calls: calls(answeredCalls("7", false), "Query: "+w1, probed, "Query: SELECT 1",
 				answeredCalls("8", false), "Parse: "+write, probed),
+		},
+		{
+			// TestQuietWrites: where the write's probe has a Quiet that the
+			// settings tell all it needs, the settings go with the quiet
+			// mark, the probe is left out, the write's own notice goes to
+			// the Quiet and not to the client (another notice does), and
+			// its completion tells the Quiet. A write whose token was not
+			// set right ahead of it is probed.
+			name:   "write after an answered SET goes without its probe",
+			relays: onLoop,
+			script: func(x *scriptEnv) []ps.Step {
+				setTokens(x, "7")
+				quietWrite(x)
+				stale := &pgproto3.NoticeResponse{Severity: "NOTICE", Code: "PF011", Message: "stale", Detail: "pgfence.stale_0 t:9"}
+				other := &pgproto3.NoticeResponse{Severity: "NOTICE", Code: "00000", Message: "other"}
+				return append(answered("7", false, ps.Idle),
+					ps.ClientSends(ps.Query(w1)),
+					ps.BackendGets(ps.Front(setPrepare, setRunMarked(tokenName, "7", false, true),
+						ps.ParseNamed(reused1, boundSQL, 25, 20), ps.Bind(reused1, "x", "1"), ps.Execute(""), ps.Sync)...),
+					ps.BackendSends(ps.Back(setPrepared, setRan("7"), ps.ParseComplete, ps.BindComplete, stale, other, stale,
+						ps.Complete("UPDATE 0"), ps.Ready(ps.Idle))...),
+					ps.ClientGets(other, ps.Complete("UPDATE 0"), ps.Ready(ps.Idle)),
+					ps.ClientSends(ps.Query(w1)),
+					ps.BackendGets(ps.Front(ps.Bind(reused1, "x", "1"), ps.Execute(""), probePrepare(probeSQL), probeRun, ps.Sync)...),
+					ps.BackendSends(ps.Back(ps.BindComplete, ps.Complete("UPDATE 1"), probePrepared, probeRan("1"), ps.Ready(ps.Idle))...),
+					ps.ClientGets(done...),
+				)
+			},
+			calls: calls(answeredCalls("7", false), "Query: "+w1, "Known: fence.token = 7", "Notice: other",
+				`Done: 1 settings, notes ["pgfence.stale_0 t:9" "pgfence.stale_0 t:9"]`, "Query: "+w1, "probe "+probeSQL+": 1"),
 		},
 		{
 			// TestAnsweredUnnamedSetBoundAgain: an unnamed SET statement

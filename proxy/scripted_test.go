@@ -372,14 +372,20 @@ var standIn = ps.Parse(standInSQL)
 // setPrepare is the Close and Parse that prepare the proxy's set_config
 // statement; setPrepared their replies.
 var (
-	setPrepare  = []pgproto3.FrontendMessage{ps.CloseStatement(setStmt), ps.ParseNamed(setStmt, setSQL, 25, 25, 16)}
+	setPrepare  = []pgproto3.FrontendMessage{ps.CloseStatement(setStmt), ps.ParseNamed(setStmt, setSQL, 25, 25, 16, 16)}
 	setPrepared = []pgproto3.BackendMessage{ps.CloseComplete, ps.ParseComplete}
 )
 
-// setRun is what sets name to value on the server (a deferred setting).
+// setRun is what sets name to value on the server (a deferred setting),
+// without the quiet mark (see Quiet).
 func setRun(name, value string, local bool) []pgproto3.FrontendMessage {
+	return setRunMarked(name, value, local, false)
+}
+
+// setRunMarked is setRun with the quiet mark quiet.
+func setRunMarked(name, value string, local, quiet bool) []pgproto3.FrontendMessage {
 	return []pgproto3.FrontendMessage{
-		&pgproto3.Bind{DestinationPortal: setPortal, PreparedStatement: setStmt, Parameters: ps.Params(name, value, fmt.Sprint(local))},
+		&pgproto3.Bind{DestinationPortal: setPortal, PreparedStatement: setStmt, Parameters: ps.Params(name, value, fmt.Sprint(local), fmt.Sprint(quiet))},
 		ps.Execute(setPortal),
 		ps.ClosePortal(setPortal),
 	}

@@ -275,7 +275,7 @@ func (s *session) clientMessage(f *clientFrame) error {
 	case clientMsgParse, clientMsgBind, clientMsgExecute, clientMsgClose, clientMsgDescribe, clientMsgFlush:
 		s.c.midBatch = true
 	case clientMsgSync:
-		s.c.midBatch, s.apply.joined = false, false
+		s.c.midBatch, s.apply.quiet = false, nil
 		if len(s.c.afterSync) > 0 {
 			// A hold taken in the batch this Sync ends (see Statement holds).
 			s.c.held, s.c.holdAgain, s.c.afterSync = true, append(s.c.holdAgain, s.c.afterSync...), nil
@@ -292,11 +292,9 @@ func (s *session) clientMessage(f *clientFrame) error {
 	case clientMsgBind:
 		return s.bind(f)
 	case clientMsgExecute:
-		var set []Setting // the settings just set ahead of it, if it may go without its probe
-		if s.apply.joined {
-			set, s.apply.joined = s.sets.deferred, false
-		}
-		p, err := s.book.onExecute(&s.link, s.cr, n, s.c, set)
+		quiet := s.apply.quiet
+		s.apply.quiet = nil
+		p, err := s.book.onExecute(&s.link, s.cr, n, quiet, s.sets.deferred)
 		if p != nil && err == nil {
 			// Run the probe right after the Execute, in the same
 			// transaction, before whatever the client sends next.
@@ -374,9 +372,9 @@ func (s *session) query(n int) error {
 func (s *session) queryBound(plan *Plan) error {
 	s.book.onBoundQuery(s.failedNow())
 	p, exec := plan.probe(), executeWait
-	if s.apply.joined {
-		s.apply.joined = false
-		if w := s.watch(p, s.c, s.sets.deferred); w != nil {
+	if q := s.apply.quiet; q != nil {
+		s.apply.quiet = nil
+		if w := s.watch(p, q, s.sets.deferred); w != nil {
 			p, exec = nil, w
 		}
 	}
@@ -639,8 +637,8 @@ func (s *session) applyDeferred(f *clientFrame) error {
 		return nil
 	case clientMsgBind:
 		if u, ok := s.unit(f); ok {
-			if s.book.fencedWrite(u.stmt) {
-				return s.sendDeferredJoined()
+			if p := s.book.probeOf(u.stmt); p != nil {
+				return s.sendDeferredJoined(p)
 			}
 		}
 	}
@@ -648,9 +646,13 @@ func (s *session) applyDeferred(f *clientFrame) error {
 }
 
 // sendDeferredJoined sends the deferred settings joined to the unit of one
-// fenced write the client's message being handled starts.
-func (s *session) sendDeferredJoined() error {
-	s.apply.joined = s.sets.wasIdle
+// fenced write, whose probe is p, that the client's message being handled
+// starts: with the quiet mark, where p's Quiet lets the proxy leave it out
+// (see Quiet).
+func (s *session) sendDeferredJoined(p *Probe) error {
+	if s.sets.wasIdle && p.quiet != nil && p.quiet.Known(s.c, s.sets.deferred) {
+		s.apply.quiet = p
+	}
 	return s.sendDeferred()
 }
 
@@ -663,10 +665,10 @@ func (s *session) applyPlanned(plan *Plan, parse bool, name []byte) error {
 	if parse {
 		u, ok := s.unit(nil)
 		if fenced = fenced && ok && bytes.Equal(u.stmt, name); fenced {
-			return s.sendDeferredJoined()
+			return s.sendDeferredJoined(plan.probe())
 		}
 	} else if fenced = fenced && plan.ParamTypes != nil && !s.c.midBatch; fenced {
-		return s.sendDeferredJoined()
+		return s.sendDeferredJoined(plan.probe())
 	}
 	return s.sendDeferredHolding()
 }

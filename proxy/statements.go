@@ -188,11 +188,13 @@ func (b *stmtBook) onBoundQuery(failed bool) {
 	b.portalGone, b.portalClosed = !failed, nil
 }
 
-// fencedWrite reports whether the book's statement name is a fenced
-// write: its plan has a probe.
-func (b *stmtBook) fencedWrite(name []byte) bool {
-	st := b.stmts[string(name)]
-	return st != nil && st.probe != nil
+// probeOf returns the probe of the book's statement name, nil unless it
+// is a fenced write.
+func (b *stmtBook) probeOf(name []byte) *Probe {
+	if st := b.stmts[string(name)]; st != nil {
+		return st.probe
+	}
+	return nil
 }
 
 // onAnsweredQuery notes that the proxy answered a simple Query itself (a
@@ -340,9 +342,10 @@ func (b *stmtBook) onDescribe(l *link, cr msgReader, r *reuseState, pl replanner
 
 // execute forwards through l an Execute (n bytes in cr), and returns the
 // probe of the portal it runs, if that has one, to run right after it:
-// none where set, the settings set right ahead of it (see Quiet), tell the
-// probe's Quiet all it needs, which then watches the write's replies.
-func (b *stmtBook) onExecute(l *link, cr msgReader, n int, c *Client, set []Setting) (p *Probe, err error) {
+// none when that is quiet, the probe the deferred settings set right ahead
+// of it (set) were sent for with the quiet mark (see Quiet), whose Quiet
+// then watches the write's replies.
+func (b *stmtBook) onExecute(l *link, cr msgReader, n int, quiet *Probe, set []Setting) (p *Probe, err error) {
 	if len(b.portals) > 0 || b.portalGone || b.portalStale {
 		body, err := peekBody(cr, n)
 		if err != nil {
@@ -361,7 +364,7 @@ func (b *stmtBook) onExecute(l *link, cr msgReader, n int, c *Client, set []Sett
 		}
 	}
 	w := executeWait
-	if ww := l.watch(p, c, set); ww != nil {
+	if ww := l.watch(p, quiet, set); ww != nil {
 		w, p = ww, nil
 	}
 	l.pipe.push(w)

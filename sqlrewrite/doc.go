@@ -97,7 +97,9 @@
 //
 // pgfence keeps state of its own in the settings of the pgfence namespace:
 // the stale flags its rewrites raise and its probes read (pgfence.stale_<i>,
-// pgfence.dstale_<i>), the markers of the token settings the proxy sets
+// pgfence.dstale_<i>; raised with set_config, or, with Config.StaleNotice,
+// through the backstop's pgfence.note_stale, which also raises a notice
+// that ParseStaleNotice reads), the markers of the token settings the proxy sets
 // behind a transaction pooler (pgfence.tx.<name>), and the database
 // backstop's (pgfence.noticed, pgfence.exempt_noted). A client that set one
 // would change what pgfence counts or sets, so InternalChange finds the

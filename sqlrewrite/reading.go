@@ -12,8 +12,16 @@ const ReadingProbeSQL = "SELECT pg_catalog.current_setting('standard_conforming_
 // proxy.Config.SettingSQL), as the session's next statement needs it:
 // set_config($1, $2, $3) of the name, the value and whether it is local,
 // then the server's process id, by which the proxy finds a transaction
-// pooler that would run it on a connection other than the session's.
-const SettingSQL = "SELECT pg_catalog.set_config($1, $2, $3), pg_catalog.pg_backend_pid()"
+// pooler that would run it on a connection other than the session's. When
+// $4 is true it also sets QuietSetting for the transaction: the proxy
+// leaves the probe out after the write the setting goes with (see
+// proxy.Quiet), and the stale rows of that write raise notices.
+const SettingSQL = "SELECT pg_catalog.set_config($1, $2, $3), pg_catalog.pg_backend_pid() " +
+	"FROM (SELECT CASE WHEN $4 THEN pg_catalog.set_config('" + QuietSetting + "', 'on', true) END) AS quiet"
+
+// QuietSetting is 'on' for the transaction of a write whose probe the
+// proxy leaves out: pgfence.note_stale raises its notice only then.
+const QuietSetting = "pgfence.quiet"
 
 // StandInSQL is the text of the Parse of the unnamed statement the proxy
 // sends in place of a client's Parse that it answers with a statement it
