@@ -15,8 +15,9 @@ import (
 // The probe after a fenced write reads what the write left for pgfence:
 // the token it ran with, and the flags its stale rows raised. Where the
 // database has the backstop's helpers (Config.StaleNotice), a stale row
-// raises its flag through pgfence.note_stale, which also raises a notice
-// naming the flag and its value; and where the proxy set the token itself
+// raises its flag through pgfence.note_stale, which, in a transaction the
+// proxy marked (see below), also raises a notice naming the flag and its
+// value; and where the proxy set the token itself
 // right ahead of the write, in the write's own transaction (a SET it
 // answered, then a unit of one fenced write), pgfence knows the token
 // without reading it. The proxy then leaves the probe out, keeps the
@@ -28,7 +29,8 @@ import (
 //
 // The token a table's write runs with is the rewrite's: a lock domain's
 // own setting (<token setting>.<domain>) when set, else the token
-// setting. known reads it from the settings set ahead of the write:
+// setting. quietTokens.of reads it from the settings set ahead of the
+// write:
 //   - outside a lock domain, the token setting's value, if set;
 //   - in one, the domain setting's value if set and not empty; if set
 //     empty, the token setting's, if set; if not set at all, the token
