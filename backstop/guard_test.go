@@ -373,7 +373,7 @@ func TestMarksUnforgeable(t *testing.T) {
 	c, ns := connectNoticed(t, pgtest.DirectURL(), "3")
 	exec(t, c, "SELECT pg_catalog.set_config('pgfence.noticed', pg_catalog.statement_timestamp()::text || ' "+oid+" row', false); "+
 		"DO $$ BEGIN UPDATE public."+tb+" SET val = 'stale' WHERE id = 1; END $$")
-	if got := ns.codes(backstop.CodeStaleNotice); got != 1 {
+	if got := ns.Codes(backstop.CodeStaleNotice); got != 1 {
 		t.Fatalf("notices after a preset mark: %d, want 1", got)
 	}
 	// The notice's mark holds with pgfence's secret; one a client raises
@@ -382,13 +382,15 @@ func TestMarksUnforgeable(t *testing.T) {
 	if err != nil || key == "" {
 		t.Fatalf("ReadNoticeKey: %q %v", key, err)
 	}
+	all := ns.All()
+	last := all[len(all)-1]
 	detail := map[string]string{}
-	for _, f := range strings.Fields(ns.got[len(ns.got)-1].Detail) {
+	for _, f := range strings.Fields(last.Detail) {
 		k, v, _ := strings.Cut(f, "=")
 		detail[k] = v
 	}
 	if detail["rel"] != oid || backstop.NoticeMark(key, detail["at"], detail["rel"], detail["kind"]) != detail["mark"] {
-		t.Fatalf("the notice's mark does not hold: %q", ns.got[len(ns.got)-1].Detail)
+		t.Fatalf("the notice's mark does not hold: %q", last.Detail)
 	}
 	if backstop.NoticeMark("guess", detail["at"], detail["rel"], detail["kind"]) == detail["mark"] {
 		t.Fatal("a mark holds without pgfence's secret")

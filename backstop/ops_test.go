@@ -105,7 +105,7 @@ func TestRejectCounting(t *testing.T) {
 	if got := rejects(t, tb) - before; got != 4 {
 		t.Fatalf("ReadCounts grew by %d, want 4 (2 rows, twice, one transaction rolled back)", got)
 	}
-	if got := ns.codes(backstop.CodeStaleNotice); got != 2 {
+	if got := ns.Codes(backstop.CodeStaleNotice); got != 2 {
 		t.Fatalf("direct client got %d notices, want 2 (one per statement)", got)
 	}
 	// A row that is not stale is written and not counted.
@@ -146,7 +146,7 @@ func TestRejectCounting(t *testing.T) {
 			if notify {
 				want = 3
 			}
-			if got := ns.codes(backstop.CodeStaleNotice); got != want {
+			if got := ns.Codes(backstop.CodeStaleNotice); got != want {
 				t.Errorf("NotifyStale=%v: the client got %d backstop notices, want %d", notify, got, want)
 			}
 			// The rewriter's own rejects are via="rewrite".
@@ -164,15 +164,16 @@ func TestRejectCounting(t *testing.T) {
 			// passed on and not counted.
 			detail := "kind=row mode=enforce epoch=9 token=3 rel=1 at=1 mark=0123"
 			if notify {
-				detail = ns.got[len(ns.got)-1].Detail // a real one, raised again
+				all := ns.All()
+				detail = all[len(all)-1].Detail // a real one, raised again
 			}
-			before := ns.codes(backstop.CodeStaleNotice)
+			before := ns.Codes(backstop.CodeStaleNotice)
 			exec(t, c, "DO $$ BEGIN RAISE NOTICE USING ERRCODE = 'PF010', MESSAGE = 'not the backstop', DETAIL = "+
 				"'"+detail+"', SCHEMA = 'public', TABLE = '"+tb+"'; END $$")
 			if got := counter("via=backstop"); got != 3 {
 				t.Errorf(`a client's own notice was counted via="backstop": %v`, got)
 			}
-			if got := ns.codes(backstop.CodeStaleNotice) - before; got != 1 {
+			if got := ns.Codes(backstop.CodeStaleNotice) - before; got != 1 {
 				t.Errorf("the client's own notice reached it %d times, want 1", got)
 			}
 		})
@@ -467,7 +468,7 @@ func TestShadow(t *testing.T) {
 	if got := rejects(t, tb) - before; got != 1 {
 		t.Errorf("shadow stale write counted %d, want 1", got)
 	}
-	if got := ns.codes(backstop.CodeStaleNotice); got != 0 {
+	if got := ns.Codes(backstop.CodeStaleNotice); got != 0 {
 		t.Errorf("a shadow write raised %d notices (schema.go: counted only in the database)", got)
 	}
 	exec(t, c, "SET fence.token = '7'")
@@ -514,7 +515,7 @@ func TestShadow(t *testing.T) {
 	if got := rejects(t, tb) - before; got != 2 {
 		t.Errorf("ReadCounts: %d, want 2", got)
 	}
-	if pns.codes(backstop.CodeStaleNotice) != 0 {
+	if pns.Codes(backstop.CodeStaleNotice) != 0 {
 		t.Errorf("a client of pgfence got the backstop's notice")
 	}
 }

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net/url"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -67,43 +66,11 @@ func newRole(t *testing.T, name, attrs string) string {
 	return name
 }
 
-// notices collects the notices a connection receives.
-type notices struct {
-	mu  sync.Mutex
-	got []*pgconn.Notice
-}
-
-func (n *notices) codes(code string) int {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	c := 0
-	for _, x := range n.got {
-		if x.Code == code {
-			c++
-		}
-	}
-	return c
-}
-
 // connectNoticed connects to url with token tok set ("" for none),
 // collecting its notices.
-func connectNoticed(t *testing.T, u, tok string) (*pgx.Conn, *notices) {
+func connectNoticed(t *testing.T, u, tok string) (*pgx.Conn, *pgtest.Notices) {
 	t.Helper()
-	cfg, err := pgx.ParseConfig(u)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ns := &notices{}
-	cfg.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) {
-		ns.mu.Lock()
-		ns.got = append(ns.got, n)
-		ns.mu.Unlock()
-	}
-	c, err := pgx.ConnectConfig(ctx, cfg)
-	if err != nil {
-		t.Fatalf("connect %s: %v", u, err)
-	}
-	t.Cleanup(func() { c.Close(ctx) })
+	c, ns := pgtest.ConnectNoticed(t, u)
 	if tok != "" {
 		pgtest.Exec(t, c, "SET fence.token = '"+tok+"'")
 	}
@@ -490,10 +457,10 @@ func testPath(t *testing.T, p writePath, viaProxy bool) {
 		if got := proxyRejects() - pxBefore; got != float64(wantRejects) {
 			t.Errorf(`fencing_reject_total{table="public.%s",via="backstop"} grew by %v, want %d`, tb, got, wantRejects)
 		}
-		if got := ns.codes(backstop.CodeStaleNotice); got != 0 {
+		if got := ns.Codes(backstop.CodeStaleNotice); got != 0 {
 			t.Errorf("a client of pgfence received %d %s notices", got, backstop.CodeStaleNotice)
 		}
-	} else if got := ns.codes(backstop.CodeStaleNotice); got != wantRejects {
+	} else if got := ns.Codes(backstop.CodeStaleNotice); got != wantRejects {
 		t.Errorf("a direct client received %d %s notices, want %d", got, backstop.CodeStaleNotice, wantRejects)
 	}
 

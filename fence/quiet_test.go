@@ -1,10 +1,8 @@
 package fence_test
 
 import (
-	"context"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -32,27 +30,8 @@ func staleNotices(t *testing.T) func(*proxy.Config, *fence.Config) {
 // noticed connects through p and collects the notices the client gets.
 func noticed(t *testing.T, p *pgtest.Proxy) (*pgx.Conn, func() []*pgconn.Notice) {
 	t.Helper()
-	cfg, err := pgx.ParseConfig(p.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var got []*pgconn.Notice
-	cfg.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) {
-		mu.Lock()
-		defer mu.Unlock()
-		got = append(got, n)
-	}
-	c, err := pgx.ConnectConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close(context.Background()) })
-	return c, func() []*pgconn.Notice {
-		mu.Lock()
-		defer mu.Unlock()
-		return append([]*pgconn.Notice(nil), got...)
-	}
+	c, ns := pgtest.ConnectNoticed(t, p.URL())
+	return c, ns.All
 }
 
 // TestQuietWrites: where the backstop's helpers are in place, a fenced
@@ -64,101 +43,77 @@ func noticed(t *testing.T, p *pgtest.Proxy) (*pgx.Conn, func() []*pgconn.Notice)
 func TestQuietWrites(t *testing.T) {
 	tbl := table(t, [3]any{1, "x", 0}, [3]any{2, "y", 0})
 	p := pgtest.StartProxy(t, []string{tbl}, staleNotices(t))
-	out := func() float64 { return p.Counter(t, "pgfence_probes_left_out_total") }
 	c, notices := noticed(t, p)
+	// write sets the token (unless tok is "") and runs sql, which must
+	// answer tag; then the probes left out must be left, as why says.
+	write := func(tok, sql, tag string, left float64, why string) {
+		t.Helper()
+		if tok != "" {
+			pgtest.Exec(t, c, "SET fence.token = '"+tok+"'")
+		}
+		if got := pgtest.Exec(t, c, sql); got != tag {
+			t.Fatalf("%s: %s, want %s", sql, got, tag)
+		}
+		if got := p.Counter(t, "pgfence_probes_left_out_total"); got != left {
+			t.Fatalf("probes left out: %v after %s, want %v", got, why, left)
+		}
+	}
+	rejects := func(want float64, why string) {
+		t.Helper()
+		if got := p.Counter(t, "fencing_reject_total", "table="+tbl, "kind=row"); got != want {
+			t.Fatalf("%s: %v rejects, want %v", why, got, want)
+		}
+	}
+	accepted := func(want float64) {
+		t.Helper()
+		if got := p.Counter(t, "pgfence_token_accepted_max", "table="+tbl); got != want {
+			t.Errorf("token accepted: %v, want %v", got, want)
+		}
+	}
 
 	// Fresh: counted as set, its token accepted, no probe.
-	pgtest.Exec(t, c, "SET fence.token = '43'")
-	if tag := pgtest.Exec(t, c, "UPDATE "+tbl+" SET val = 'B' WHERE id = 1"); tag != "UPDATE 1" {
-		t.Fatalf("fresh write: %s", tag)
-	}
-	if got := out(); got != 1 {
-		t.Fatalf("probes left out: %v after a fresh write right after its SET, want 1", got)
-	}
+	write("43", "UPDATE "+tbl+" SET val = 'B' WHERE id = 1", "UPDATE 1", 1, "a fresh write right after its SET")
 	if got := p.Counter(t, "pgfence_guarded_writes_total", "table="+tbl, "token=set"); got != 1 {
 		t.Errorf("guarded writes with a token: %v, want 1", got)
 	}
-	if got := p.Counter(t, "pgfence_token_accepted_max", "table="+tbl); got != 43 {
-		t.Errorf("token accepted: %v, want 43", got)
-	}
+	accepted(43)
 
 	// Stale, on two rows: one reject, with its gap, and no notice shown.
 	pgtest.Exec(t, pgtest.Direct(t), "UPDATE "+tbl+" SET fence_epoch = 45")
-	pgtest.Exec(t, c, "SET fence.token = '42'")
-	if tag := pgtest.Exec(t, c, "UPDATE "+tbl+" SET val = 'A'"); tag != "UPDATE 0" {
-		t.Fatalf("stale write: %s", tag)
-	}
-	if got := out(); got != 2 {
-		t.Fatalf("probes left out: %v, want 2", got)
-	}
-	if got := p.Counter(t, "fencing_reject_total", "table="+tbl, "kind=row"); got != 1 {
-		t.Fatalf("stale write on two rows counted %v rejects, want 1", got)
-	}
+	write("42", "UPDATE "+tbl+" SET val = 'A'", "UPDATE 0", 2, "a stale write right after its SET")
+	rejects(1, "a stale write on two rows")
 	if n, sum := p.Histogram(t, "fencing_token_gap", "table="+tbl); n != 1 || sum != 3 {
 		t.Errorf("token gap: %d samples summing %v, want 1 of 3 (45 - 42)", n, sum)
 	}
-	if got := p.Counter(t, "pgfence_token_accepted_max", "table="+tbl); got != 43 {
-		t.Errorf("token accepted after a stale write: %v, want 43 still", got)
-	}
+	accepted(43)
 	if !strings.Contains(p.Logs.String(), "token=42 epoch=45") {
 		t.Errorf("the reject's log line lacks its token and epoch:\n%s", p.Logs.String())
 	}
 
 	// A second write under the same SET: pgfence did not set the token
 	// right ahead of it, so the probe runs, and counts the stale write once.
-	if tag := pgtest.Exec(t, c, "UPDATE "+tbl+" SET val = 'A' WHERE id = 2"); tag != "UPDATE 0" {
-		t.Fatalf("stale write, probed: %s", tag)
-	}
-	if got := out(); got != 2 {
-		t.Fatalf("probes left out: %v after a write whose token pgfence did not just set, want 2 still", got)
-	}
-	if got := p.Counter(t, "fencing_reject_total", "table="+tbl, "kind=row"); got != 2 {
-		t.Fatalf("probed stale write: %v rejects, want 2", got)
-	}
+	write("", "UPDATE "+tbl+" SET val = 'A' WHERE id = 2", "UPDATE 0", 2, "a write whose token pgfence did not just set")
+	rejects(2, "a probed stale write")
 	for _, n := range notices() {
 		t.Errorf("the client got a notice: %s %s (%s)", n.Code, n.Message, n.Detail)
 	}
 
 	// A session whose write went without its probe and was stale has its
 	// next writes probed, which then raise no notice, until one is fresh.
-	pgtest.Exec(t, c, "SET fence.token = '42'")
-	if tag := pgtest.Exec(t, c, "UPDATE "+tbl+" SET val = 'A' WHERE id = 2"); tag != "UPDATE 0" {
-		t.Fatalf("stale write after a stale one: %s", tag)
-	}
-	if got := out(); got != 2 {
-		t.Fatalf("probes left out: %v after a stale write right after a stale one, want 2 still", got)
-	}
-	if got := p.Counter(t, "fencing_reject_total", "table="+tbl, "kind=row"); got != 3 {
-		t.Fatalf("probed stale write: %v rejects, want 3", got)
-	}
-	pgtest.Exec(t, c, "SET fence.token = '46'")
-	if tag := pgtest.Exec(t, c, "UPDATE "+tbl+" SET val = 'C' WHERE id = 2"); tag != "UPDATE 1" {
-		t.Fatalf("fresh write: %s", tag)
-	}
-	if got := out(); got != 2 {
-		t.Fatalf("probes left out: %v after the first fresh write since, want 2 still", got)
-	}
-	pgtest.Exec(t, c, "SET fence.token = '46'")
-	if tag := pgtest.Exec(t, c, "UPDATE "+tbl+" SET val = 'D' WHERE id = 2"); tag != "UPDATE 1" {
-		t.Fatalf("fresh write: %s", tag)
-	}
-	if got := out(); got != 3 {
-		t.Fatalf("probes left out: %v once a probed write was fresh, want 3", got)
-	}
-	if got := p.Counter(t, "pgfence_token_accepted_max", "table="+tbl); got != 46 {
-		t.Errorf("token accepted: %v, want 46", got)
-	}
+	write("42", "UPDATE "+tbl+" SET val = 'A' WHERE id = 2", "UPDATE 0", 2, "a stale write right after a stale one")
+	rejects(3, "a probed stale write")
+	write("46", "UPDATE "+tbl+" SET val = 'C' WHERE id = 2", "UPDATE 1", 2, "the first fresh write since")
+	write("46", "UPDATE "+tbl+" SET val = 'D' WHERE id = 2", "UPDATE 1", 3, "a fresh write once a probed one was fresh")
+	accepted(46)
 
 	// A notice a client raises itself, outside a write of its own, counts
 	// nothing and is not shown.
-	pgtest.Exec(t, c, "SELECT pgfence.note_stale('pgfence.stale_0', 'x:99')")
+	pgtest.Exec(t, c, "SELECT pgfence.raise_stale('pgfence.stale_0', 'x:99')")
 	// Nor may it set the mark that has the helper raise one.
 	if _, err := c.Exec(ctx, "SELECT set_config('pgfence.quiet', 'on', false)"); pgErr(t, err).Code != "42501" {
 		t.Errorf("a client set pgfence.quiet: %v, want 42501", err)
 	}
-	if got := p.Counter(t, "fencing_reject_total", "table="+tbl); got != 3 {
-		t.Fatalf("a client's own call of the helper counted: %v rejects, want 3", got)
-	}
+	rejects(3, "a client's own call of the helper")
 	if n := notices(); len(n) != 0 {
 		t.Errorf("the client got %d notices, want none", len(n))
 	}

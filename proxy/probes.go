@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"sync/atomic"
+
+	"github.com/jackc/pgx/v5/pgproto3"
 )
 
 // probeState is what a session keeps of its probes (see Plan.Probes).
@@ -158,11 +160,15 @@ func (ps *probeState) onQueryReply(f *fromServer, c *Client, w *wait, typ server
 // probed hands a probe's row to its ProbeFunc, for c, and relays the
 // notice it returns, if any.
 func (ps *probeState) probed(f *fromServer, c *Client, p *Probe, row [][]byte) error {
-	notice := p.done(c, row)
-	if notice == nil {
+	return f.tell(p.done(c, row))
+}
+
+// tell sends the client n, a notice of the Interceptor's (nil: none).
+func (f *fromServer) tell(n *pgproto3.NoticeResponse) error {
+	if n == nil {
 		return nil
 	}
-	b, err := notice.Encode(nil)
+	b, err := n.Encode(nil)
 	if err != nil {
 		return err
 	}

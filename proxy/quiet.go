@@ -18,14 +18,5 @@ func (l *link) watch(p, quiet *Probe, set []Setting) *wait {
 // quietDone tells the Quiet of the write w watches that it completed, and
 // sends the client the notice that returns, if any.
 func (s *session) quietDone(w *wait) error {
-	nr := w.quiet.quiet.Done(s.c, w.set, w.notes)
-	if nr == nil {
-		return nil
-	}
-	b, err := nr.Encode(nil)
-	if err != nil {
-		return err
-	}
-	_, err = s.cw.Write(b)
-	return err
+	return s.tell(w.quiet.quiet.Done(s.c, w.set, w.notes))
 }
