@@ -62,22 +62,24 @@ func TestPooledRoles(t *testing.T) {
 		t.Fatalf("row 1 is %q at %d after refused writes", v, e)
 	}
 
-	// Set by pgfence in the writing transaction, it counts: fresh and stale.
-	exec(t, p, "BEGIN")
-	exec(t, p, set("n2", []string{"7", ""}))
-	if tag := exec(t, p, "UPDATE public."+tb+" SET val = 'fresh' WHERE id = 1"); tag != "UPDATE 1" {
-		t.Fatalf("fresh pooled write: %s", tag)
+	// inTx runs sql in a transaction where PooledSet set the token
+	// settings to values first, as pgfence does, and wants tag.
+	inTx := func(nonce string, values []string, sql, tag string) {
+		t.Helper()
+		exec(t, p, "BEGIN")
+		exec(t, p, set(nonce, values))
+		if got := exec(t, p, sql); got != tag {
+			t.Fatalf("%s, the token set by pgfence: %s, want %s", sql, got, tag)
+		}
+		exec(t, p, "COMMIT")
 	}
-	exec(t, p, "COMMIT")
+
+	// Set by pgfence in the writing transaction, it counts: fresh and stale.
+	inTx("n2", []string{"7", ""}, "UPDATE public."+tb+" SET val = 'fresh' WHERE id = 1", "UPDATE 1")
 	if v, e := rowOf(t, tb, 1); v != "fresh" || e != 7 {
 		t.Fatalf("fresh pooled write left %q at %d, want fresh at 7", v, e)
 	}
-	exec(t, p, "BEGIN")
-	exec(t, p, set("n3", []string{"4", ""}))
-	if tag := exec(t, p, "UPDATE public."+tb+" SET val = 'stale' WHERE id = 2"); tag != "UPDATE 0" {
-		t.Fatalf("stale pooled write: %s", tag)
-	}
-	exec(t, p, "COMMIT")
+	inTx("n3", []string{"4", ""}, "UPDATE public."+tb+" SET val = 'stale' WHERE id = 2", "UPDATE 0")
 
 	// A lock domain's own setting is held to its own marker.
 	start := domainToken(t, d)
@@ -87,12 +89,7 @@ func TestPooledRoles(t *testing.T) {
 	if got := domainToken(t, d); got != start {
 		t.Fatalf("a refused write claimed the domain at %d", got)
 	}
-	exec(t, p, "BEGIN")
-	exec(t, p, set("n4", []string{"", "21"}))
-	if tag := exec(t, p, "UPDATE public."+dom+" SET val = 'fresh' WHERE id = 1"); tag != "UPDATE 1" {
-		t.Fatalf("fresh pooled domain write: %s", tag)
-	}
-	exec(t, p, "COMMIT")
+	inTx("n4", []string{"", "21"}, "UPDATE public."+dom+" SET val = 'fresh' WHERE id = 1", "UPDATE 1")
 	if got := domainToken(t, d); got != 21 {
 		t.Fatalf("domain at %d after a fresh write at 21", got)
 	}
