@@ -91,10 +91,10 @@ func FuzzStatementSequences(f *testing.F) {
 		}
 		same := sameReplies(want, got, setInBlock(msgs))
 		if !same {
-			k := 0
-			for k < len(want) && k < len(got) && want[k] == got[k] {
-				k++
-			}
+			// The first difference but for the failed Query's portal,
+			// after which both sessions go on alike (in a failed block):
+			// the SET's portal is judged here, as the sessions part there.
+			k := firstDifference(want, got, false)
 			switch {
 			case skippedUnnamed(msgs, want) && (pipelined || k < len(got) && got[k] == "ErrorResponse 26000"):
 				return // the allowed difference
@@ -299,11 +299,18 @@ func portalOp(v int) []pgproto3.FrontendMessage {
 // but for the differences allowed anywhere (see FuzzStatementSequences):
 // the SET's portal only if setPortal, and the portal a failed Query left.
 func sameReplies(want, got []string, setPortal bool) bool {
-	if len(want) != len(got) {
-		return false
-	}
+	return firstDifference(want, got, setPortal) < 0
+}
+
+// firstDifference returns the index of the first of got's replies that
+// differs from want's other than as sameReplies allows (the length of the
+// shorter, if one ends first), or -1 if none does.
+func firstDifference(want, got []string, setPortal bool) int {
 	failed := false // the last ReadyForQuery said the block failed
 	for k := range want {
+		if k >= len(got) {
+			return k
+		}
 		switch {
 		case want[k] == got[k]:
 		case failed && got[k] == "ErrorResponse 25P02" && (want[k] == "ErrorResponse 26000" || want[k] == "ErrorResponse 08P01"):
@@ -313,13 +320,16 @@ func sameReplies(want, got []string, setPortal bool) bool {
 		// crashes Postgres 16 to 18 (TestFailedQueryPortalClosed).
 		case failed && got[k] == "ErrorResponse 34000" && want[k] == "ErrorResponse 25P02":
 		default:
-			return false
+			return k
 		}
 		if strings.HasPrefix(want[k], "ReadyForQuery") {
 			failed = want[k] == "ReadyForQuery E"
 		}
 	}
-	return true
+	if len(got) > len(want) {
+		return len(want)
+	}
+	return -1
 }
 
 // setInBlock reports whether msgs may bind a SET of the token in a block,
