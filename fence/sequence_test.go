@@ -35,6 +35,12 @@ import (
 // recovery (see recovery), which must be answered alike, warnings aside: a
 // difference pgfence is allowed must not leave the session broken.
 //
+// After a simple Query that failed in a block, pgfence closes the unnamed
+// portal before its next Execute (Postgres 16 to 18 crash on it): where
+// that portal was a COMMIT or ROLLBACK bound before the failure, Postgres
+// 15 runs it and ends the block, and pgfence answers 34000; the sessions
+// differ from there, and nothing more is compared.
+//
 // Two more are allowed anywhere. In a failed block, a Bind that pgfence
 // has to prepare its statement for first (Postgres refuses that Parse
 // there) fails with 25P02 where Postgres, binding the client's statement,
@@ -105,6 +111,14 @@ func FuzzStatementSequences(f *testing.F) {
 				// describes it (NoData) or refuses to run it again. A
 				// Describe fails pgfence's block and not Postgres's: the
 				// sessions go their own ways from there.
+				return
+			case k < len(want) && k < len(got) && got[k] == "ErrorResponse 34000" && failedAt(want, k) &&
+				(want[k] == "CommandComplete ROLLBACK" || want[k] == "CommandComplete COMMIT"):
+				// The portal a failed Query left, closed by pgfence (as
+				// Postgres 16 to 18 crash on its Execute), was a COMMIT or
+				// ROLLBACK bound before the failure, which Postgres 15 runs
+				// and which ends its block: pgfence's stays failed, and the
+				// sessions go their own ways (docs/relaying.md).
 				return
 			}
 		}
@@ -330,6 +344,17 @@ func firstDifference(want, got []string, setPortal bool) int {
 		return len(want)
 	}
 	return -1
+}
+
+// failedAt reports whether the last ReadyForQuery of replies before k said
+// the block failed.
+func failedAt(replies []string, k int) bool {
+	for i := k - 1; i >= 0; i-- {
+		if strings.HasPrefix(replies[i], "ReadyForQuery") {
+			return replies[i] == "ReadyForQuery E"
+		}
+	}
+	return false
 }
 
 // setInBlock reports whether msgs may bind a SET of the token in a block,
