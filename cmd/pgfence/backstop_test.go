@@ -64,6 +64,12 @@ func (s *serveTest) exec(sql string, args ...any) string {
 // serve starts pgfence with o (listen, metrics and upstream filled in).
 func (s *serveTest) serve(o serveOptions) *instance {
 	s.t.Helper()
+	return s.serveLogged(o, io.Discard)
+}
+
+// serveLogged is serve with pgfence's log written to log.
+func (s *serveTest) serveLogged(o serveOptions, log io.Writer) *instance {
+	s.t.Helper()
 	o.listen, o.metricsListen = "127.0.0.1:0", "127.0.0.1:0"
 	if o.upstream == "" {
 		o.upstream = s.pg.URL("postgres")
@@ -74,7 +80,7 @@ func (s *serveTest) serve(o serveOptions) *instance {
 	if o.discoverColumn == "" {
 		o.discoverColumn = "fence_epoch"
 	}
-	inst, err := start(o, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	inst, err := start(o, slog.New(slog.NewTextHandler(log, nil)))
 	if err != nil {
 		s.t.Fatal(err)
 	}

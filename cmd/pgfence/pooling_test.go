@@ -215,7 +215,13 @@ func TestServePooledRole(t *testing.T) {
 		if err := cmd.Execute(); err != nil {
 			t.Fatal(err)
 		}
-		inst := s.serve(o)
+		var log lockedBuffer
+		inst := s.serveLogged(o, &log)
+		// Behind a transaction pooler without the flag, pgfence says so at
+		// start, and what to set.
+		if warned := strings.Contains(log.String(), "without --backstop-pooled-role"); warned == pooled {
+			t.Errorf("--backstop-pooled-role given: %v; warned at start: %v; want a warning exactly without it:\n%s", pooled, warned, log.String())
+		}
 		err := leaveAndWriteHidden(inst)
 		v, e := s.epoch("accounts", 1)
 		if !pooled {
