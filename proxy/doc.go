@@ -125,13 +125,15 @@
 // client can only roll back past the SET; it is dropped.
 //
 // A unit of one fenced write that found the session idle and got the
-// settings joined to it (applyState.joined, until its Execute) runs in a
-// transaction of its own, right after them: the settings the proxy sent
-// are those the write runs with. Its probe's Quiet (see Quiet) may then
-// let the proxy leave the probe out: the Execute's wait carries the
-// settings, the notices the write raises go to the Quiet first, and the
-// write's CommandComplete tells it the write completed, in place of the
-// probe's row.
+// settings joined to it runs in a transaction of its own, right after
+// them: the settings the proxy sent are those the write runs with. Where
+// its probe's Quiet (see Quiet) says they tell it all it needs, the proxy
+// sends them with the quiet mark (Config.SettingSQL's fourth argument,
+// which has the write's stale rows raise notices) and leaves the probe out
+// (applyState.quiet, until the unit's Execute): the Execute's wait carries
+// the settings, the notices the write raises go to the Quiet first, and
+// the write's CommandComplete tells it the write completed, in place of
+// the probe's row.
 //
 // # Transaction pooling
 //
