@@ -325,7 +325,13 @@
 // costs more than the call), and when nothing is ready its goroutine
 // parks in Go's netpoller, where the epoll set is registered as a file,
 // readable while it has events. A busy loop never parks; an idle one
-// holds no thread and no P. Earlier the one loop waited in a raw blocking
+// holds no thread and no P. The loop runs inside one RawConn.Read of the
+// epoll set, which keeps a readiness edge that comes while the loop is
+// handling events (Read clears one only when it starts): so after a wait
+// that returned fewer events than it had room for, which drained the set,
+// the loop parks without asking the set again, one epoll_wait fewer per
+// wake-up than a Read per wait (0.67 against 0.89 per select-only
+// transaction, with the Go runtime's own). Earlier the one loop waited in a raw blocking
 // epoll_wait (up to 5 ms) to keep its P; with a loop per P that kept every
 // P, and every other goroutine (a session's startup, a hold's end, the
 // garbage collector, /metrics) waited for sysmon to preempt a loop or poll

@@ -291,52 +291,66 @@ func (l *loop) end(ls *loopSession, fromClient bool, err error) {
 func (l *loop) run() {
 	defer l.close()
 	evs := make([]unix.EpollEvent, 256)
-	var n int
-	var err error
-	// poll takes what is ready, without waiting; made once, as a closure
-	// made per wait would be an allocation per wait.
-	poll := func(uintptr) bool {
-		n, err = rawEpollWait(l.ep, evs, 0)
-		return n != 0 || err != nil
-	}
-	parks := true // the netpoller has the epoll set
-	for !l.quit {
-		if parks {
-			// With nothing ready, park until the epoll set is readable
-			// (see The event loop in the package documentation).
-			if l.rc.Read(poll) != nil { // the netpoller refused it: block in the kernel
-				parks = false
-				continue
-			}
-		} else {
-			n, err = unix.EpollWait(l.ep, evs, -1)
-		}
-		if err != nil {
+	// serve handles what the epoll set has ready, until a wait returns
+	// short of evs: the set was then drained, and whatever arrives later
+	// is a new edge in the netpoller. Made once, as a closure made per
+	// wait would be an allocation per wait.
+	serve := func(uintptr) bool {
+		for !l.quit {
+			n, err := rawEpollWait(l.ep, evs, 0)
 			if err == unix.EINTR {
 				continue
 			}
+			if err != nil {
+				panic(fmt.Sprintf("pgfence: event loop: epoll_wait: %v", err))
+			}
+			l.handle(evs[:n])
+			if n < len(evs) {
+				return l.quit
+			}
+		}
+		return true
+	}
+	// The loop parks in Go's netpoller inside this one Read, which returns
+	// only once the loop quits (see The event loop in the package
+	// documentation).
+	if l.rc.Read(serve) == nil {
+		return
+	}
+	// The netpoller refused the epoll set: block in the kernel.
+	for !l.quit {
+		n, err := unix.EpollWait(l.ep, evs, -1)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
 			panic(fmt.Sprintf("pgfence: event loop: epoll_wait: %v", err))
 		}
-		for i := range n {
-			fd, ev := int(evs[i].Fd), evs[i].Events
-			if fd == l.wake {
-				l.drainPosts()
-				continue
-			}
-			if fd >= len(l.sides) || l.sides[fd] == nil {
-				continue // its session ended earlier in this batch
-			}
-			x := l.sides[fd]
-			if ev&unix.EPOLLOUT != 0 {
-				// x takes more. What was pending for it may have gone out
-				// since (written after reading x's own messages): its peer,
-				// paused while x was backed up, is resumed all the same.
-				l.writable(x)
-			}
-			if ev&(unix.EPOLLIN|unix.EPOLLHUP|unix.EPOLLERR|unix.EPOLLRDHUP) != 0 {
-				x.arrived(ev&(unix.EPOLLHUP|unix.EPOLLERR|unix.EPOLLRDHUP) != 0)
-				l.readable(x)
-			}
+		l.handle(evs[:n])
+	}
+}
+
+// handle handles one epoll_wait's events.
+func (l *loop) handle(evs []unix.EpollEvent) {
+	for i := range evs {
+		fd, ev := int(evs[i].Fd), evs[i].Events
+		if fd == l.wake {
+			l.drainPosts()
+			continue
+		}
+		if fd >= len(l.sides) || l.sides[fd] == nil {
+			continue // its session ended earlier in this batch
+		}
+		x := l.sides[fd]
+		if ev&unix.EPOLLOUT != 0 {
+			// x takes more. What was pending for it may have gone out
+			// since (written after reading x's own messages): its peer,
+			// paused while x was backed up, is resumed all the same.
+			l.writable(x)
+		}
+		if ev&(unix.EPOLLIN|unix.EPOLLHUP|unix.EPOLLERR|unix.EPOLLRDHUP) != 0 {
+			x.arrived(ev&(unix.EPOLLHUP|unix.EPOLLERR|unix.EPOLLRDHUP) != 0)
+			l.readable(x)
 		}
 	}
 }
