@@ -51,9 +51,10 @@ type session struct {
 }
 
 // passes reports whether sql is the text last passed untouched, under the
-// configuration st, for reasons that still hold: it names no guarded
-// table, sets no token, and neither invalidates prepared statements nor
-// ends a transaction (so it changes nothing in the session either).
+// configuration st, for reasons that still hold: it names no guarded table
+// or is an ASCII text that spells no write keyword (see readOnly), sets no
+// token, and neither invalidates prepared statements nor ends a
+// transaction (so it changes nothing in the session either).
 func (s *session) passes(st *state, sql string) bool {
 	return s.lastState == st && len(s.prepared) == 0 && !s.ddl && string(s.last) == sql
 }

@@ -79,11 +79,19 @@ func TestPooledPassedStartsKept(t *testing.T) {
 // guards pgbench_accounts, ended when the test ends.
 func pooledSession(t *testing.T) (*Policy, *proxy.Client) {
 	t.Helper()
+	return guardedSession(t, Config{TransactionPooling: true})
+}
+
+// guardedSession starts a session of a Policy of cfg guarding
+// pgbench_accounts.
+func guardedSession(t *testing.T, cfg Config) (*Policy, *proxy.Client) {
+	t.Helper()
 	g, err := sqlrewrite.ParseGuard("pgbench_accounts")
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := New(Config{Guards: []sqlrewrite.Guard{g}, TransactionPooling: true}, NewMetrics(prometheus.NewRegistry()), nil)
+	cfg.Guards = []sqlrewrite.Guard{g}
+	p, err := New(cfg, NewMetrics(prometheus.NewRegistry()), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
