@@ -82,7 +82,12 @@
 // pg_get_triggerdef prints, compared field by field), running unedited
 // functions of pgfence's (a function's name ends with its body's hash), no
 // BEFORE row trigger firing after the backstop's, and the epoch column
-// there and tied. Roles that may set session_replication_role (GRANT SET
+// there and tied. Every trigger named as pgfence names its row triggers
+// is held to that, not only the one that fires first: a name is only a
+// name, and one a writer took ("~pgfence_backstop_p1" on a plain table)
+// would fire after the backstop and could lower the epoch it stamps. So
+// such a trigger must be a partition's clone of an ancestor's, or the
+// table's own under the name pgfence gives it. Roles that may set session_replication_role (GRANT SET
 // ON PARAMETER, Postgres 15 on) make every table not OK too.
 //
 // When pgfence's role is a superuser, Install keeps two event triggers,

@@ -117,17 +117,24 @@ BEGIN
     RETURN format('the epoch column %I of table %s is of type %s, not an integer', col, tbl, format_type(att.atttypid, NULL));
   END IF;
   IF want_row IS NOT NULL THEN
-    -- The row trigger that enforces: a clone of an ancestor's, else the
-    -- table's own.
+    -- Every row trigger named as pgfence names its own must be one: a
+    -- clone of an ancestor's, or the table's own under the name pgfence
+    -- gives it. A name proves nothing by itself: anyone with TRIGGER on
+    -- the table may take one, and "~pgfence_backstop_p1" would fire after
+    -- the backstop and could lower the epoch it stamps. The one that
+    -- fires last (by name) is the one whose check stands.
     FOR t IN
       SELECT tr.tgname, tr.tgparentid <> 0 AS cloned, tr.tgenabled, p.proname, n.nspname,
              pgfence.row_shaped(tr) AS shaped, pgfence.unedited(p) AS unedited, pg_get_triggerdef(tr.oid) AS def
       FROM pg_trigger tr JOIN pg_proc p ON p.oid = tr.tgfoid JOIN pg_namespace n ON n.oid = p.pronamespace
       WHERE tr.tgrelid = rel AND (tr.tgname = '~pgfence_backstop' OR tr.tgname ~ '^~pgfence_backstop_p[0-9]+$')
-      ORDER BY tr.tgparentid <> 0 DESC, tr.tgname COLLATE "C"
-      LIMIT 1
+      ORDER BY tr.tgname COLLATE "C"
     LOOP
       fires := t.tgname;
+      IF NOT t.cloned AND t.tgname <> (CASE kind WHEN 'p' THEN '~pgfence_backstop_p' || rel ELSE '~pgfence_backstop' END) THEN
+        RETURN format('table %s has a row trigger named as pgfence names its backstop''s that is not pgfence''s (pgfence names the table''s own %I): %s; drop it or rename it',
+          tbl, CASE kind WHEN 'p' THEN '~pgfence_backstop_p' || rel ELSE '~pgfence_backstop' END, t.def);
+      END IF;
       IF NOT t.shaped THEN
         RETURN format('the backstop trigger of table %s is not as pgfence creates it (BEFORE INSERT OR UPDATE OR DELETE, FOR EACH ROW, no WHEN, no column list): %s', tbl, t.def);
       END IF;

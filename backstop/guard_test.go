@@ -87,6 +87,11 @@ func TestGuardRefusesWeakening(t *testing.T) {
 		{"truncate_when_false", `CREATE OR REPLACE TRIGGER "~pgfence_backstop_truncate" BEFORE TRUNCATE ON {t} FOR EACH STATEMENT WHEN (false) EXECUTE FUNCTION pgfence.epoch_guard()`, "42501"},
 		{"disable_truncate_trigger", `ALTER TABLE {t} DISABLE TRIGGER "~pgfence_backstop_truncate"`, "42501"},
 		{"trigger_after_backstop", `CREATE TRIGGER "~~forge" BEFORE UPDATE ON {t} FOR EACH ROW EXECUTE FUNCTION public.{tb}_forge()`, "42501"},
+		// Named as a partitioned table's backstop, on a plain table: it
+		// would fire after the backstop's and change the epoch it stamps.
+		{"trigger_named_partition_backstop", `CREATE TRIGGER "~pgfence_backstop_p1" BEFORE UPDATE ON {t} FOR EACH ROW EXECUTE FUNCTION public.{tb}_forge()`, "42501"},
+		{"trigger_named_partition_backstop_in_do", `DO $$ BEGIN EXECUTE 'CREATE TRIGGER "~pgfence_backstop_p1" BEFORE INSERT ON {t} FOR EACH ROW EXECUTE FUNCTION public.{tb}_forge()'; END $$`, "42501"},
+		{"backstop_function_named_partition_backstop", `CREATE TRIGGER "~pgfence_backstop_p1" BEFORE INSERT OR UPDATE OR DELETE ON {t} FOR EACH ROW EXECUTE FUNCTION pgfence.{fn}()`, "42501"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -138,6 +143,20 @@ func TestGuardRefusesWeakening(t *testing.T) {
 		exec(t, m, "RESET ROLE")
 		exec(t, m, "ALTER TABLE "+table+" DISABLE TRIGGER \"~pgfence_backstop\"")
 		exec(t, m, "ALTER TABLE "+table+" ENABLE TRIGGER \"~pgfence_backstop\"")
+		stillFenced(t, a, tb, o)
+	})
+
+	t.Run("impostor_reported", func(t *testing.T) {
+		// Where the guard lets it through (an exempt role, or no guard at
+		// all), Verify still finds a trigger named as the backstop's that
+		// is not it.
+		m := pgtest.Connect(t, roleURL(mig))
+		exec(t, m, `CREATE TRIGGER "~pgfence_backstop_p1" BEFORE UPDATE ON `+table+` FOR EACH ROW EXECUTE FUNCTION public.`+tb+`_forge()`)
+		r := oneTable(t, reconcile(t, backstop.Verify, o, guardOf("public", tb)))
+		if r.OK || !strings.Contains(r.Problem, "~pgfence_backstop_p1") {
+			t.Errorf("Verify with a trigger named as the backstop's that is not it: ok %v, problem %q", r.OK, r.Problem)
+		}
+		exec(t, m, `DROP TRIGGER "~pgfence_backstop_p1" ON `+table)
 		stillFenced(t, a, tb, o)
 	})
 
