@@ -92,6 +92,11 @@ func (r *Rewriter) visitDDL(m proto.Message) *Refusal {
 			return weakens("renaming the epoch column", g)
 		case n.RenameType == pg_query.ObjectType_OBJECT_TRIGGER && isBackstopTrigger(n.Subname):
 			return weakens("renaming the backstop trigger", g)
+		case n.RenameType == pg_query.ObjectType_OBJECT_TRIGGER && (isBackstopTrigger(n.Newname) || n.Newname > backstopRowTrigger):
+			// The text does not say whether it is a BEFORE row trigger,
+			// which would then fire after the backstop's: as CREATE
+			// TRIGGER is, it is judged by its new name.
+			return weakens("renaming a trigger to a name that is the backstop's or sorts after \""+backstopRowTrigger+"\" (a BEFORE row trigger would then fire after the backstop's)", g)
 		}
 	case *pg_query.CreateTrigStmt:
 		g, ref := r.guardFor(n.Relation)
