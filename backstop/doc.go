@@ -87,7 +87,11 @@
 // name, and one a writer took ("~pgfence_backstop_p1" on a plain table)
 // would fire after the backstop and could lower the epoch it stamps. So
 // such a trigger must be a partition's clone of an ancestor's, or the
-// table's own under the name pgfence gives it. Roles that may set session_replication_role (GRANT SET
+// table's own under the name pgfence gives it. A clone must run the
+// function the partition's own configuration wants: a table in a lock
+// domain attached under a parent outside it would otherwise be fenced as
+// the parent is. Reconcile keeps (or gives) such a partition a trigger of
+// its own, which fires before the clone and fences it as configured. Roles that may set session_replication_role (GRANT SET
 // ON PARAMETER, Postgres 15 on) make every table not OK too.
 //
 // When pgfence's role is a superuser, Install keeps two event triggers,

@@ -138,8 +138,15 @@ BEGIN
       IF NOT t.shaped THEN
         RETURN format('the backstop trigger of table %s is not as pgfence creates it (BEFORE INSERT OR UPDATE OR DELETE, FOR EACH ROW, no WHEN, no column list): %s', tbl, t.def);
       END IF;
-      IF t.nspname <> 'pgfence' OR t.proname NOT LIKE 'backstop\_%' OR (NOT t.cloned AND t.proname <> want_row) THEN
+      IF t.nspname <> 'pgfence' OR t.proname NOT LIKE 'backstop\_%' THEN
         RETURN format('the backstop trigger of table %s runs %s.%s, not pgfence.%s (another pgfence configuration, or edited by hand)', tbl, t.nspname, t.proname, want_row);
+      END IF;
+      IF t.proname <> want_row THEN
+        -- A clone runs its ancestor's configuration. One weaker than the
+        -- partition's own (no lock domain, say, after ATTACH PARTITION
+        -- under a new parent) would fence the partition less.
+        RETURN CASE WHEN t.cloned THEN format('partition %s has the backstop of its partitioned ancestor (Postgres clones its row trigger), which runs pgfence.%s, not pgfence.%s as this table is configured: give the partitioned table this one''s configuration (the same lock domain, rollout and missing-token rule), or detach the partition', tbl, t.proname, want_row)
+          ELSE format('the backstop trigger of table %s runs %s.%s, not pgfence.%s (another pgfence configuration, or edited by hand)', tbl, t.nspname, t.proname, want_row) END;
       END IF;
       IF NOT t.unedited THEN
         RETURN format('function pgfence.%s, the backstop of table %s, was edited by hand', t.proname, tbl);

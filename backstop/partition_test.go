@@ -178,3 +178,57 @@ func TestSetupDrift(t *testing.T) {
 		})
 	}
 }
+
+// TestAttachUnderOtherConfiguration: a table in a lock domain, attached as
+// a partition of a partitioned table configured otherwise (no domain), would
+// have the parent's clone for a backstop, which fences it less. The DDL
+// guard refuses the ATTACH; where it is let through (an exempt role),
+// Verify reports it, Install keeps the partition's own trigger, and a
+// stale write routed through the parent into the partition still lands on
+// the domain's check.
+func TestAttachUnderOtherConfiguration(t *testing.T) {
+	base := baseName(t)
+	d := domainName(t)
+	newDomain(t, d)
+	ledger := guarded(t, base, [3]any{1, "a", 5})
+	parent := base + "_p"
+	db := pgtest.Direct(t)
+	exec(t, db, "DROP TABLE IF EXISTS public."+parent+" CASCADE")
+	exec(t, db, "CREATE TABLE public."+parent+" (id int NOT NULL, val text, fence_epoch bigint NOT NULL DEFAULT 0) PARTITION BY RANGE (id)")
+	t.Cleanup(func() { exec(t, pgtest.Direct(t), "DROP TABLE IF EXISTS public."+parent+" CASCADE") })
+	app, mig := newRole(t, base+"_app", ""), newRole(t, base+"_mig", "")
+	ownedBy(t, ledger, app)
+	exec(t, db, "ALTER TABLE public."+parent+" OWNER TO "+app)
+	exec(t, db, "GRANT "+app+" TO "+mig)
+	inDomain := guardOf("public", ledger)
+	inDomain.Domain = d
+	gs := []sqlrewrite.Guard{guardOf("public", parent), inDomain}
+	o := backstop.Options{ExemptRoles: []string{mig}}
+	if r := installGuards(t, o, gs...); !r.GuardingDDL {
+		t.Fatalf("the DDL guard is not in place: %s", r.NotGuardingDDL)
+	}
+	exec(t, db, "UPDATE pgfence.domains SET token = 10 WHERE domain = '"+d+"'")
+	attach := "ALTER TABLE public." + parent + " ATTACH PARTITION public." + ledger + " FOR VALUES FROM (MINVALUE) TO (MAXVALUE)"
+
+	a := pgtest.Connect(t, roleURL(app))
+	_, err := a.Exec(ctx, attach)
+	wantCode(t, "ATTACH under a parent outside the partition's lock domain", err, "42501")
+	if !strings.Contains(err.Error(), "partition public."+ledger) {
+		t.Errorf("the refusal does not name the partition: %v", err)
+	}
+
+	exec(t, pgtest.Connect(t, roleURL(mig)), attach)
+	for _, mode := range []backstop.Mode{backstop.Verify, backstop.Install} {
+		r := reconcile(t, mode, o, gs...)
+		if tb := r.Tables[1]; tb.OK || !strings.Contains(tb.Problem, "partitioned ancestor") {
+			t.Errorf("%v, the partition: ok %v, problem %q; want the clone of the other configuration reported", mode, tb.OK, tb.Problem)
+		}
+	}
+	stale := session(t, "7") // below the domain's 10, above every row's epoch
+	if _, err := stale.Exec(ctx, "INSERT INTO public."+parent+" (id, val) VALUES (2, 'stale')"); code(err) != "PF001" {
+		t.Errorf("stale INSERT through the parent into the domain's table: %v, want PF001", err)
+	}
+	if tag := exec(t, stale, "UPDATE public."+parent+" SET val = 'stale' WHERE id = 1"); tag != "UPDATE 0" {
+		t.Errorf("stale UPDATE through the parent of the domain's table: %s", tag)
+	}
+}

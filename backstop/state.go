@@ -70,7 +70,7 @@ SELECT g.i::int, coalesce(c.oid, 0)::int8, coalesce(c.relkind::text, ''), coales
        coalesce(ARRAY(SELECT a.relid::oid::int8 FROM pg_catalog.pg_partition_ancestors(c.oid) a WHERE a.relid <> c.oid), '{}'),
        coalesce(pg_catalog.pg_get_userbyid(c.relowner)::text, ''),
        own.tgname IS NOT NULL, coalesce(own.tgname::text, ''), coalesce(own.fn, ''), coalesce(own.tgenabled::text, ''), coalesce(own.ok, false),
-       cl.tgname IS NOT NULL, coalesce(cl.tgname::text, ''), coalesce(cl.tgenabled::text, ''),
+       cl.tgname IS NOT NULL, coalesce(cl.tgname::text, ''), coalesce(cl.fn, ''), coalesce(cl.tgenabled::text, ''),
        tt.tgname IS NOT NULL, coalesce(tt.fn, ''), coalesce(tt.tgenabled::text, ''), coalesce(tt.ok, false),
        coalesce((SELECT e.tgenabled::text FROM pg_catalog.pg_trigger e
                JOIN pg_catalog.pg_attribute a ON a.attrelid = e.tgrelid AND a.attname = g.col AND NOT a.attisdropped
@@ -89,7 +89,8 @@ LEFT JOIN LATERAL (
     WHERE t.tgrelid = c.oid AND t.tgparentid = 0 AND t.tgname ~ $7
     ORDER BY t.tgname COLLATE "C" LIMIT 1) own ON true
 LEFT JOIN LATERAL (
-    SELECT t.tgname, t.tgenabled FROM pg_catalog.pg_trigger t
+    SELECT t.tgname, CASE WHEN p.pronamespace = 'pgfence'::regnamespace THEN p.proname::text END AS fn, t.tgenabled
+    FROM pg_catalog.pg_trigger t JOIN pg_catalog.pg_proc p ON p.oid = t.tgfoid
     WHERE t.tgrelid = c.oid AND t.tgparentid <> 0 AND t.tgname ~ $7
     ORDER BY t.tgname COLLATE "C" LIMIT 1) cl ON true
 LEFT JOIN LATERAL (
@@ -127,7 +128,7 @@ func readState(ctx context.Context, conn *pgx.Conn, guards []sqlrewrite.Guard, w
 		var st tableState
 		if err := res.Scan(&i, &oid, &st.kind, &st.partition, &anc, &st.owner,
 			&st.own.exists, &st.own.name, &st.own.function, &st.own.enabled, &st.own.ok,
-			&st.cloned, &st.clone.name, &st.clone.enabled,
+			&st.cloned, &st.clone.name, &st.clone.function, &st.clone.enabled,
 			&st.trunc.exists, &st.trunc.function, &st.trunc.enabled, &st.trunc.ok,
 			&st.epoch, &st.counter, &st.problem, &st.mayTrigger, &st.owns); err != nil {
 			return nil, fmt.Errorf("reading the backstop's state: %w", err)
@@ -145,12 +146,13 @@ func readState(ctx context.Context, conn *pgx.Conn, guards []sqlrewrite.Guard, w
 }
 
 // clonedFromGuarded reports whether the table's row trigger comes, or will
-// come, from a partitioned ancestor that is guarded too: Postgres clones a
-// partitioned table's row triggers to its partitions.
-func (st tableState) clonedFromGuarded(all []tableState, want []wanted) bool {
+// come, from a partitioned ancestor that is guarded too, as w, the table's
+// own, says: Postgres clones a partitioned table's row triggers to its
+// partitions. An ancestor configured otherwise would fence it otherwise.
+func (st tableState) clonedFromGuarded(all []tableState, want []wanted, w wanted) bool {
 	for _, a := range st.ancestors {
 		for i, o := range all {
-			if o.oid == a && want[i].row.Name != "" {
+			if o.oid == a && want[i].row.Name == w.row.Name {
 				return true
 			}
 		}
