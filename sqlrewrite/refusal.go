@@ -24,7 +24,7 @@ const (
 
 // hintUnfenceable is the hint of a write refused because its guarded
 // table cannot be fenced: the message says the fix.
-const hintUnfenceable = "pgfence fences the table from its next read of the catalog that finds the epoch column (every --discover-interval, on SIGHUP, and right after DDL sent through pgfence); or take the table out of --guard"
+const hintUnfenceable = "pgfence fences the table from its next read of the catalog that finds it fixed as the message says (every --discover-interval, on SIGHUP, and right after DDL sent through pgfence); or take the table out of --guard"
 
 // unfenceable refuses a write to a guarded table that cannot be fenced
 // (see Guard.Unfenceable).

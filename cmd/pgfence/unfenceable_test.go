@@ -83,3 +83,42 @@ func TestServeUnfenceable(t *testing.T) {
 		t.Fatalf("%s after the fix: %q, want no series", series, v)
 	}
 }
+
+// TestServeMixedTree: a partitioned table whose partition is fenced
+// otherwise (here: the partition in a lock domain, the parent found by its
+// epoch column, in none) has its writes refused (PF003): a write naming
+// the parent writes the partition's rows, and fenced as the parent is it
+// would let a stale writer into the domain. The partition is fenced as
+// ever, by name. With the backstop off, nothing else stands in the way.
+func TestServeMixedTree(t *testing.T) {
+	s := newServeTest(t)
+	bg := context.Background()
+	s.exec(`CREATE TABLE mt_parent (id int NOT NULL, val text, fence_epoch bigint NOT NULL DEFAULT 0) PARTITION BY RANGE (id);
+		CREATE TABLE mt_ledger (id int NOT NULL, val text, fence_epoch bigint NOT NULL DEFAULT 0);
+		INSERT INTO mt_ledger VALUES (1, 'a', 5);
+		ALTER TABLE mt_parent ATTACH PARTITION mt_ledger FOR VALUES FROM (MINVALUE) TO (MAXVALUE)`)
+	inst := s.serve(serveOptions{discover: true, discoverInterval: time.Hour, backstop: "off", initDomains: true,
+		policyOptions: policyOptions{guards: []string{"mt_ledger"}, domains: []string{"mt_ledger=mt"}}})
+	s.exec("UPDATE pgfence.domains SET token = 10 WHERE domain = 'mt'")
+	c := s.client(inst, "7") // below the domain's token, above the row's epoch
+	for _, sql := range []string{
+		"INSERT INTO mt_parent (id, val) VALUES (2, 'stale')",
+		"UPDATE mt_parent SET val = 'stale' WHERE id = 1",
+	} {
+		_, err := c.Exec(bg, sql)
+		var pe *pgconn.PgError
+		if !errors.As(err, &pe) || pe.Code != sqlrewrite.CodeUnfenceable || !strings.Contains(pe.Message, "public.mt_ledger") ||
+			!strings.Contains(pe.Message, `lock domain "mt"`) {
+			t.Errorf("%s: %v; want PF003 naming the partition and its domain", sql, err)
+		}
+	}
+	if got := tag(t, c, "UPDATE mt_ledger SET val = 'stale' WHERE id = 1"); got != "UPDATE 0" {
+		t.Errorf("a stale write naming the partition: %s", got)
+	}
+	if v, _ := s.epoch("mt_ledger", 1); v != "a" {
+		t.Errorf("the row: %q, want it untouched", v)
+	}
+	if code, body := readyz(t, inst); code != 503 || !strings.Contains(body, "public.mt_parent") {
+		t.Errorf("/readyz: %d %q; want 503 naming the parent", code, body)
+	}
+}

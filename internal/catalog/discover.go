@@ -29,6 +29,10 @@ type Discovery struct {
 	// Problems describe guarded tables that cannot be fenced as configured:
 	// missing, or whose epoch column is missing, nullable or not an integer.
 	Problems []string
+	// Parents are the tables' direct parents (partitioned tables or
+	// inheritance parents), both as schema.table: what a write naming a
+	// parent may write besides it (see mixedTrees).
+	Parents map[string][]string
 }
 
 // catalogQuery lists ordinary and partitioned tables with their epoch-column
@@ -96,13 +100,16 @@ func Discover(ctx context.Context, q Querier, explicit []sqlrewrite.Guard, auto 
 }
 
 func discover(tables []*catalogTable, explicit []sqlrewrite.Guard, auto bool, column string, template func(sqlrewrite.Guard) sqlrewrite.Guard) *Discovery {
-	d := &Discovery{}
+	d := &Discovery{Parents: make(map[string][]string)}
 	byName := make(map[string]*catalogTable, len(tables))
 	children := make(map[string][]*catalogTable)
 	for _, t := range tables {
 		byName[t.schema+"."+t.name] = t
 		for _, p := range t.parents {
 			children[p] = append(children[p], t)
+		}
+		if len(t.parents) > 0 {
+			d.Parents[t.schema+"."+t.name] = t.parents
 		}
 	}
 	seen := make(map[string]bool)

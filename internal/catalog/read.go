@@ -160,6 +160,7 @@ func Read(ctx context.Context, conn *pgx.Conn, o Options, explicit []sqlrewrite.
 	}
 	r.Problems = append(r.Problems, applyMembers(r.Guards, members)...)
 	applyMembers(tables, members)
+	r.Problems = append(r.Problems, mixedTrees(r.Guards, tables, d.Parents)...)
 	if o.Backstop {
 		bo := backstop.Options{TokenSetting: o.TokenSetting, AllowTruncate: o.AllowTruncate, ExemptRoles: o.ExemptRoles, PooledRoles: o.PooledRoles, Replace: o.Replace}
 		if o.Discover {
