@@ -94,11 +94,14 @@
 // its own, which fires before the clone and fences it as configured. Roles that may set session_replication_role (GRANT SET
 // ON PARAMETER, Postgres 15 on) make every table not OK too.
 //
-// When pgfence's role is a superuser, Install keeps two event triggers,
+// When pgfence's role is a superuser, Install keeps three event triggers,
 // pgfence_guard_ddl (ddl_command_end of ALTER TABLE, CREATE and ALTER
 // TRIGGER, CREATE and ALTER FUNCTION) and pgfence_guard_drop (sql_drop),
 // which fail a command, rolling it back, when a guarded table it touched
-// (or its partitions) then has a problem, unless the role running it is
+// (or its partitions) then has a problem, and pgfence_guard_rewrite
+// (table_rewrite), which fails one that rewrites a guarded table's column
+// values (ALTER COLUMN ... TYPE: its USING is a write of every row that no
+// row trigger sees), unless the role running it is
 // pgfence's own (the owner of schema pgfence, or a member of it; not any
 // superuser) or a recorded exempt role. They run as that role, and read
 // only what PUBLIC may. They judge only the tables the command touched:

@@ -62,7 +62,9 @@ BEGIN
         EXECUTE format('CREATE TRIGGER %I BEFORE UPDATE OF %I ON %s FOR EACH STATEMENT WHEN (false) EXECUTE FUNCTION pgfence.epoch_guard()',
           '~pgfence_epoch', cfg.epoch_column, t.rel);
       END IF;
-      EXECUTE format('CREATE SEQUENCE IF NOT EXISTS pgfence.%I', 'rejects_' || t.oid);
+      IF to_regclass(format('pgfence.%I', 'rejects_' || t.oid)) IS NULL THEN -- IF NOT EXISTS alone would tell the client so at every ALTER TABLE
+        EXECUTE format('CREATE SEQUENCE IF NOT EXISTS pgfence.%I', 'rejects_' || t.oid);
+      END IF;
       IF cfg.truncate_function IS NOT NULL AND NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = t.oid AND tgname = '~pgfence_backstop_truncate') THEN
         EXECUTE format('CREATE TRIGGER %I BEFORE TRUNCATE ON %s FOR EACH STATEMENT EXECUTE FUNCTION pgfence.%I()',
           '~pgfence_backstop_truncate', t.rel, cfg.truncate_function);
@@ -80,7 +82,8 @@ $pgfence$`
 var eventTriggers = map[string]string{
 	GuardTrigger: "ON ddl_command_end WHEN TAG IN ('ALTER TABLE', 'CREATE TRIGGER', 'ALTER TRIGGER', 'CREATE FUNCTION', 'ALTER FUNCTION') " +
 		"EXECUTE FUNCTION pgfence.guard_ddl()",
-	DropGuardTrigger: "ON sql_drop EXECUTE FUNCTION pgfence.guard_drop()",
+	DropGuardTrigger:    "ON sql_drop EXECUTE FUNCTION pgfence.guard_drop()",
+	RewriteGuardTrigger: "ON table_rewrite EXECUTE FUNCTION pgfence.guard_rewrite()",
 	EventTrigger: "ON ddl_command_end WHEN TAG IN ('CREATE TABLE', 'ALTER TABLE', 'CREATE TABLE AS', 'SELECT INTO') " +
 		"EXECUTE FUNCTION pgfence.on_ddl()",
 }

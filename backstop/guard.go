@@ -12,10 +12,16 @@ const (
 	// runs.
 	EpochTrigger = "~pgfence_epoch"
 	// GuardTrigger and DropGuardTrigger are the event triggers that
-	// refuse DDL weakening the backstop (ddl_command_end and sql_drop).
-	GuardTrigger     = "pgfence_guard_ddl"
-	DropGuardTrigger = "pgfence_guard_drop"
+	// refuse DDL weakening the backstop (ddl_command_end and sql_drop);
+	// RewriteGuardTrigger refuses DDL that rewrites a guarded table's
+	// column values (table_rewrite), which no row trigger sees.
+	GuardTrigger        = "pgfence_guard_ddl"
+	DropGuardTrigger    = "pgfence_guard_drop"
+	RewriteGuardTrigger = "pgfence_guard_rewrite"
 )
+
+// guardTriggers are the event triggers of the DDL guard.
+var guardTriggers = []string{GuardTrigger, DropGuardTrigger, RewriteGuardTrigger}
 
 // guardSQL creates the recorded configuration and what the DDL guard
 // runs. It is part of setupSQL; the event triggers themselves are created
@@ -259,6 +265,18 @@ BEGIN
   PERFORM pgfence.refuse_weakened(rels, TG_TAG);
 END
 $pgfence$`,
+	// ddl_exempt says the role running a command may change what the
+	// guard keeps: pgfence's own role (the owner of its schema or a
+	// member of it, by membership, not as a superuser, who is a member of
+	// every role), or one of the recorded exempt roles.
+	`CREATE OR REPLACE FUNCTION pgfence.ddl_exempt() RETURNS boolean
+	LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $pgfence$
+  SELECT (SELECT n.nspowner FROM pg_namespace n WHERE n.nspname = 'pgfence') IN (
+           WITH RECURSIVE m(r) AS (SELECT oid FROM pg_roles WHERE rolname = CURRENT_USER
+                                   UNION SELECT a.roleid FROM pg_auth_members a JOIN m ON a.member = m.r)
+           SELECT r FROM m)
+      OR CURRENT_USER OPERATOR(pg_catalog.=) ANY (coalesce((SELECT s.exempt_roles FROM pgfence.settings s), '{}'))
+$pgfence$`,
 	// refuse_weakened fails the command if a guarded table among rels (or
 	// their partitions) has a backstop problem, unless the role running
 	// it is pgfence's own or an exempt one.
@@ -268,14 +286,7 @@ DECLARE
   t record;
   problem text;
 BEGIN
-  -- pgfence's own role: the owner of its schema or a member of it (by
-  -- membership, not as a superuser, who is a member of every role).
-  IF rels IS NULL
-     OR (SELECT n.nspowner FROM pg_namespace n WHERE n.nspname = 'pgfence') IN (
-          WITH RECURSIVE m(r) AS (SELECT oid FROM pg_roles WHERE rolname = CURRENT_USER
-                                  UNION SELECT a.roleid FROM pg_auth_members a JOIN m ON a.member = m.r)
-          SELECT r FROM m)
-     OR CURRENT_USER OPERATOR(pg_catalog.=) ANY (coalesce((SELECT s.exempt_roles FROM pgfence.settings s), '{}')) THEN
+  IF rels IS NULL OR pgfence.ddl_exempt() THEN
     RETURN;
   END IF;
   FOR t IN
@@ -291,6 +302,28 @@ BEGIN
         HINT = 'guarded tables keep their backstop triggers and epoch column; run this DDL as a role pgfence exempts, straight to Postgres, if it must change them';
     END IF;
   END LOOP;
+END
+$pgfence$`,
+	// guard_rewrite refuses a table rewrite that sets a guarded table's
+	// column values anew (ALTER TABLE ... ALTER COLUMN ... TYPE, whose
+	// USING may give every row a value of its choosing): no row trigger
+	// fires, so neither the rewrite nor the backstop fences it. A rewrite
+	// for a new column's volatile default, or for the table's persistence
+	// or access method, keeps the values there are.
+	`CREATE OR REPLACE FUNCTION pgfence.guard_rewrite() RETURNS event_trigger
+	LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $pgfence$
+DECLARE
+  rel oid := pg_event_trigger_table_rewrite_oid();
+BEGIN
+  IF pg_event_trigger_table_rewrite_reason() & 4 = 0 -- AT_REWRITE_COLUMN_REWRITE
+     OR NOT EXISTS (SELECT 1 FROM pgfence.guard_of(rel) g WHERE g.row_function IS NOT NULL)
+     OR pgfence.ddl_exempt() THEN
+    RETURN;
+  END IF;
+  RAISE EXCEPTION USING ERRCODE = '42501',
+    MESSAGE = format('pgfence: %s refused: it rewrites a column''s values in guarded table %s (ALTER COLUMN ... TYPE, with any USING), which no fence checks: a stale lock holder could write every row with it', TG_TAG, rel::regclass),
+    DETAIL = format('role %s is neither pgfence''s own nor one of its exempt roles (--backstop-exempt-role)', CURRENT_USER),
+    HINT = 'run this DDL as a role pgfence exempts, straight to Postgres; a type change Postgres makes without a rewrite (varchar(10) to varchar(20), to text) is not refused';
 END
 $pgfence$`,
 	// mend_backstops gives a guarded table that is no longer a partition

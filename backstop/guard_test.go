@@ -91,6 +91,8 @@ func TestGuardRefusesWeakening(t *testing.T) {
 		// would fire after the backstop's and change the epoch it stamps.
 		{"trigger_named_partition_backstop", `CREATE TRIGGER "~pgfence_backstop_p1" BEFORE UPDATE ON {t} FOR EACH ROW EXECUTE FUNCTION public.{tb}_forge()`, "42501"},
 		{"trigger_named_partition_backstop_in_do", `DO $$ BEGIN EXECUTE 'CREATE TRIGGER "~pgfence_backstop_p1" BEFORE INSERT ON {t} FOR EACH ROW EXECUTE FUNCTION public.{tb}_forge()'; END $$`, "42501"},
+		{"column_rewrite_using", `ALTER TABLE {t} ALTER COLUMN val TYPE text USING CASE WHEN id = 1 THEN 'forged' ELSE val END`, "42501"},
+		{"column_rewrite_type", `ALTER TABLE {t} ALTER COLUMN id TYPE bigint`, "42501"},
 		{"backstop_function_named_partition_backstop", `CREATE TRIGGER "~pgfence_backstop_p1" BEFORE INSERT OR UPDATE OR DELETE ON {t} FOR EACH ROW EXECUTE FUNCTION pgfence.{fn}()`, "42501"},
 	}
 	for _, c := range cases {
@@ -117,7 +119,7 @@ func TestGuardRefusesWeakening(t *testing.T) {
 			"CREATE INDEX ON " + table + " (val)",
 			"ALTER TABLE " + table + " RENAME TO " + other,
 			"ALTER TABLE public." + other + " RENAME TO " + tb,
-			"ALTER TABLE " + table + " ALTER COLUMN note TYPE varchar(10)",
+			"ALTER TABLE " + table + " ALTER COLUMN note TYPE varchar", // no rewrite: text and varchar are binary compatible
 			"ALTER TABLE " + table + " DROP COLUMN note",
 			"COMMENT ON TABLE " + table + " IS 'mine'",
 			"CREATE TRIGGER a_first BEFORE UPDATE ON " + table + " FOR EACH ROW EXECUTE FUNCTION public." + tb + "_forge()",

@@ -389,9 +389,9 @@ func tableOIDs(ctx context.Context, conn *pgx.Conn, guards []sqlrewrite.Guard) (
 func (r *Report) readEventTriggers(ctx context.Context, conn *pgx.Conn, o Options) error {
 	var guard, watch bool
 	if err := conn.QueryRow(ctx, `SELECT
-		(SELECT count(*) FROM pg_catalog.pg_event_trigger WHERE evtname IN ($1, $2) AND evtenabled = 'O') = 2,
-		EXISTS (SELECT 1 FROM pg_catalog.pg_event_trigger WHERE evtname = $3 AND evtenabled = 'O')`,
-		GuardTrigger, DropGuardTrigger, EventTrigger).Scan(&guard, &watch); err != nil {
+		(SELECT count(*) FROM pg_catalog.pg_event_trigger WHERE evtname = ANY($1) AND evtenabled = 'O') = pg_catalog.cardinality($1),
+		EXISTS (SELECT 1 FROM pg_catalog.pg_event_trigger WHERE evtname = $2 AND evtenabled = 'O')`,
+		guardTriggers, EventTrigger).Scan(&guard, &watch); err != nil {
 		return fmt.Errorf("reading the backstop's event triggers: %w", err)
 	}
 	r.GuardingDDL = guard
@@ -399,7 +399,7 @@ func (r *Report) readEventTriggers(ctx context.Context, conn *pgx.Conn, o Option
 	case guard:
 		r.NotGuardingDDL = ""
 	case r.NotGuardingDDL == "":
-		r.NotGuardingDDL = "the event triggers " + GuardTrigger + " and " + DropGuardTrigger + " are missing or disabled"
+		r.NotGuardingDDL = "the event triggers " + strings.Join(guardTriggers, ", ") + " are not all in place and enabled"
 	}
 	if r.NotGuardingDDL != "" {
 		r.NotGuardingDDL += ": the owner of a guarded table can drop, disable or change its backstop, or its epoch column, unseen until pgfence's next read of the catalog; " +
@@ -526,7 +526,7 @@ func apply(ctx context.Context, conn *pgx.Conn, state []tableState, eff []sqlrew
 				changed[i] = strings.Join(a.what, ", ")
 			}
 		}
-		for _, name := range []string{GuardTrigger, DropGuardTrigger} {
+		for _, name := range guardTriggers {
 			if err := savepoint(ctx, tx, func() error {
 				why, err := keepEventTrigger(ctx, tx, name, r.Superuser)
 				if why != "" && r.NotGuardingDDL == "" {

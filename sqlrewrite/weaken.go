@@ -189,6 +189,11 @@ func (r *Rewriter) alterTableCmd(c *pg_query.AlterTableCmd, g *guardInfo) *Refus
 		if c.Name == g.Column {
 			return weakens("changing the type of the epoch column", g)
 		}
+		if c.GetDef().GetColumnDef().GetRawDefault() != nil {
+			// USING gives every row a value of its choosing, in a table
+			// rewrite no row trigger sees: a write no fence checks.
+			return weakens("changing a column's type with USING (it rewrites the column's values unfenced)", g)
+		}
 	case pg_query.AlterTableType_AT_DropColumn:
 		if c.Name == g.Column {
 			return weakens("dropping the epoch column", g)

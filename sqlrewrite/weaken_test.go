@@ -18,6 +18,7 @@ func TestDDLWeakeningRefused(t *testing.T) {
 		`ALTER TABLE accounts ENABLE ALWAYS TRIGGER "~pgfence_backstop"`,
 		`ALTER TABLE accounts ALTER COLUMN fence_epoch TYPE bigint USING 0`,
 		`ALTER TABLE accounts ALTER fence_epoch SET DATA TYPE int`,
+		`ALTER TABLE accounts ALTER COLUMN note TYPE text USING CASE WHEN id = 1 THEN 'x' ELSE note END`,
 		`ALTER TABLE accounts DROP COLUMN fence_epoch`,
 		`ALTER TABLE accounts ADD COLUMN x int, DROP COLUMN fence_epoch CASCADE`,
 		`ALTER TABLE accounts RENAME COLUMN fence_epoch TO e`,

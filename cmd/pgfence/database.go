@@ -276,7 +276,7 @@ func (d *database) reportBackstop(read *catalog.Found, o serveOptions) {
 		if w != "" {
 			d.log.Warn("backstop: DDL that would weaken it is not refused straight to Postgres", "why", w)
 		} else {
-			d.log.Info("backstop: DDL that would weaken it is refused, but for pgfence's role and the exempt ones", "event_triggers", backstop.GuardTrigger+","+backstop.DropGuardTrigger)
+			d.log.Info("backstop: DDL that would weaken it is refused, but for pgfence's role and the exempt ones", "event_triggers", backstop.GuardTrigger+","+backstop.DropGuardTrigger+","+backstop.RewriteGuardTrigger)
 		}
 	}
 	if len(exposed) > 0 {

@@ -111,7 +111,7 @@ GRANT statements that would give it.`,
 				if w := rep.NotGuardingDDL; w != "" {
 					fmt.Fprintf(out, "note: %s\n", w)
 				} else {
-					fmt.Fprintf(out, "event triggers %s and %s in place: DDL that would weaken a backstop is refused, but for pgfence's role and the exempt ones\n", backstop.GuardTrigger, backstop.DropGuardTrigger)
+					fmt.Fprintf(out, "event triggers %s, %s and %s in place: DDL that would weaken a backstop, or rewrite a guarded table's column values, is refused, but for pgfence's role and the exempt ones\n", backstop.GuardTrigger, backstop.DropGuardTrigger, backstop.RewriteGuardTrigger)
 				}
 				if rep.Recorded {
 					fmt.Fprintln(out, "configuration recorded in the database: every pgfence instance installs it; restart them with the same flags")

@@ -192,7 +192,7 @@ func TestLeastPrivilege(t *testing.T) {
 	// tables get TRIGGER for pgfence's role by default privileges.
 	s.exec(`ALTER DEFAULT PRIVILEGES FOR ROLE lp_owner IN SCHEMA public GRANT TRIGGER ON TABLES TO lp_pgfence`)
 	out, err = runInit(t, "--config", cfg, "--upstream", s.pg.URL("postgres"))
-	if err != nil || !strings.Contains(out, "event triggers pgfence_guard_ddl and pgfence_guard_drop in place") {
+	if err != nil || !strings.Contains(out, "event triggers pgfence_guard_ddl, pgfence_guard_drop and pgfence_guard_rewrite in place") {
 		t.Fatalf("init as a superuser: %v\n%s", err, out)
 	}
 	_, err = owner.Exec(bg, `ALTER TABLE lp_accounts DISABLE TRIGGER "~pgfence_backstop"`)

@@ -46,7 +46,7 @@ func TestUninstall(t *testing.T) {
 	if out, err := runInit(t, "--upstream", pf); err != nil {
 		t.Fatalf("init as pgfence's role: %v\n%s", err, out)
 	}
-	if out, err := runInit(t, "--upstream", super); err != nil || !strings.Contains(out, "event triggers pgfence_guard_ddl and pgfence_guard_drop in place") {
+	if out, err := runInit(t, "--upstream", super); err != nil || !strings.Contains(out, "event triggers pgfence_guard_ddl, pgfence_guard_drop and pgfence_guard_rewrite in place") {
 		t.Fatalf("init as a superuser: %v\n%s", err, out)
 	}
 	// What is there: the query that must say "nothing" in the end.
@@ -63,7 +63,7 @@ func TestUninstall(t *testing.T) {
 		return what
 	}
 	installed := left()
-	for _, want := range []string{"pgfence_backstop_ddl", "pgfence_guard_ddl", "pgfence_guard_drop", "un_accounts ~pgfence_backstop", "un_events_1 ~pgfence_epoch", "schema pgfence", "default privileges"} {
+	for _, want := range []string{"pgfence_backstop_ddl", "pgfence_guard_ddl", "pgfence_guard_drop", "pgfence_guard_rewrite", "un_accounts ~pgfence_backstop", "un_events_1 ~pgfence_epoch", "schema pgfence", "default privileges"} {
 		if !strings.Contains(installed, want) {
 			t.Fatalf("before uninstall, %q lacks %q", installed, want)
 		}
