@@ -78,6 +78,10 @@ func TestBoundSimpleWrites(t *testing.T) {
 	check("UPDATE "+tbl+" SET amount = 25e-1 WHERE id = 2", "amount", "2.5")
 	check("UPDATE "+tbl+" SET amount = 99999999999999999999 + .5 WHERE id = 2", "amount", "99999999999999999999.5")
 	check("UPDATE "+tbl+" SET n = -7 WHERE id = 2", "n", "-7")
+	// Postgres folds the minus into these two before typing them: int8
+	// division here, not numeric (which would round -4.6 to -5).
+	check("UPDATE "+tbl+" SET big = -9223372036854775808 / 2000000000000000000 WHERE id = 2", "big", "-4")
+	check("UPDATE "+tbl+" SET amount = (pg_typeof(-2147483648)::text = 'integer' AND pg_typeof(- /* */ (9223372036854775808))::text = 'bigint')::int WHERE id = 2", "amount", "1")
 	check("UPDATE "+tbl+" SET val = 7 / 2 || '' WHERE id = 2", "val", "3") // int4 division
 	check("UPDATE "+tbl+" SET val = 7.0 / 2 || '' WHERE id = 2", "val", "3.5000000000000000")
 	// A type modifier must be a constant: that text is rewritten as sent.
