@@ -52,7 +52,12 @@ func (r *Rewriter) build(res *Result, stmts []*pg_query.RawStmt, plans []*plan, 
 			}
 			edits = append(edits, e)
 		}
-		if !p.probe {
+		if !p.probe || p.copyIn && mode != Simple {
+			// In the extended protocol the proxy would send the probe
+			// right after the Execute, which puts the server in copy-in
+			// mode, where any message but the copy's is a protocol
+			// violation: a COPY FROM there goes without it (the backstop,
+			// which alone lets it through, counts its rejects).
 			continue
 		}
 		pr := Probe{Index: -1, SQL: r.probeSQL(tables)}

@@ -30,6 +30,7 @@ type write struct {
 type plan struct {
 	writes  []*write // text order
 	probe   bool     // a probe follows the statement
+	copyIn  bool     // the statement is COPY ... FROM
 	prepare string   // the name, when the statement PREPAREs a guarded write
 	fence   bool     // some write's text gets a fence
 	// domains are the lock domains whose WITH queries the statement's
@@ -226,6 +227,8 @@ func (r *Rewriter) plan(stmt *pg_query.Node, names *preparedNames) (*plan, *Refu
 			p.prepare = t.Name // the probe follows each EXECUTE instead
 		case *pg_query.ExplainStmt:
 			p.probe = explainAnalyze(t)
+		case *pg_query.CopyStmt:
+			p.probe, p.copyIn = true, t.IsFrom
 		default:
 			p.probe = true
 		}

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -459,5 +460,58 @@ func ddlRediscovery(t *testing.T, s *serveTest) {
 		if g, ok := guarded(inst, "public", "bs_tx"); !ok || !g.Backstop {
 			t.Fatalf("the statement after the COMMIT of CREATE TABLE ran before bs_tx was guarded: %+v %v", g, ok)
 		}
+	}
+}
+
+// TestServeCopyFromExtended: with the backstop, COPY FROM STDIN into a
+// guarded table runs unrewritten, sent with the simple protocol or with
+// the extended one (as tokio-postgres's copy_in sends it). In the extended
+// protocol the server is in copy-in mode right after the Execute, so
+// pgfence sends no probe there (it did, and the server ended the session
+// with 08P01). The backstop stamps fresh rows and refuses a stale writer
+// in a lock domain; the session goes on.
+func TestServeCopyFromExtended(t *testing.T) {
+	s := newServeTest(t)
+	s.exec(`CREATE TABLE cpx_ledger (id int PRIMARY KEY, val text, fence_epoch bigint NOT NULL DEFAULT 0)`)
+	inst := s.serve(serveOptions{discover: true, discoverInterval: time.Hour, backstop: "install", initDomains: true,
+		policyOptions: policyOptions{guards: []string{"cpx_ledger"}, domains: []string{"cpx_ledger=cpx"}}})
+	s.exec("UPDATE pgfence.domains SET token = 10 WHERE domain = 'cpx'")
+	copyIn := func(tok, rows string) string {
+		t.Helper()
+		_, fe := pgtest.RawSession(t, inst.Addr())
+		fe.Send(&pgproto3.Query{String: "SET fence.token = '" + tok + "'"})
+		fe.Send(&pgproto3.Parse{Query: "COPY cpx_ledger (id, val) FROM STDIN"})
+		fe.Send(&pgproto3.Bind{})
+		fe.Send(&pgproto3.Execute{})
+		fe.Send(&pgproto3.CopyData{Data: []byte(rows)})
+		fe.Send(&pgproto3.CopyDone{})
+		fe.Send(&pgproto3.Sync{})
+		fe.Send(&pgproto3.Query{String: "SELECT 1"})
+		if err := fe.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		tags, errs := pgtest.Replies(t, fe, 3)
+		var out []string
+		for _, e := range errs {
+			out = append(out, e.Code)
+		}
+		return strings.Join(append(out, tags...), " ")
+	}
+	if got := copyIn("12", "1\tone\n2\ttwo\n"); got != "SET COPY 2 SELECT 1" {
+		t.Fatalf("a fresh extended-protocol COPY: %q, want SET COPY 2 SELECT 1", got)
+	}
+	if _, e := s.epoch("cpx_ledger", 2); e != 12 {
+		t.Errorf("a row the COPY wrote has epoch %d, want the token 12", e)
+	}
+	if got := copyIn("7", "3\tstale\n"); got != "PF001 SET SELECT 1" {
+		t.Errorf("a stale extended-protocol COPY into the lock domain: %q, want PF001, and the session going on", got)
+	}
+	c := s.client(inst, "12")
+	if tag, err := c.PgConn().CopyFrom(context.Background(), strings.NewReader("4\tfour\n"), "COPY cpx_ledger (id, val) FROM STDIN"); err != nil || tag.RowsAffected() != 1 {
+		t.Errorf("a simple-protocol COPY: %v %v", tag, err)
+	}
+	var n int
+	if err := s.db.QueryRow(context.Background(), "SELECT count(*) FROM cpx_ledger").Scan(&n); err != nil || n != 3 {
+		t.Errorf("%d rows (%v), want 3", n, err)
 	}
 }
