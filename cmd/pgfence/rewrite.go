@@ -132,7 +132,7 @@ func printRewrite(w io.Writer, sql string, res *sqlrewrite.Result, helpers bool)
 		fmt.Fprintf(w, "SQLSTATE: %s\n", r.Code)
 		return errRefused
 	}
-	if len(res.Probes) == 0 && res.SQL == sql {
+	if len(res.Probes) == 0 && res.SQL == sql && len(res.Fenced) == 0 {
 		fmt.Fprintln(w, "-- unchanged: no guarded table is written")
 		fmt.Fprintln(w, sql)
 		return nil
