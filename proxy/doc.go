@@ -331,7 +331,9 @@
 // that returned fewer events than it had room for, which drained the set,
 // the loop parks without asking the set again, one epoll_wait fewer per
 // wake-up than a Read per wait (0.67 against 0.89 per select-only
-// transaction, with the Go runtime's own). Earlier the one loop waited in a raw blocking
+// transaction, with the Go runtime's own). The CPU per transaction stayed
+// where it was: a wake-up that finds its readiness through the scheduler
+// costs about what the system call did (see BENCHMARKS.md). Earlier the one loop waited in a raw blocking
 // epoll_wait (up to 5 ms) to keep its P; with a loop per P that kept every
 // P, and every other goroutine (a session's startup, a hold's end, the
 // garbage collector, /metrics) waited for sysmon to preempt a loop or poll
