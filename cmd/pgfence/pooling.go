@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgfence/pgfence/fence"
 	"github.com/pgfence/pgfence/sqlrewrite"
@@ -56,8 +58,26 @@ func connectUpstream(ctx context.Context, url, db, pooling string) (*pgx.Conn, e
 	}
 	if pooling == poolingTransaction {
 		cfg.DefaultQueryExecMode = pgx.QueryExecModeExec
+	} else {
+		// pgfence's own SQL, run as its (often superuser) role in every
+		// database clients use, must not find an application's objects
+		// before the built-ins: an operator ~(name, name) in public is a
+		// better match than pg_catalog's ~(name, text) for a name compared
+		// with an untyped value, and would run as pgfence's role. (A
+		// transaction pooler refuses the parameter; there the queries'
+		// own qualification stands alone.)
+		cfg.RuntimeParams["search_path"] = "pg_catalog, pg_temp"
 	}
-	return pgx.ConnectConfig(ctx, cfg)
+	c, err := pgx.ConnectConfig(ctx, cfg)
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pe.Code == "08P01" && strings.Contains(pe.Message, "startup parameter") && cfg.RuntimeParams["search_path"] != "" {
+		// A pooler nobody declared (PgBouncer takes no search_path at
+		// startup): connect without it, so that checkPooler finds it and
+		// pgfence refuses to serve, saying so.
+		delete(cfg.RuntimeParams, "search_path")
+		return pgx.ConnectConfig(ctx, cfg)
+	}
+	return c, err
 }
 
 // checkPooler finds out whether a pooler answers at the upstream when

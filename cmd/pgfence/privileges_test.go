@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -238,3 +240,60 @@ func TestLeastPrivilege(t *testing.T) {
 		t.Fatalf("init with a misspelt key: %v\n%s", err, out)
 	}
 }
+
+// TestServeOwnSQLIgnoresPlantedOperators: pgfence's own SQL, run as its
+// role (here a superuser) in a database clients use, must not run an
+// application role's code. Operators on name that pg_catalog lacks
+// (~(name, name), LIKE's ~~(name, name), their negations) planted in public
+// are a better match than the built-ins for a name compared with an
+// untyped value, as several catalog queries compare; each plant records
+// the role it ran as. Discovery, the backstop's install and verify, the
+// counters and a read after DDL sent through pgfence run, and none of the
+// plants may.
+func TestServeOwnSQLIgnoresPlantedOperators(t *testing.T) {
+	s := newServeTest(t)
+	s.exec(`DROP ROLE IF EXISTS plant_app; CREATE ROLE plant_app LOGIN; GRANT CREATE ON SCHEMA public TO plant_app;
+		CREATE TABLE plant_t (id int PRIMARY KEY, val text, fence_epoch bigint NOT NULL DEFAULT 0); INSERT INTO plant_t VALUES (1, 'a', 5);
+		GRANT ALL ON plant_t TO plant_app`)
+	t.Cleanup(func() {
+		s.exec(`DROP OWNED BY plant_app; DROP ROLE plant_app`)
+	})
+	app := s.roleConn("plant_app", "postgres")
+	for _, sql := range []string{
+		`CREATE TABLE public.planted (who text, op text)`,
+		`GRANT INSERT ON public.planted TO PUBLIC`,
+	} {
+		if _, err := app.Exec(context.Background(), sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	for _, op := range []struct{ name, fn, body string }{
+		{"~", "plant_re", "$1::text ~ $2::text"},
+		{"!~", "plant_nre", "$1::text !~ $2::text"},
+		{"~~", "plant_like", "$1::text ~~ $2::text"},
+		{"!~~", "plant_nlike", "$1::text !~~ $2::text"},
+	} {
+		sql := fmt.Sprintf(`CREATE FUNCTION public.%s(name, name) RETURNS boolean LANGUAGE plpgsql AS $$
+			BEGIN INSERT INTO public.planted VALUES (current_user, %s); RETURN %s; END $$;
+			CREATE OPERATOR public.%s (LEFTARG = name, RIGHTARG = name, FUNCTION = public.%s)`, op.fn, quote(op.name), op.body, op.name, op.fn)
+		if _, err := app.Exec(context.Background(), sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	inst := s.serve(serveOptions{discover: true, discoverInterval: time.Hour, backstop: "install",
+		policyOptions: policyOptions{guards: []string{"plant_t"}}})
+	c := s.client(inst, "7")
+	tag(t, c, "UPDATE plant_t SET val = 'b' WHERE id = 1")
+	tag(t, c, "ALTER TABLE plant_t ADD COLUMN note text") // has the catalog read again
+	tag(t, c, "SELECT 1")
+	var who, ops string
+	if err := s.db.QueryRow(context.Background(), "SELECT coalesce(string_agg(DISTINCT who, ','), ''), coalesce(string_agg(DISTINCT op, ','), '') FROM public.planted").Scan(&who, &ops); err != nil {
+		t.Fatal(err)
+	}
+	if who != "" {
+		t.Fatalf("an application's operators (%s) ran as %s in pgfence's own SQL", ops, who)
+	}
+}
+
+// quote is s as an SQL string literal.
+func quote(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
