@@ -24,7 +24,7 @@ FROM pg_catalog.pg_class s
 JOIN pg_catalog.pg_namespace sn ON sn.oid = s.relnamespace
 LEFT JOIN pg_catalog.pg_class c ON c.oid = pg_catalog.substr(s.relname, 9)::oid
 LEFT JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-WHERE sn.nspname = 'pgfence' AND s.relkind = 'S' AND s.relname ~ '^rejects_[0-9]+$'
+WHERE sn.nspname = 'pgfence' AND s.relkind = 'S' AND s.relname::text ~ '^rejects_[0-9]+$'
 UNION ALL
 SELECT 'exempt', '', coalesce(pg_catalog.pg_sequence_last_value(pg_catalog.to_regclass('pgfence.exempt_writes')), 0)
 WHERE pg_catalog.to_regclass('pgfence.exempt_writes') IS NOT NULL`

@@ -145,11 +145,11 @@ var setupVersion = func() string {
 // leaves its body as it was.
 const setupState = `
 SELECT $1::text || ' ' || pg_catalog.md5(
-         coalesce((SELECT pg_catalog.string_agg(p.proname || ':' || p.prosecdef::text || ':' ||
+         coalesce((SELECT pg_catalog.string_agg(p.proname::text || ':' || p.prosecdef::text || ':' ||
                      coalesce(pg_catalog.array_to_string(p.proconfig, ','), '') || ':' || p.prosrc, ';' ORDER BY p.proname)
                    FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
-                   WHERE n.nspname = 'pgfence' AND p.proname NOT LIKE 'backstop\_%'), '') || '|' ||
-         coalesce((SELECT pg_catalog.string_agg(t.tgname || ':' || t.tgenabled::text, ';' ORDER BY t.tgname)
+                   WHERE n.nspname = 'pgfence' AND p.proname::text NOT LIKE 'backstop\_%'), '') || '|' ||
+         coalesce((SELECT pg_catalog.string_agg(t.tgname::text || ':' || t.tgenabled::text, ';' ORDER BY t.tgname)
                    FROM pg_catalog.pg_trigger t
                    WHERE t.tgrelid = pg_catalog.to_regclass('pgfence.domains') AND NOT t.tgisinternal), '')),
        (SELECT pg_catalog.obj_description(n.oid, 'pg_namespace') FROM pg_catalog.pg_namespace n WHERE n.nspname = 'pgfence')`
@@ -366,7 +366,7 @@ func tableOIDs(ctx context.Context, conn *pgx.Conn, guards []sqlrewrite.Guard) (
 		schemas[i], names[i] = g.Schema, g.Table
 	}
 	rows, err := conn.Query(ctx, `SELECT coalesce(c.oid, 0)::int8
-		FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS g(schema, name, i)
+		FROM ROWS FROM (pg_catalog.unnest($1::text[]), pg_catalog.unnest($2::text[])) WITH ORDINALITY AS g(schema, name, i)
 		LEFT JOIN pg_catalog.pg_namespace n ON n.nspname = g.schema
 		LEFT JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = g.name AND c.relkind IN ('r', 'p')
 		ORDER BY g.i`, schemas, names)
@@ -424,7 +424,7 @@ func replicationRoleSetters(ctx context.Context, conn *pgx.Conn, v pgversion.Ver
 	}
 	rows, err := conn.Query(ctx, `SELECT r.rolname::text FROM pg_catalog.pg_roles r
 		WHERE NOT r.rolsuper AND NOT r.rolname = ANY($1::text[])
-		  AND r.rolname !~ '^pg_'
+		  AND r.rolname::text !~ '^pg_'
 		  AND pg_catalog.has_parameter_privilege(r.oid, 'session_replication_role', 'SET')
 		ORDER BY 1`, sortedRoles(exempt))
 	if err != nil {
@@ -565,7 +565,7 @@ func apply(ctx context.Context, conn *pgx.Conn, state []tableState, eff []sqlrew
 const unusedQuery = `
 SELECT p.proname::text FROM pg_catalog.pg_proc p
 JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
-WHERE n.nspname = 'pgfence' AND p.proname LIKE 'backstop\_%' AND p.prorettype = 'pg_catalog.trigger'::pg_catalog.regtype AND p.pronargs = 0
+WHERE n.nspname = 'pgfence' AND p.proname::text LIKE 'backstop\_%' AND p.prorettype = 'pg_catalog.trigger'::pg_catalog.regtype AND p.pronargs = 0
   AND NOT p.proname = ANY($1::text[])
   AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t WHERE t.tgfoid = p.oid)
   AND NOT EXISTS (SELECT 1 FROM pgfence.guarded g WHERE p.proname IN (g.row_function, g.truncate_function))
@@ -821,7 +821,7 @@ func strayTables(ctx context.Context, conn *pgx.Conn, state []tableState) ([]str
 		}
 	}
 	rows, err := conn.Query(ctx, `SELECT t.tgrelid::regclass::text FROM pg_catalog.pg_trigger t
-		WHERE t.tgname ~ $1 AND t.tgparentid = 0 AND NOT t.tgrelid::int8 = ANY($2) ORDER BY 1`, rowTriggerName, oids)
+		WHERE t.tgname::text ~ $1::text AND t.tgparentid = 0 AND NOT t.tgrelid::int8 = ANY($2) ORDER BY 1`, rowTriggerName, oids)
 	if err != nil {
 		return nil, fmt.Errorf("reading the backstop's state: %w", err)
 	}
@@ -838,7 +838,7 @@ JOIN pg_catalog.pg_class c ON c.oid = t.tgrelid
 JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 JOIN pg_catalog.pg_proc p ON p.oid = t.tgfoid
 JOIN pg_catalog.pg_namespace pn ON pn.oid = p.pronamespace
-WHERE t.tgname ~ $1 AND t.tgparentid = 0 AND pn.nspname = $2
+WHERE t.tgname::text ~ $1::text AND t.tgparentid = 0 AND pn.nspname = $2
 ORDER BY 1, 2`
 
 // Carriers returns the tables that carry the backstop (its row trigger of

@@ -77,7 +77,7 @@ func guardGrants(ctx context.Context, conn *pgx.Conn, role string, guards []sqlr
 		rels[i] = int64(oid)
 	}
 	rows, err := conn.Query(ctx, `SELECT r.oid <> 0 AND NOT pg_catalog.has_table_privilege(r.oid::oid, 'TRIGGER')
-		FROM unnest($1::int8[]) WITH ORDINALITY AS r(oid, i) ORDER BY r.i`, rels)
+		FROM pg_catalog.unnest($1::int8[]) WITH ORDINALITY AS r(oid, i) ORDER BY r.i`, rels)
 	if err != nil {
 		return nil, fmt.Errorf("reading pgfence's role's privileges: %w", err)
 	}

@@ -79,19 +79,20 @@ SELECT g.i::int, coalesce(c.oid, 0)::int8, coalesce(c.relkind::text, ''), coales
        CASE WHEN c.oid IS NOT NULL THEN coalesce(pgfence.backstop_problem(c.oid, g.col, g.want_row, g.want_trunc), '') ELSE '' END,
        c.oid IS NOT NULL AND pg_catalog.has_table_privilege(c.oid, 'TRIGGER'),
        c.oid IS NOT NULL AND pg_catalog.pg_has_role(c.relowner, 'USAGE')
-FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[]) WITH ORDINALITY AS g(schema, name, col, want_row, want_trunc, i)
+FROM ROWS FROM (pg_catalog.unnest($1::text[]), pg_catalog.unnest($2::text[]), pg_catalog.unnest($3::text[]), pg_catalog.unnest($4::text[]), pg_catalog.unnest($5::text[]))
+     WITH ORDINALITY AS g(schema, name, col, want_row, want_trunc, i)
 LEFT JOIN pg_catalog.pg_namespace n ON n.nspname = g.schema
 LEFT JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = g.name AND c.relkind IN ('r', 'p')
 LEFT JOIN LATERAL (
     SELECT t.tgname, CASE WHEN p.pronamespace = 'pgfence'::regnamespace THEN p.proname::text END AS fn, t.tgenabled,
            pgfence.row_shaped(t) AND p.pronamespace = 'pgfence'::regnamespace AND pgfence.unedited(p) AS ok
     FROM pg_catalog.pg_trigger t JOIN pg_catalog.pg_proc p ON p.oid = t.tgfoid
-    WHERE t.tgrelid = c.oid AND t.tgparentid = 0 AND t.tgname ~ $7
+    WHERE t.tgrelid = c.oid AND t.tgparentid = 0 AND t.tgname::text ~ $7::text
     ORDER BY t.tgname COLLATE "C" LIMIT 1) own ON true
 LEFT JOIN LATERAL (
     SELECT t.tgname, CASE WHEN p.pronamespace = 'pgfence'::regnamespace THEN p.proname::text END AS fn, t.tgenabled
     FROM pg_catalog.pg_trigger t JOIN pg_catalog.pg_proc p ON p.oid = t.tgfoid
-    WHERE t.tgrelid = c.oid AND t.tgparentid <> 0 AND t.tgname ~ $7
+    WHERE t.tgrelid = c.oid AND t.tgparentid <> 0 AND t.tgname::text ~ $7::text
     ORDER BY t.tgname COLLATE "C" LIMIT 1) cl ON true
 LEFT JOIN LATERAL (
     SELECT t.tgname, CASE WHEN p.pronamespace = 'pgfence'::regnamespace THEN p.proname::text END AS fn, t.tgenabled,

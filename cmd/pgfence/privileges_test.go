@@ -244,12 +244,14 @@ func TestLeastPrivilege(t *testing.T) {
 // TestServeOwnSQLIgnoresPlantedOperators: pgfence's own SQL, run as its
 // role (here a superuser) in a database clients use, must not run an
 // application role's code. Operators on name that pg_catalog lacks
-// (~(name, name), LIKE's ~~(name, name), their negations) planted in public
-// are a better match than the built-ins for a name compared with an
-// untyped value, as several catalog queries compare; each plant records
-// the role it ran as. Discovery, the backstop's install and verify, the
-// counters and a read after DDL sent through pgfence run, and none of the
-// plants may.
+// (~(name, name), LIKE's ~~(name, name), their negations), and unnest and
+// array_agg of exactly text (pg_catalog's are polymorphic), planted in
+// public, are a better match than the built-ins where a query leaves its
+// types to the search path; each plant records the role it ran as.
+// Discovery, the backstop's install and verify, the counters and a read
+// after DDL sent through pgfence run, straight to Postgres (where pgfence
+// sets its search_path) and behind a transaction pooler (where it cannot,
+// and its queries' own qualification stands alone); no plant may run.
 func TestServeOwnSQLIgnoresPlantedOperators(t *testing.T) {
 	s := newServeTest(t)
 	s.exec(`DROP ROLE IF EXISTS plant_app; CREATE ROLE plant_app LOGIN; GRANT CREATE ON SCHEMA public TO plant_app;
@@ -259,13 +261,14 @@ func TestServeOwnSQLIgnoresPlantedOperators(t *testing.T) {
 		s.exec(`DROP OWNED BY plant_app; DROP ROLE plant_app`)
 	})
 	app := s.roleConn("plant_app", "postgres")
-	for _, sql := range []string{
-		`CREATE TABLE public.planted (who text, op text)`,
+	plants := []string{
+		`CREATE TABLE public.planted (who text, what text)`,
 		`GRANT INSERT ON public.planted TO PUBLIC`,
-	} {
-		if _, err := app.Exec(context.Background(), sql); err != nil {
-			t.Fatalf("%s: %v", sql, err)
-		}
+		`CREATE FUNCTION public.unnest(text[]) RETURNS SETOF text LANGUAGE plpgsql AS $$
+			BEGIN INSERT INTO public.planted VALUES (current_user, 'unnest'); RETURN QUERY SELECT pg_catalog.unnest($1); END $$`,
+		`CREATE FUNCTION public.plant_acc(text[], text) RETURNS text[] LANGUAGE plpgsql AS $$
+			BEGIN INSERT INTO public.planted VALUES (current_user, 'array_agg'); RETURN $1 || $2; END $$`,
+		`CREATE AGGREGATE public.array_agg(text) (SFUNC = public.plant_acc, STYPE = text[])`,
 	}
 	for _, op := range []struct{ name, fn, body string }{
 		{"~", "plant_re", "$1::text ~ $2::text"},
@@ -273,25 +276,40 @@ func TestServeOwnSQLIgnoresPlantedOperators(t *testing.T) {
 		{"~~", "plant_like", "$1::text ~~ $2::text"},
 		{"!~~", "plant_nlike", "$1::text !~~ $2::text"},
 	} {
-		sql := fmt.Sprintf(`CREATE FUNCTION public.%s(name, name) RETURNS boolean LANGUAGE plpgsql AS $$
+		plants = append(plants, fmt.Sprintf(`CREATE FUNCTION public.%s(name, name) RETURNS boolean LANGUAGE plpgsql AS $$
 			BEGIN INSERT INTO public.planted VALUES (current_user, %s); RETURN %s; END $$;
-			CREATE OPERATOR public.%s (LEFTARG = name, RIGHTARG = name, FUNCTION = public.%s)`, op.fn, quote(op.name), op.body, op.name, op.fn)
+			CREATE OPERATOR public.%s (LEFTARG = name, RIGHTARG = name, FUNCTION = public.%s)`, op.fn, quote(op.name), op.body, op.name, op.fn))
+	}
+	for _, sql := range plants {
 		if _, err := app.Exec(context.Background(), sql); err != nil {
 			t.Fatalf("%s: %v", sql, err)
 		}
 	}
-	inst := s.serve(serveOptions{discover: true, discoverInterval: time.Hour, backstop: "install",
-		policyOptions: policyOptions{guards: []string{"plant_t"}}})
-	c := s.client(inst, "7")
-	tag(t, c, "UPDATE plant_t SET val = 'b' WHERE id = 1")
-	tag(t, c, "ALTER TABLE plant_t ADD COLUMN note text") // has the catalog read again
-	tag(t, c, "SELECT 1")
-	var who, ops string
-	if err := s.db.QueryRow(context.Background(), "SELECT coalesce(string_agg(DISTINCT who, ','), ''), coalesce(string_agg(DISTINCT op, ','), '') FROM public.planted").Scan(&who, &ops); err != nil {
-		t.Fatal(err)
-	}
-	if who != "" {
-		t.Fatalf("an application's operators (%s) ran as %s in pgfence's own SQL", ops, who)
+	for _, c := range []struct {
+		name     string
+		upstream func() string
+		pooling  string
+	}{
+		{"direct", func() string { return "" }, poolingNone},
+		{"transaction pooler", func() string {
+			return "postgres://postgres@" + s.bouncer("transaction").Addr() + "/postgres?sslmode=disable"
+		}, poolingTransaction},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			inst := s.serve(serveOptions{upstream: c.upstream(), upstreamPooling: c.pooling, discover: true, discoverInterval: time.Hour,
+				backstop: "install", policyOptions: policyOptions{guards: []string{"plant_t"}}})
+			cl := s.client(inst, "7")
+			tag(t, cl, "UPDATE plant_t SET val = 'b' WHERE id = 1")
+			tag(t, cl, "ALTER TABLE plant_t ADD COLUMN IF NOT EXISTS note text") // has the catalog read again
+			tag(t, cl, "SELECT 1")
+			var who, what string
+			if err := s.db.QueryRow(context.Background(), "SELECT coalesce(string_agg(DISTINCT who, ','), ''), coalesce(string_agg(DISTINCT what, ','), '') FROM public.planted").Scan(&who, &what); err != nil {
+				t.Fatal(err)
+			}
+			if who != "" {
+				t.Fatalf("an application's objects (%s) ran as %s in pgfence's own SQL", what, who)
+			}
+		})
 	}
 }
 

@@ -39,7 +39,7 @@ type Discovery struct {
 // candidates and parents. $1 is the default epoch column name.
 const catalogQuery = `
 SELECT n.nspname, c.relname,
-       coalesce((SELECT array_agg(pn.nspname::text || '.' || pc.relname::text)
+       coalesce((SELECT pg_catalog.array_agg(pn.nspname::text || '.' || pc.relname::text)
                  FROM pg_catalog.pg_inherits i
                  JOIN pg_catalog.pg_class pc ON pc.oid = i.inhparent
                  JOIN pg_catalog.pg_namespace pn ON pn.oid = pc.relnamespace
@@ -48,15 +48,15 @@ SELECT n.nspname, c.relname,
 FROM pg_catalog.pg_class c
 JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 CROSS JOIN LATERAL (
-    SELECT coalesce(array_agg(a.attname::text ORDER BY a.attnum), '{}') AS names,
-           coalesce(array_agg(t.typname::text ORDER BY a.attnum), '{}') AS types,
-           coalesce(array_agg(a.attnotnull ORDER BY a.attnum), '{}') AS notnull
+    SELECT coalesce(pg_catalog.array_agg(a.attname::text ORDER BY a.attnum), '{}') AS names,
+           coalesce(pg_catalog.array_agg(t.typname::text ORDER BY a.attnum), '{}') AS types,
+           coalesce(pg_catalog.array_agg(a.attnotnull ORDER BY a.attnum), '{}') AS notnull
     FROM pg_catalog.pg_attribute a
     JOIN pg_catalog.pg_type t ON t.oid = a.atttypid
     WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped) cols
 WHERE c.relkind IN ('r', 'p')
   AND n.nspname NOT IN ('pg_catalog', 'information_schema')
-  AND n.nspname NOT LIKE 'pg\_toast%'
+  AND n.nspname::text NOT LIKE 'pg\_toast%'
 ORDER BY n.nspname, c.relname`
 
 type catalogTable struct {
