@@ -389,7 +389,7 @@ func tableOIDs(ctx context.Context, conn *pgx.Conn, guards []sqlrewrite.Guard) (
 func (r *Report) readEventTriggers(ctx context.Context, conn *pgx.Conn, o Options) error {
 	var guard, watch bool
 	if err := conn.QueryRow(ctx, `SELECT
-		(SELECT count(*) FROM pg_catalog.pg_event_trigger WHERE evtname = ANY($1) AND evtenabled = 'O') = pg_catalog.cardinality($1),
+		(SELECT pg_catalog.count(*) FROM pg_catalog.pg_event_trigger WHERE evtname OPERATOR(pg_catalog.=) ANY($1::text[]) AND evtenabled = 'O') = pg_catalog.cardinality($1),
 		EXISTS (SELECT 1 FROM pg_catalog.pg_event_trigger WHERE evtname = $2 AND evtenabled = 'O')`,
 		guardTriggers, EventTrigger).Scan(&guard, &watch); err != nil {
 		return fmt.Errorf("reading the backstop's event triggers: %w", err)

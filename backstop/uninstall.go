@@ -97,7 +97,7 @@ func PlanUninstall(ctx context.Context, conn *pgx.Conn) (*Removal, error) {
 		return r, nil
 	}
 	r.Schema, r.Owner = true, *owner
-	rows, err = conn.Query(ctx, `SELECT kind, count(*)::int, string_agg(name, ', ' ORDER BY name) FROM (
+	rows, err = conn.Query(ctx, `SELECT kind, pg_catalog.count(*)::int, pg_catalog.string_agg(name, ', ' ORDER BY name) FROM (
 			SELECT CASE c.relkind WHEN 'r' THEN 'tables' WHEN 'S' THEN 'sequences' WHEN 'v' THEN 'views' ELSE 'other relations' END AS kind, c.relname::text AS name
 			FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 			WHERE n.nspname = $1 AND c.relkind IN ('r', 'S', 'v', 'm', 'f', 'p')
