@@ -211,7 +211,7 @@ func parameterized(sql string, literals []textRange, keep func(i int) bool) Para
 				continue
 			}
 			lit = v
-		} else if full, oid = full+1, literalType(lit); oid == 0 || typeOfNegated(lit) != oid {
+		} else if full, oid = full+1, literalType(lit); oid == 0 || narrowerNegated(lit) {
 			return Parameterized{}
 		}
 		p.Types = append(p.Types, oid)
@@ -374,23 +374,20 @@ func literalType(lit string) uint32 {
 	return oidNumeric
 }
 
-// typeOfNegated returns the type Postgres gives an integer literal lit
-// behind a minus sign, which its grammar folds into the constant before
-// typing it (doNegate): -2147483648 is an int4 where 2147483648 is an
-// int8, and -9223372036854775808 an int8 where 9223372036854775808 is a
+// narrowerNegated reports whether Postgres types the integer literal lit
+// narrower behind a minus sign, which its grammar folds into the constant
+// before typing it (doNegate): -2147483648 is an int4 where 2147483648 is
+// an int8, and -9223372036854775808 an int8 where 9223372036854775808 is a
 // numeric. A parameter in the literal's place, negated in the text, keeps
 // the wider type, and its arithmetic means something else (integer
-// division becomes numeric, an overflow no longer fails). So a text with
-// either value keeps its literals (the caller sees the type differ); for
-// every other literal it is literalType's.
-func typeOfNegated(lit string) uint32 {
+// division becomes numeric, an overflow no longer fails), so a text with
+// either value keeps its literals.
+func narrowerNegated(lit string) bool {
 	switch strings.TrimLeft(lit, "0") {
-	case "2147483648":
-		return oidInt4
-	case "9223372036854775808":
-		return oidInt8
+	case "2147483648", "9223372036854775808":
+		return true
 	}
-	return literalType(lit)
+	return false
 }
 
 // RewriteTemplate rewrites p.SQL as the text of a prepared statement (Mode

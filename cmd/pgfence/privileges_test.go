@@ -277,8 +277,8 @@ func TestServeOwnSQLIgnoresPlantedOperators(t *testing.T) {
 		{"!~~", "plant_nlike", "$1::text !~~ $2::text"},
 	} {
 		plants = append(plants, fmt.Sprintf(`CREATE FUNCTION public.%s(name, name) RETURNS boolean LANGUAGE plpgsql AS $$
-			BEGIN INSERT INTO public.planted VALUES (current_user, %s); RETURN %s; END $$;
-			CREATE OPERATOR public.%s (LEFTARG = name, RIGHTARG = name, FUNCTION = public.%s)`, op.fn, quote(op.name), op.body, op.name, op.fn))
+			BEGIN INSERT INTO public.planted VALUES (current_user, '%s'); RETURN %s; END $$;
+			CREATE OPERATOR public.%s (LEFTARG = name, RIGHTARG = name, FUNCTION = public.%s)`, op.fn, op.name, op.body, op.name, op.fn))
 	}
 	for _, sql := range plants {
 		if _, err := app.Exec(context.Background(), sql); err != nil {
@@ -312,6 +312,3 @@ func TestServeOwnSQLIgnoresPlantedOperators(t *testing.T) {
 		})
 	}
 }
-
-// quote is s as an SQL string literal.
-func quote(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
