@@ -151,7 +151,7 @@ SELECT $1::text || ' ' || pg_catalog.md5(
                    WHERE n.nspname = 'pgfence' AND p.proname::text NOT LIKE 'backstop\_%'), '') || '|' ||
          coalesce((SELECT pg_catalog.string_agg(t.tgname::text || ':' || t.tgenabled::text, ';' ORDER BY t.tgname)
                    FROM pg_catalog.pg_trigger t
-                   WHERE t.tgrelid = pg_catalog.to_regclass('pgfence.domains') AND NOT t.tgisinternal), '')),
+                   WHERE t.tgrelid = pg_catalog.to_regclass('pgfence.domains')::oid AND NOT t.tgisinternal), '')),
        (SELECT pg_catalog.obj_description(n.oid, 'pg_namespace') FROM pg_catalog.pg_namespace n WHERE n.nspname = 'pgfence')`
 
 // Setup creates or updates pgfence's schema objects (see setupSQL). It
@@ -821,7 +821,7 @@ func strayTables(ctx context.Context, conn *pgx.Conn, state []tableState) ([]str
 		}
 	}
 	rows, err := conn.Query(ctx, `SELECT t.tgrelid::regclass::text FROM pg_catalog.pg_trigger t
-		WHERE t.tgname::text ~ $1::text AND t.tgparentid = 0 AND NOT t.tgrelid::int8 = ANY($2) ORDER BY 1`, rowTriggerName, oids)
+		WHERE t.tgname::text ~ $1::text AND t.tgparentid = 0::oid AND NOT t.tgrelid::int8 = ANY($2) ORDER BY 1`, rowTriggerName, oids)
 	if err != nil {
 		return nil, fmt.Errorf("reading the backstop's state: %w", err)
 	}
@@ -838,7 +838,7 @@ JOIN pg_catalog.pg_class c ON c.oid = t.tgrelid
 JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 JOIN pg_catalog.pg_proc p ON p.oid = t.tgfoid
 JOIN pg_catalog.pg_namespace pn ON pn.oid = p.pronamespace
-WHERE t.tgname::text ~ $1::text AND t.tgparentid = 0 AND pn.nspname = $2
+WHERE t.tgname::text ~ $1::text AND t.tgparentid = 0::oid AND pn.nspname = $2
 ORDER BY 1, 2`
 
 // Carriers returns the tables that carry the backstop (its row trigger of

@@ -67,7 +67,7 @@ const rowTriggerName = `^~pgfence_backstop(_p[0-9]+)?$`
 
 const stateQuery = `
 SELECT g.i::int, coalesce(c.oid, 0)::int8, coalesce(c.relkind::text, ''), coalesce(c.relispartition, false),
-       coalesce(ARRAY(SELECT a.relid::oid::int8 FROM pg_catalog.pg_partition_ancestors(c.oid) a WHERE a.relid <> c.oid), '{}'),
+       coalesce(ARRAY(SELECT a.relid::oid::int8 FROM pg_catalog.pg_partition_ancestors(c.oid) a WHERE a.relid::oid <> c.oid), '{}'),
        coalesce(pg_catalog.pg_get_userbyid(c.relowner)::text, ''),
        own.tgname IS NOT NULL, coalesce(own.tgname::text, ''), coalesce(own.fn, ''), coalesce(own.tgenabled::text, ''), coalesce(own.ok, false),
        cl.tgname IS NOT NULL, coalesce(cl.tgname::text, ''), coalesce(cl.fn, ''), coalesce(cl.tgenabled::text, ''),
@@ -75,7 +75,7 @@ SELECT g.i::int, coalesce(c.oid, 0)::int8, coalesce(c.relkind::text, ''), coales
        coalesce((SELECT e.tgenabled::text FROM pg_catalog.pg_trigger e
                JOIN pg_catalog.pg_attribute a ON a.attrelid = e.tgrelid AND a.attname = g.col AND NOT a.attisdropped
                WHERE e.tgrelid = c.oid AND e.tgname = $6 AND pg_catalog.cardinality(e.tgattr::int2[]) = 1 AND e.tgattr[0] = a.attnum), ''),
-       c.oid IS NOT NULL AND pg_catalog.to_regclass('pgfence.' || pg_catalog.quote_ident('rejects_' || c.oid)) IS NOT NULL,
+       c.oid IS NOT NULL AND pg_catalog.to_regclass('pgfence.' || pg_catalog.quote_ident('rejects_' || c.oid::text)) IS NOT NULL,
        CASE WHEN c.oid IS NOT NULL THEN coalesce(pgfence.backstop_problem(c.oid, g.col, g.want_row, g.want_trunc), '') ELSE '' END,
        c.oid IS NOT NULL AND pg_catalog.has_table_privilege(c.oid, 'TRIGGER'),
        c.oid IS NOT NULL AND pg_catalog.pg_has_role(c.relowner, 'USAGE')
@@ -84,18 +84,18 @@ FROM ROWS FROM (pg_catalog.unnest($1::text[]), pg_catalog.unnest($2::text[]), pg
 LEFT JOIN pg_catalog.pg_namespace n ON n.nspname = g.schema
 LEFT JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = g.name AND c.relkind IN ('r', 'p')
 LEFT JOIN LATERAL (
-    SELECT t.tgname, CASE WHEN p.pronamespace = 'pgfence'::regnamespace THEN p.proname::text END AS fn, t.tgenabled,
-           pgfence.row_shaped(t) AND p.pronamespace = 'pgfence'::regnamespace AND pgfence.unedited(p) AS ok
+    SELECT t.tgname, CASE WHEN p.pronamespace = 'pgfence'::regnamespace::oid THEN p.proname::text END AS fn, t.tgenabled,
+           pgfence.row_shaped(t) AND p.pronamespace = 'pgfence'::regnamespace::oid AND pgfence.unedited(p) AS ok
     FROM pg_catalog.pg_trigger t JOIN pg_catalog.pg_proc p ON p.oid = t.tgfoid
-    WHERE t.tgrelid = c.oid AND t.tgparentid = 0 AND t.tgname::text ~ $7::text
+    WHERE t.tgrelid = c.oid AND t.tgparentid = 0::oid AND t.tgname::text ~ $7::text
     ORDER BY t.tgname COLLATE "C" LIMIT 1) own ON true
 LEFT JOIN LATERAL (
-    SELECT t.tgname, CASE WHEN p.pronamespace = 'pgfence'::regnamespace THEN p.proname::text END AS fn, t.tgenabled
+    SELECT t.tgname, CASE WHEN p.pronamespace = 'pgfence'::regnamespace::oid THEN p.proname::text END AS fn, t.tgenabled
     FROM pg_catalog.pg_trigger t JOIN pg_catalog.pg_proc p ON p.oid = t.tgfoid
-    WHERE t.tgrelid = c.oid AND t.tgparentid <> 0 AND t.tgname::text ~ $7::text
+    WHERE t.tgrelid = c.oid AND t.tgparentid <> 0::oid AND t.tgname::text ~ $7::text
     ORDER BY t.tgname COLLATE "C" LIMIT 1) cl ON true
 LEFT JOIN LATERAL (
-    SELECT t.tgname, CASE WHEN p.pronamespace = 'pgfence'::regnamespace THEN p.proname::text END AS fn, t.tgenabled,
+    SELECT t.tgname, CASE WHEN p.pronamespace = 'pgfence'::regnamespace::oid THEN p.proname::text END AS fn, t.tgenabled,
            pgfence.unedited(p) AND t.tgtype = 34 AND t.tgqual IS NULL AS ok
     FROM pg_catalog.pg_trigger t JOIN pg_catalog.pg_proc p ON p.oid = t.tgfoid
     WHERE t.tgrelid = c.oid AND t.tgname = $8) tt ON true

@@ -74,7 +74,7 @@ func PlanUninstall(ctx context.Context, conn *pgx.Conn) (*Removal, error) {
 		FROM pg_catalog.pg_trigger t
 		JOIN pg_catalog.pg_class c ON c.oid = t.tgrelid JOIN pg_catalog.pg_namespace tn ON tn.oid = c.relnamespace
 		JOIN pg_catalog.pg_proc p ON p.oid = t.tgfoid JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
-		WHERE n.nspname = $1 AND tn.nspname <> $1 AND t.tgparentid = 0 AND NOT t.tgisinternal
+		WHERE n.nspname = $1 AND tn.nspname <> $1 AND t.tgparentid = 0::oid AND NOT t.tgisinternal
 		ORDER BY tn.nspname, c.relname, t.tgname COLLATE "C"`, Schema)
 	if err != nil {
 		return nil, fmt.Errorf("reading the backstop's triggers: %w", err)
@@ -105,7 +105,7 @@ func PlanUninstall(ctx context.Context, conn *pgx.Conn) (*Removal, error) {
 			SELECT 'functions', p.proname::text FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = $1
 			UNION ALL
 			SELECT 'types', t.typname::text FROM pg_catalog.pg_type t JOIN pg_catalog.pg_namespace n ON n.oid = t.typnamespace
-			WHERE n.nspname = $1 AND t.typtype IN ('c', 'd', 'e') AND (t.typrelid = 0 OR (SELECT c.relkind FROM pg_catalog.pg_class c WHERE c.oid = t.typrelid) = 'c')
+			WHERE n.nspname = $1 AND t.typtype IN ('c', 'd', 'e') AND (t.typrelid = 0::oid OR (SELECT c.relkind FROM pg_catalog.pg_class c WHERE c.oid = t.typrelid) = 'c')
 		) x GROUP BY kind ORDER BY kind`, Schema)
 	if err != nil {
 		return nil, fmt.Errorf("reading pgfence's schema: %w", err)

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -243,72 +242,147 @@ func TestLeastPrivilege(t *testing.T) {
 
 // TestServeOwnSQLIgnoresPlantedOperators: pgfence's own SQL, run as its
 // role (here a superuser) in a database clients use, must not run an
-// application role's code. Operators on name that pg_catalog lacks
-// (~(name, name), LIKE's ~~(name, name), their negations), and unnest and
-// array_agg of exactly text (pg_catalog's are polymorphic), planted in
-// public, are a better match than the built-ins where a query leaves its
-// types to the search path; each plant records the role it ran as.
-// Discovery, the backstop's install and verify, the counters and a read
-// after DDL sent through pgfence run, straight to Postgres (where pgfence
-// sets its search_path) and behind a transaction pooler (where it cannot,
-// and its queries' own qualification stands alone); no plant may run.
+// application role's code. An operator in public whose argument types are
+// exactly those of an expression pgfence compares is a better match than
+// a pg_catalog one that needs a cast (~(name, name) against pg_catalog's
+// ~(name, text), =(oid, regclass) against =(oid, oid), =(oid, int4) for
+// "oid = 0"), and so are unnest and array_agg of exactly text (pg_catalog's
+// are polymorphic). So the application plants, in public, every operator
+// pgfence's SQL could name (comparisons, pattern matches, ||) for every
+// pair of the catalogs' types that pg_catalog lacks exactly, with those
+// two functions; each records the role it ran as when that is not the
+// application's (a sequence too, which a failed query does not roll
+// back). Then discovery, init, the backstop's install, verify, mend and
+// counters, lock domains, a partitioned table and a partition made through
+// pgfence, fresh and stale writes, a read after DDL, a fresh and a stale
+// write that fire the backstop's trigger as a superuser, and uninstall run, straight
+// to Postgres (where pgfence sets its search_path) and behind a
+// transaction pooler (where it cannot, and its queries' own types stand
+// alone); no plant may run, and the stale writes must still be refused.
 func TestServeOwnSQLIgnoresPlantedOperators(t *testing.T) {
 	s := newServeTest(t)
-	s.exec(`DROP ROLE IF EXISTS plant_app; CREATE ROLE plant_app LOGIN; GRANT CREATE ON SCHEMA public TO plant_app;
-		CREATE TABLE plant_t (id int PRIMARY KEY, val text, fence_epoch bigint NOT NULL DEFAULT 0); INSERT INTO plant_t VALUES (1, 'a', 5);
-		GRANT ALL ON plant_t TO plant_app`)
-	t.Cleanup(func() {
-		s.exec(`DROP OWNED BY plant_app; DROP ROLE plant_app`)
-	})
+	s.exec(`DROP ROLE IF EXISTS plant_app; CREATE ROLE plant_app LOGIN; GRANT CREATE ON SCHEMA public TO plant_app`)
 	app := s.roleConn("plant_app", "postgres")
-	plants := []string{
+	for _, sql := range []string{
 		`CREATE TABLE public.planted (who text, what text)`,
 		`GRANT INSERT ON public.planted TO PUBLIC`,
+		`CREATE SEQUENCE public.planted_seq`,
+		`GRANT USAGE ON SEQUENCE public.planted_seq TO PUBLIC`,
 		`CREATE FUNCTION public.unnest(text[]) RETURNS SETOF text LANGUAGE plpgsql AS $$
 			BEGIN INSERT INTO public.planted VALUES (current_user, 'unnest'); RETURN QUERY SELECT pg_catalog.unnest($1); END $$`,
 		`CREATE FUNCTION public.plant_acc(text[], text) RETURNS text[] LANGUAGE plpgsql AS $$
 			BEGIN INSERT INTO public.planted VALUES (current_user, 'array_agg'); RETURN $1 || $2; END $$`,
 		`CREATE AGGREGATE public.array_agg(text) (SFUNC = public.plant_acc, STYPE = text[])`,
-	}
-	for _, op := range []struct{ name, fn, body string }{
-		{"~", "plant_re", "$1::text ~ $2::text"},
-		{"!~", "plant_nre", "$1::text !~ $2::text"},
-		{"~~", "plant_like", "$1::text ~~ $2::text"},
-		{"!~~", "plant_nlike", "$1::text !~~ $2::text"},
+		plantOperators,
 	} {
-		plants = append(plants, fmt.Sprintf(`CREATE FUNCTION public.%s(name, name) RETURNS boolean LANGUAGE plpgsql AS $$
-			BEGIN INSERT INTO public.planted VALUES (current_user, '%s'); RETURN %s; END $$;
-			CREATE OPERATOR public.%s (LEFTARG = name, RIGHTARG = name, FUNCTION = public.%s)`, op.fn, op.name, op.body, op.name, op.fn))
-	}
-	for _, sql := range plants {
 		if _, err := app.Exec(context.Background(), sql); err != nil {
 			t.Fatalf("%s: %v", sql, err)
 		}
 	}
+	var planted int
+	if err := app.QueryRow(context.Background(), "SELECT pg_catalog.count(*)::int FROM pg_catalog.pg_operator WHERE oprnamespace OPERATOR(pg_catalog.=) 'public'::regnamespace::oid").Scan(&planted); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("planted %d operators", planted)
+
+	s.exec(`CREATE TABLE plant_t (id int PRIMARY KEY, val text, fence_epoch bigint NOT NULL DEFAULT 0); INSERT INTO plant_t VALUES (1, 'a', 5);
+		CREATE TABLE plant_p (id int, val text, fence_epoch bigint NOT NULL DEFAULT 0) PARTITION BY RANGE (id);
+		CREATE TABLE plant_p1 PARTITION OF plant_p FOR VALUES FROM (0) TO (100); INSERT INTO plant_p VALUES (1, 'a', 5);
+		GRANT ALL ON plant_t, plant_p, plant_p1 TO plant_app`)
 	for _, c := range []struct {
 		name     string
 		upstream func() string
 		pooling  string
 	}{
-		{"direct", func() string { return "" }, poolingNone},
+		{"direct", func() string { return s.pg.URL("postgres") }, poolingNone},
 		{"transaction pooler", func() string {
 			return "postgres://postgres@" + s.bouncer("transaction").Addr() + "/postgres?sslmode=disable"
 		}, poolingTransaction},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			inst := s.serve(serveOptions{upstream: c.upstream(), upstreamPooling: c.pooling, discover: true, discoverInterval: time.Hour,
-				backstop: "install", policyOptions: policyOptions{guards: []string{"plant_t"}}})
-			cl := s.client(inst, "7")
-			tag(t, cl, "UPDATE plant_t SET val = 'b' WHERE id = 1")
-			tag(t, cl, "ALTER TABLE plant_t ADD COLUMN IF NOT EXISTS note text") // has the catalog read again
-			tag(t, cl, "SELECT 1")
-			var who, what string
-			if err := s.db.QueryRow(context.Background(), "SELECT coalesce(string_agg(DISTINCT who, ','), ''), coalesce(string_agg(DISTINCT what, ','), '') FROM public.planted").Scan(&who, &what); err != nil {
+			up := c.upstream()
+			flags := []string{"--upstream", up, "--upstream-pooling", c.pooling, "--discover", "--domain", "plant_t=plant_d"}
+			if out, err := runInit(t, flags...); err != nil {
+				t.Fatalf("init: %v\n%s", err, out)
+			}
+			inst := s.serve(serveOptions{upstream: up, upstreamPooling: c.pooling, discover: true, discoverInterval: time.Hour,
+				backstop: "install", policyOptions: policyOptions{domains: []string{"plant_t=plant_d"}}})
+			fresh, stale := s.client(inst, "7"), s.client(inst, "6")
+			tag(t, fresh, "UPDATE plant_t SET val = 'b' WHERE id = 1")
+			tag(t, fresh, "UPDATE plant_p SET val = 'b' WHERE id = 1")
+			tag(t, fresh, "CREATE TABLE IF NOT EXISTS plant_p2 PARTITION OF plant_p FOR VALUES FROM (100) TO (200)")
+			tag(t, fresh, "INSERT INTO plant_p (id, val) VALUES (150, 'c') ON CONFLICT DO NOTHING")
+			for _, sql := range []string{"UPDATE plant_t SET val = 'x' WHERE id = 1", "UPDATE plant_p SET val = 'x' WHERE id = 1"} {
+				if got := tag(t, stale, sql); got != "UPDATE 0" {
+					t.Errorf("stale %s: %s, want UPDATE 0", sql, got)
+				}
+			}
+			tag(t, fresh, "ALTER TABLE plant_t ADD COLUMN IF NOT EXISTS note text") // has the catalog read again
+			tag(t, fresh, "SELECT 1")
+			inst.reload(context.Background(), inst.options()) // verify and mend once more, and read the counters
+			// The backstop's trigger runs as whoever writes, here a
+			// superuser straight to Postgres.
+			tag(t, s.direct("8"), "UPDATE plant_t SET val = 'd' WHERE id = 1")
+			if got := tag(t, s.direct("1"), "UPDATE plant_p SET val = 'e' WHERE id = 1"); got != "UPDATE 0" {
+				t.Errorf("stale direct UPDATE plant_p: %s, want UPDATE 0", got)
+			}
+			if out, err := runUninstall(t, "--upstream", up, "--upstream-pooling", c.pooling, "--yes"); err != nil {
+				t.Fatalf("uninstall: %v\n%s", err, out)
+			}
+			rows, err := s.db.Query(context.Background(), "SELECT who, what FROM public.planted")
+			if err != nil {
 				t.Fatal(err)
 			}
-			if who != "" {
-				t.Fatalf("an application's objects (%s) ran as %s in pgfence's own SQL", what, who)
+			ran, err := pgx.CollectRows(rows, pgx.RowTo[[2]string])
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(ran) > 0 {
+				t.Errorf("an application's objects ran as another role in pgfence's own SQL: %v", ran)
+			}
+			var calls int64
+			if err := s.db.QueryRow(context.Background(), "SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM public.planted_seq").Scan(&calls); err != nil {
+				t.Fatal(err)
+			}
+			if calls > 0 {
+				t.Errorf("an application's operators ran %d times as another role (in queries that then failed)", calls)
 			}
 		})
 	}
 }
+
+// plantOperators plants, in public, every operator pgfence's SQL could
+// name, for every pair of the catalogs' types that pg_catalog has no such
+// operator of exactly (see TestServeOwnSQLIgnoresPlantedOperators). Each
+// computes what pg_catalog's would, and records a role other than
+// plant_app that runs it. Everything in it is qualified: its functions
+// run with the caller's search_path, where they are planted.
+const plantOperators = `DO $plant$
+DECLARE
+  l text; r text; op text; n int := 0; res text;
+  types text[] := ARRAY['name', 'text', '"char"', 'oid', 'regclass', 'regproc', 'regtype', 'regrole', 'regnamespace',
+    'int2', 'int4', 'int8', 'bool', 'bpchar', 'varchar', 'text[]', 'name[]', 'oid[]', 'int2vector', 'oidvector',
+    'xid', 'bytea', 'timestamptz', 'numeric', 'pg_node_tree', 'aclitem[]'];
+BEGIN
+  FOREACH op IN ARRAY ARRAY['=', '<>', '<', '>', '<=', '>=', '~', '!~', '~~', '!~~', '~*', '!~*', '||'] LOOP
+    FOREACH l IN ARRAY types LOOP
+      FOREACH r IN ARRAY types LOOP
+        CONTINUE WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_operator o WHERE o.oprname OPERATOR(pg_catalog.=) op::pg_catalog.name
+          AND o.oprleft OPERATOR(pg_catalog.=) l::pg_catalog.regtype::pg_catalog.oid
+          AND o.oprright OPERATOR(pg_catalog.=) r::pg_catalog.regtype::pg_catalog.oid
+          AND o.oprnamespace OPERATOR(pg_catalog.=) 'pg_catalog'::pg_catalog.regnamespace::pg_catalog.oid);
+        n := n OPERATOR(pg_catalog.+) 1;
+        res := CASE WHEN op OPERATOR(pg_catalog.=) '||' THEN 'pg_catalog.text' ELSE 'pg_catalog.bool' END;
+        EXECUTE pg_catalog.format($f$CREATE FUNCTION public.plant_op_%s(%s, %s) RETURNS %s LANGUAGE plpgsql AS $b$
+          BEGIN
+            IF CURRENT_USER::pg_catalog.text OPERATOR(pg_catalog.<>) 'plant_app' THEN
+              PERFORM pg_catalog.nextval('public.planted_seq'::pg_catalog.regclass);
+              INSERT INTO public.planted VALUES (CURRENT_USER::pg_catalog.text, %L);
+            END IF;
+            RETURN $1 OPERATOR(pg_catalog.%s) $2;
+          END $b$$f$, n, l, r, res, pg_catalog.format('%s(%s, %s)', op, l, r), op);
+        EXECUTE pg_catalog.format('CREATE OPERATOR public.%s (LEFTARG = %s, RIGHTARG = %s, FUNCTION = public.plant_op_%s)', op, l, r, n);
+      END LOOP;
+    END LOOP;
+  END LOOP;
+END $plant$`

@@ -64,7 +64,7 @@ func readMembers(ctx context.Context, conn *pgx.Conn) (map[[2]string]string, err
 		return out, nil
 	}
 	rows, err := conn.Query(ctx, `SELECT n.nspname::text, c.relname::text, m.domain FROM pgfence.domain_members m
-		JOIN pg_catalog.pg_class c ON c.oid = m.relid JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace`)
+		JOIN pg_catalog.pg_class c ON c.oid = m.relid::oid JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace`)
 	if err != nil {
 		return nil, fmt.Errorf("reading lock-domain membership: %w", err)
 	}
