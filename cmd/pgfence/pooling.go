@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strings"
@@ -108,4 +110,55 @@ func (i *instance) checkPooler(ctx context.Context, conn *pgx.Conn, pooling stri
 		i.log.Info("the upstream is Postgres itself again: serving client sessions")
 	}
 	return nil
+}
+
+// checkResets finds out, once per instance, whether the transaction pooler
+// at the upstream resets a server connection after each transaction, and
+// warns if it does not. pgfence resets the token's settings in every
+// transaction it sets them in, but nothing else: a temporary table or view,
+// a search_path or a SET ROLE that one client leaves on a server
+// connection for the session is in force in the next client's
+// transactions there. Code of one client then runs inside another's
+// write, where it can raise the token that write carries (red team 6a:
+// a stale write landed that way). PgBouncer resets only in session mode
+// unless told to always (server_reset_query_always).
+func (i *instance) checkResets(ctx context.Context, conn *pgx.Conn) {
+	if !i.resetsChecked.CompareAndSwap(false, true) {
+		return
+	}
+	kept, err := poolerKeepsSessionState(ctx, conn)
+	switch {
+	case err != nil:
+		i.log.Debug("could not tell whether the transaction pooler resets server connections", "err", err)
+	case kept:
+		i.log.Warn("the transaction pooler at the upstream keeps a server connection's session state from one transaction to the next: "+
+			"what a client leaves there for its session (a temporary table or view, search_path, SET ROLE) is in force in other clients' transactions, "+
+			"where it can run that client's code inside another's write and raise the fencing token the write carries; "+
+			"unless every client of the pooler is trusted, have it reset server connections after every transaction "+
+			"(PgBouncer: server_reset_query = DISCARD ALL and server_reset_query_always = 1)", "upstream", i.upstream)
+	}
+}
+
+// poolerKeepsSessionState sets a setting for the session in one
+// transaction and reads it in the next, until both run on the same server
+// process: it is still there unless the pooler reset the connection in
+// between.
+func poolerKeepsSessionState(ctx context.Context, conn *pgx.Conn) (bool, error) {
+	var b [8]byte
+	rand.Read(b[:])
+	mark := hex.EncodeToString(b[:])
+	for range 5 {
+		var set, read uint32
+		var got string
+		if err := conn.QueryRow(ctx, "SELECT pg_catalog.pg_backend_pid(), pg_catalog.set_config('pgfence.reset_probe', $1::text, false)", mark).Scan(&set, nil); err != nil {
+			return false, err
+		}
+		if err := conn.QueryRow(ctx, "SELECT pg_catalog.pg_backend_pid(), COALESCE(pg_catalog.current_setting('pgfence.reset_probe', true), '')").Scan(&read, &got); err != nil {
+			return false, err
+		}
+		if set == read {
+			return got == mark, nil
+		}
+	}
+	return false, errors.New("five pairs of transactions ran on different server processes")
 }

@@ -257,3 +257,65 @@ func TestServePooledRole(t *testing.T) {
 		}
 	}
 }
+
+// Behind a transaction pooler that keeps a server connection's session
+// state between transactions (PgBouncer's default), pgfence warns at start
+// that one client's leftovers run in another's writes, and names the
+// settings that reset it; behind one that resets after every transaction
+// it does not warn, and the leftover the warning is about (a temporary
+// view named like the guarded table, whose trigger raises the token, red
+// team 6a) does not reach the next client's write.
+func TestServeWarnsPoolerKeepsSessionState(t *testing.T) {
+	s := newServeTest(t)
+	s.exec("CREATE TABLE accounts (id int PRIMARY KEY, val text, fence_epoch bigint NOT NULL DEFAULT 0)")
+	for _, keeps := range []bool{true, false} {
+		t.Run(fmt.Sprintf("keeps=%v", keeps), func(t *testing.T) {
+			s.exec("DELETE FROM accounts; INSERT INTO accounts VALUES (1, 'a', 50)")
+			// One server connection, which every client gets in turn.
+			o := pgbouncer.Options{Upstream: s.pg.Addr(), PoolMode: "transaction", PoolSize: 1}
+			if !keeps {
+				o.Extra = []string{"server_reset_query = DISCARD ALL", "server_reset_query_always = 1"}
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			b, err := pgbouncer.Start(ctx, o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s.t.Cleanup(b.Stop) // after the instance and its clients, which s registers later
+			var log lockedBuffer
+			inst := s.serveLogged(serveOptions{upstream: "postgres://postgres@" + b.Addr() + "/postgres?sslmode=disable",
+				upstreamPooling: poolingTransaction, backstop: "install", policyOptions: policyOptions{guards: []string{"accounts"}}}, &log)
+			// Another client of the pooler (straight to it: pgfence sees
+			// nothing of it).
+			attacker, err := pgx.Connect(context.Background(), "postgres://postgres@"+b.Addr()+"/postgres?sslmode=disable&default_query_exec_mode=exec")
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, sql := range []string{
+				"BEGIN", // the leftovers in one transaction, so that a reset after it is what removes them
+				`CREATE FUNCTION pg_temp.raise() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
+					PERFORM set_config('fence.token', '777', true);
+					UPDATE public.accounts SET val = NEW.val WHERE id = OLD.id;
+					RETURN NEW; END $$`,
+				`CREATE TEMP VIEW accounts AS SELECT id, val, 0::bigint AS fence_epoch FROM public.accounts`,
+				`CREATE TRIGGER raise INSTEAD OF UPDATE ON pg_temp.accounts FOR EACH ROW EXECUTE FUNCTION pg_temp.raise()`,
+				"COMMIT",
+			} {
+				tag(t, attacker, sql)
+			}
+			attacker.Close(context.Background())
+			if warned := strings.Contains(log.String(), "server_reset_query_always = 1"); warned != keeps {
+				t.Errorf("the pooler keeps session state: %v; warned: %v; want a warning exactly when it keeps it:\n%s", keeps, warned, log.String())
+			}
+			if keeps {
+				return // what the warning is about: no fence holds there
+			}
+			victim := s.client(inst, "10")
+			tag(t, victim, "UPDATE accounts SET val = 'stale' WHERE id = 1")
+			if v, e := s.epoch("accounts", 1); v != "a" || e != 50 {
+				t.Fatalf("a stale write, after another client's leftover, behind a pooler that resets: row %q at %d, want a at 50", v, e)
+			}
+		})
+	}
+}

@@ -289,6 +289,9 @@ type instance struct {
 	// pooler, when set, is why client sessions are refused: a pooler
 	// nobody told pgfence of answers at the upstream (see checkPooler).
 	pooler atomic.Pointer[string]
+	// resetsChecked is set once checkResets has asked a transaction
+	// pooler whether it resets server connections.
+	resetsChecked atomic.Bool
 	// hosts are --upstream's hosts; with more than one, sessions go to
 	// the writable primary among them (see followPrimary).
 	hosts []upstream.Host
@@ -591,6 +594,9 @@ func (i *instance) readCatalog(ctx context.Context, db string, o serveOptions, e
 	defer conn.Close(context.Background())
 	if err := i.checkPooler(ctx, conn, o.upstreamPooling); err != nil {
 		return nil, err
+	}
+	if o.upstreamPooling == poolingTransaction {
+		i.checkResets(ctx, conn)
 	}
 	return catalog.Read(ctx, conn, co, explicit, apply)
 }
