@@ -36,7 +36,11 @@ type Discovery struct {
 }
 
 // catalogQuery lists ordinary and partitioned tables with their epoch-column
-// candidates and parents. $1 is the default epoch column name.
+// candidates and parents. $1 is the default epoch column name. Temporary
+// tables are left out: only their own session can write them, so fencing
+// one protects nothing, and another session's would make every session's
+// writes to a guard of its name refused (red team 6b), or hold /readyz at
+// 503 while it cannot be given a backstop.
 const catalogQuery = `
 SELECT n.nspname, c.relname,
        coalesce((SELECT pg_catalog.array_agg(pn.nspname::text || '.' || pc.relname::text)
@@ -54,7 +58,7 @@ CROSS JOIN LATERAL (
     FROM pg_catalog.pg_attribute a
     JOIN pg_catalog.pg_type t ON t.oid = a.atttypid
     WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped) cols
-WHERE c.relkind IN ('r', 'p')
+WHERE c.relkind IN ('r', 'p') AND c.relpersistence <> 't'
   AND n.nspname NOT IN ('pg_catalog', 'information_schema')
   AND n.nspname::text NOT LIKE 'pg\_toast%'
 ORDER BY n.nspname, c.relname`

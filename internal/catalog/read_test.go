@@ -141,3 +141,39 @@ func TestReadDomainMembership(t *testing.T) {
 		t.Errorf("problems do not say the flags and the database disagree:\n%s", p)
 	}
 }
+
+// Another session's temporary tables are not read: one named like a guard
+// but without the epoch column would make every session's writes to the
+// guard refused, and one with it would be guarded, and hold /readyz at 503
+// while it cannot be given a backstop (red team 6b). Only its own session
+// can write it, so fencing it protects nothing.
+func TestDiscoverLeavesOutTemporaryTables(t *testing.T) {
+	db := pgtest.Direct(t)
+	pgtest.Exec(t, db, `DROP TABLE IF EXISTS disc_perm; CREATE TABLE disc_perm (id int, fence_epoch bigint NOT NULL DEFAULT 0)`)
+	t.Cleanup(func() { pgtest.Exec(t, pgtest.Direct(t), "DROP TABLE IF EXISTS disc_perm") })
+	other := pgtest.Direct(t)
+	pgtest.Exec(t, other, `CREATE TEMP TABLE disc_perm (id int);
+		CREATE TEMP TABLE disc_temp (id int, fence_epoch bigint NOT NULL DEFAULT 0)`)
+
+	d, err := Discover(ctx, db, []sqlrewrite.Guard{{Table: "disc_perm", Column: "fence_epoch"}}, true, "fence_epoch", same)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range d.Tables {
+		if strings.HasPrefix(g.Schema, "pg_temp") {
+			t.Errorf("read another session's temporary table %s", g.Name())
+		}
+	}
+	for _, p := range d.Problems {
+		if strings.Contains(p, "pg_temp") {
+			t.Errorf("a problem with another session's temporary table: %s", p)
+		}
+	}
+	found := false
+	for _, g := range d.Tables {
+		found = found || g.Name() == "public.disc_perm"
+	}
+	if !found {
+		t.Errorf("public.disc_perm not read: %v", d.Tables)
+	}
+}
