@@ -164,12 +164,13 @@ func boundParamContext(where string) (n int, rest string, ok bool) {
 func (s *session) end(level slog.Level, log, code, msg, hint string, args ...any) {
 	writeFatal(s.cw, code, msg, hint)
 	s.fatal = true
-	s.log.Log(context.Background(), level, log, append([]any{"client", s.c.RemoteAddr}, args...)...)
+	s.log.Log(context.Background(), level, log, args...)
 }
 
-// warn logs msg with args for the session's client (see relay).
+// warn logs msg with args for the session's client (see relay); s.log
+// names the client already.
 func (s *session) warn(msg string, args ...any) {
-	s.log.Warn(msg, append([]any{"client", s.c.RemoteAddr}, args...)...)
+	s.log.Warn(msg, args...)
 }
 
 // sendFatal tells the client why its session ends. Only called once the

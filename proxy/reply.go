@@ -135,6 +135,6 @@ func (s *session) standby() error {
 	writeFatal(s.cw, codeReadOnly, fmt.Sprintf("the server at %s is a standby (in_hot_standby = on), and pgfence was asked for a writable primary (target_session_attrs=read-write)", s.upstream),
 		"the primary has moved (a failover); reconnect, and pgfence connects you to the new primary once it has found it")
 	s.fatal = true
-	s.log.Warn("session ended: its server is a standby", "client", s.c.RemoteAddr, "upstream", s.upstream)
+	s.log.Warn("session ended: its server is a standby", "upstream", s.upstream)
 	return errors.New("the server is a standby")
 }
