@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/pgfence/pgfence/upstream"
@@ -28,24 +29,61 @@ func (i *instance) followPrimary(ctx context.Context, every time.Duration) {
 }
 
 // readiness is /readyz's verdict on the upstream sessions now go to: ok
-// only when it answers pgfence's role and is a writable primary.
+// only when it answers pgfence's role and is a writable primary. A verdict
+// stands for a second, and one check runs at a time (see verdictCache).
 func (i *instance) readiness(ctx context.Context) (bool, string) {
 	up := i.proxy.Upstream()
+	// The verdict is shared: a request that goes away must not make it
+	// a failure for the others (each step has a timeout of its own).
+	ctx = context.WithoutCancel(ctx)
+	return i.verdict.get(time.Now(), up.Addr, func() (bool, string) { return i.checkUpstream(ctx, up.Addr) })
+}
+
+// checkUpstream logs in to the upstream at addr as pgfence's role and asks
+// whether it is a writable primary.
+func (i *instance) checkUpstream(ctx context.Context, addr string) (bool, string) {
 	if err := i.proxy.CheckUpstream(ctx); err != nil {
-		return false, fmt.Sprintf("Postgres at %s unreachable: %v", up.Addr, err)
+		return false, fmt.Sprintf("Postgres at %s unreachable: %v", addr, err)
 	}
 	for _, h := range i.hosts {
-		if h.Upstream.Addr != up.Addr {
+		if h.Upstream.Addr != addr {
 			continue
 		}
 		st, err := upstream.Check(ctx, h)
 		switch {
 		case err != nil:
-			return false, fmt.Sprintf("Postgres at %s does not answer pgfence's role: %v", up.Addr, err)
+			return false, fmt.Sprintf("Postgres at %s does not answer pgfence's role: %v", addr, err)
 		case st != upstream.Primary:
-			return false, fmt.Sprintf("Postgres at %s is %s: writes would fail", up.Addr, st)
+			return false, fmt.Sprintf("Postgres at %s is %s: writes would fail", addr, st)
 		}
-		return true, fmt.Sprintf("Postgres at %s is %s", up.Addr, st)
+		return true, fmt.Sprintf("Postgres at %s is %s", addr, st)
 	}
-	return true, fmt.Sprintf("Postgres at %s reachable", up.Addr)
+	return true, fmt.Sprintf("Postgres at %s reachable", addr)
+}
+
+// verdictFor is how long a verdict on the upstream stands.
+const verdictFor = time.Second
+
+// verdictCache keeps the last verdict on the upstream for verdictFor and
+// runs one check at a time: each check is a login to Postgres as
+// pgfence's role, and /readyz and /metrics answer whoever asks, as often
+// as they ask (red team 6b: 1,275 logins in 4 s). Callers that come while
+// a check runs wait for it and take its verdict.
+type verdictCache struct {
+	mu   sync.Mutex
+	at   time.Time // when the verdict was reached; zero for none
+	addr string    // the upstream it is about
+	ok   bool
+	what string
+}
+
+func (v *verdictCache) get(now time.Time, addr string, check func() (bool, string)) (bool, string) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if !v.at.IsZero() && v.addr == addr && now.Sub(v.at) < verdictFor {
+		return v.ok, v.what
+	}
+	v.ok, v.what = check()
+	v.at, v.addr = time.Now(), addr
+	return v.ok, v.what
 }

@@ -292,6 +292,8 @@ type instance struct {
 	// resetsChecked is set once checkResets has asked a transaction
 	// pooler whether it resets server connections.
 	resetsChecked atomic.Bool
+	// verdict is readiness's last verdict on the upstream.
+	verdict verdictCache
 	// hosts are --upstream's hosts; with more than one, sessions go to
 	// the writable primary among them (see followPrimary).
 	hosts []upstream.Host
