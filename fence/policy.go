@@ -35,6 +35,9 @@ type Config struct {
 	// state in the package documentation); 0 means 4096, a negative number
 	// disables the caches.
 	CacheSize int
+	// MaxParse is the longest text pgfence parses to fence it (see
+	// sqlrewrite.Config.MaxParse); 0 for no limit.
+	MaxParse int
 	// TransactionPooling says a transaction pooler stands between pgfence
 	// and Postgres (see proxy.Config.TransactionPooling): plans say which
 	// texts need the session's token (proxy.Plan.NeedsToken), and a text
@@ -203,7 +206,7 @@ func (p *Policy) Reload(cfg Config) error {
 		cfg.TokenSetting = "fence.token"
 	}
 	rw, err := sqlrewrite.New(sqlrewrite.Config{Guards: cfg.Guards, TokenSetting: cfg.TokenSetting, Allow: cfg.Allow, DDLGuard: cfg.DDLGuard,
-		ServerVersion: cfg.ServerVersion, StaleNotice: cfg.StaleNotice})
+		ServerVersion: cfg.ServerVersion, StaleNotice: cfg.StaleNotice, MaxParse: cfg.MaxParse})
 	if err != nil {
 		return err
 	}

@@ -126,7 +126,17 @@ type Config struct {
 	// flag through it, which also raises a notice, so that the proxy can
 	// learn of it without the probe (see Probe).
 	StaleNotice bool
+	// MaxParse is the longest text, in bytes, that the rewriter parses to
+	// fence it; 0 for no limit. A longer one that may write a guarded table
+	// is refused (54000, CodeTooLarge): libpg_query's parse tree takes
+	// about 13 times the text's size, outside Go's heap, on the event loop
+	// that asked for it.
+	MaxParse int
 }
+
+// CodeTooLarge is the SQLSTATE of a write refused because its text is
+// longer than Config.MaxParse (program_limit_exceeded).
+const CodeTooLarge = "54000"
 
 // StaleNoticeCode is the SQLSTATE of the notice pgfence.note_stale raises
 // for a stale row a rewritten write left alone (StaleNotice). Its detail

@@ -398,6 +398,9 @@ func narrowerNegated(lit string) bool {
 // numeric(10,2)) or a string's parameter where it may not mean what the
 // literal did (see stringParamsSafe), or the text is refused.
 func (r *Rewriter) RewriteTemplate(p Parameterized) (res *Result, ok bool, err error) {
+	if r.maxParse > 0 && len(p.SQL) > r.maxParse {
+		return nil, false, nil // rewritten as sent: refused there
+	}
 	tree, err := pg_query.Parse(p.SQL)
 	if err != nil || len(tree.Stmts) != 1 || !returnsNoRows(tree.Stmts[0].Stmt) || paramInTypmod(tree) ||
 		!stringParamsSafe(tree, p.Types) {

@@ -1,6 +1,7 @@
 package sqlrewrite
 
 import (
+	"strconv"
 	"strings"
 	"unicode/utf8"
 
@@ -20,6 +21,7 @@ const (
 	hintMerge        = "write it as INSERT ... ON CONFLICT, UPDATE and DELETE statements, which pgfence fences, or let pgfence install its database backstop on the table (pgfence serve does by default), with which MERGE runs fenced by Postgres"
 	hintReservedName = "rename the WITH query: pgfence adds WITH queries named pgfence_domain_<n> itself"
 	hintStaleDomain  = "a newer holder of the lock has written to this lock domain with a higher fencing token: stop acting as the holder and acquire the lock again"
+	hintTooLarge     = "split the write into smaller statements, or raise --max-parse-size along with pgfence's memory (its parse takes about 13 times the text's size)"
 )
 
 // hintUnfenceable is the hint of a write refused because its guarded
@@ -33,6 +35,16 @@ func unfenceable(g *guardInfo) *Refusal {
 		Code:    CodeUnfenceable,
 		Message: "pgfence: writes to guarded table \"" + g.name + "\" are refused, as they cannot be fenced: " + g.Unfenceable,
 		Hint:    hintUnfenceable,
+	}
+}
+
+// tooLarge refuses a text of n bytes that may write a guarded table and is
+// longer than the rewriter parses (Config.MaxParse).
+func tooLarge(n, limit int) *Refusal {
+	return &Refusal{
+		Code:    CodeTooLarge,
+		Message: "pgfence: a text of " + strconv.Itoa(n) + " bytes that may write a guarded table is longer than pgfence parses to fence it (" + strconv.Itoa(limit) + " bytes)",
+		Hint:    hintTooLarge,
 	}
 }
 
@@ -191,6 +203,8 @@ func markerHint(code, text string) string {
 		return hintStaleDomain
 	case CodeUnfenceable:
 		return hintUnfenceable
+	case CodeTooLarge:
+		return hintTooLarge
 	case codeSyntax:
 		return unparsableHint(text)
 	}

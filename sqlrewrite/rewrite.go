@@ -78,6 +78,9 @@ func (r *Rewriter) rewrite(sql string, mode Mode, s Session, cl Class, ddl bool)
 		// The parser would stop at the NUL and leave the rest unchecked.
 		return refused(syntaxError("query text contains a NUL byte")), nil
 	}
+	if r.maxParse > 0 && len(sql) > r.maxParse {
+		return refused(tooLarge(len(sql), r.maxParse)), nil
+	}
 	// The scanner costs a quarter of the parser: a text without a write
 	// keyword (a SELECT naming a guarded table) needs no more.
 	counted("parse", sql)

@@ -39,6 +39,8 @@ type Rewriter struct {
 	// tokens are the token settings: the token setting and its lock
 	// domains'.
 	tokens TokenSettings
+	// maxParse is Config.MaxParse.
+	maxParse int
 }
 
 // guardInfo is a guard with the SQL fragments derived from it.
@@ -76,7 +78,7 @@ func New(cfg Config) (*Rewriter, error) {
 	if strings.HasPrefix(asciiLower(cfg.TokenSetting), "pgfence.") {
 		return nil, fmt.Errorf("invalid token setting %q: pgfence uses the pgfence.* settings itself", cfg.TokenSetting)
 	}
-	r := &Rewriter{setting: cfg.TokenSetting, allow: cfg.Allow, ddlGuard: cfg.DDLGuard, server: cfg.ServerVersion}
+	r := &Rewriter{setting: cfg.TokenSetting, allow: cfg.Allow, ddlGuard: cfg.DDLGuard, server: cfg.ServerVersion, maxParse: cfg.MaxParse}
 	for i, g := range cfg.Guards {
 		if err := g.validate(); err != nil {
 			return nil, err

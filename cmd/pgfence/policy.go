@@ -24,6 +24,7 @@ type policyOptions struct {
 	allowCopyFrom  bool
 	allowCurrentOf bool
 	cacheSize      int
+	maxParse       int
 }
 
 func (o *policyOptions) addFlags(cmd *cobra.Command) {
@@ -38,6 +39,7 @@ func (o *policyOptions) addFlags(cmd *cobra.Command) {
 	f.BoolVar(&o.allowTruncate, "allow-truncate", false, "let TRUNCATE of a guarded table through unfenced (refused by default)")
 	f.BoolVar(&o.allowCopyFrom, "allow-copy-from", false, "let COPY FROM into a guarded table through unfenced (refused by default)")
 	f.BoolVar(&o.allowCurrentOf, "allow-current-of", false, "let UPDATE/DELETE ... WHERE CURRENT OF on a guarded table through unfenced (refused by default)")
+	f.IntVar(&o.maxParse, "max-parse-size", 8<<20, "longest SQL text, in bytes, that pgfence parses to fence it: a longer one that may write a guarded table is refused (SQLSTATE 54000); parsing takes about 13 times the text's size in memory, per event loop at once (0: no limit)")
 	f.IntVar(&o.cacheSize, "rewrite-cache-size", 4096, "distinct statement texts whose rewrite each event loop keeps (LRU; texts over 4 KiB are not kept; 0 disables); as many again of parameterized writes, and of pooled texts that run as sent (where their transactions start)")
 }
 
@@ -163,5 +165,6 @@ func (o *policyOptions) config() (fence.Config, func(sqlrewrite.Guard) sqlrewrit
 		Allow:        sqlrewrite.Allow{Truncate: o.allowTruncate, CopyFrom: o.allowCopyFrom, CurrentOf: o.allowCurrentOf},
 		NotifyStale:  o.notifyStale,
 		CacheSize:    cache,
+		MaxParse:     o.maxParse,
 	}, apply, nil
 }

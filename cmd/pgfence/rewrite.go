@@ -52,7 +52,7 @@ the text from stdin. The exit status is 1 when the statement is refused.`,
 			for i := range cfg.Guards {
 				cfg.Guards[i].Backstop = backstop
 			}
-			rw, err := sqlrewrite.New(sqlrewrite.Config{Guards: cfg.Guards, TokenSetting: cfg.TokenSetting, Allow: cfg.Allow, StaleNotice: backstop})
+			rw, err := sqlrewrite.New(sqlrewrite.Config{Guards: cfg.Guards, TokenSetting: cfg.TokenSetting, Allow: cfg.Allow, StaleNotice: backstop, MaxParse: cfg.MaxParse})
 			if err != nil {
 				return err
 			}
