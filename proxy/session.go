@@ -260,6 +260,9 @@ func (s *session) clientMessage(f *clientFrame) error {
 	}
 	s.sets.onMessage(idle)
 	s.pool.onMessage(idle)
+	if idle && s.txPool() {
+		s.book.onPooledTransaction()
+	}
 	if typ == clientMsgBind && s.sets.quiet() && s.sets.haveStmts {
 		u, ok := s.unit(f)
 		if set := s.sets.bindAnswer(u, ok, &s.book, s.srv.cfg.Interceptor.Generation(), &s.link, s.apply.held); set != nil {

@@ -215,6 +215,16 @@ func (b *stmtBook) onParse(name []byte, st *prepared) {
 	}
 }
 
+// onPooledTransaction notes that the session starts a transaction behind
+// a transaction pooler, which may run it on another server connection,
+// where the unnamed statement is another client's, or none: a Bind or
+// Describe of it before the next Parse fails as it would on a server
+// connection of the session's own (26000), rather than run another
+// client's statement (red team 6a).
+func (b *stmtBook) onPooledTransaction() {
+	b.unnamedGone, b.unnamedClosed = true, nil
+}
+
 // onAnsweredParse notes that the proxy answered a Parse of the unnamed
 // statement and the unit binding it: the client's unnamed statement is
 // the answered one, and its unnamed portal gone.
