@@ -77,6 +77,13 @@ type verdictCache struct {
 	what string
 }
 
+// forget drops the verdict: the next asks again (a reload tries at once).
+func (v *verdictCache) forget() {
+	v.mu.Lock()
+	v.at = time.Time{}
+	v.mu.Unlock()
+}
+
 func (v *verdictCache) get(now time.Time, addr string, check func() (bool, string)) (bool, string) {
 	v.mu.Lock()
 	defer v.mu.Unlock()

@@ -4,6 +4,7 @@ import (
 	"net"
 	"strings"
 	"testing"
+	"time"
 )
 
 // pgfence_upstream_up says what /readyz says of the upstream, at each
@@ -42,7 +43,12 @@ func TestUpstreamUpMetric(t *testing.T) {
 	ln.Close()
 	check(s.serve(opts("postgres://u@"+dead+"/db")), "0", 503)
 
-	// And Postgres going away is seen at the next scrape.
+	// And Postgres going away is seen once the last verdict (a second at
+	// most) has passed.
 	s.pg.Stop()
+	deadline := time.Now().Add(10 * time.Second)
+	for scrape(t, inst, "pgfence_upstream_up") != "0" && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
 	check(inst, "0", 503)
 }
