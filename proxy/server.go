@@ -37,12 +37,24 @@ type Config struct {
 	StartupTimeout time.Duration
 	// DialTimeout bounds connecting to Upstream. Default 5s.
 	DialTimeout time.Duration
-	// MaxClientConns bounds the client sessions open at once; a client over
-	// it is refused with SQLSTATE 53300. 0 means no limit.
+	// MaxClientConns bounds the client connections open at once, counted
+	// from accept to their end: sessions, and connections still in
+	// startup or bringing a cancel request. One over it is refused at
+	// once with SQLSTATE 53300, before anything of it is read, so that
+	// connections that send nothing cannot hold more descriptors than the
+	// limit allows (see Server.refuse). 0 means no limit.
 	MaxClientConns int
 	// TLS, if set, is offered to clients that send SSLRequest: pgfence
 	// terminates their TLS. Without it they are told "N".
 	TLS *tls.Config
+	// RequireClientTLS refuses a client whose StartupMessage does not come
+	// over TLS, with SQLSTATE 28000: where the proxy's leg to Postgres is
+	// TLS, Postgres's hostssl rules see that leg, never the client's. It
+	// needs TLS. A cancel request is taken either way (it carries no
+	// credentials, and libpq before 17 always sends it in plain text), and
+	// so is a client on a Unix socket, over which drivers never try TLS
+	// (nor do Postgres's hostssl rules apply to one).
+	RequireClientTLS bool
 	// UpstreamTLS, if set, is used to connect to Postgres over TLS. If
 	// Postgres refuses TLS, the session fails when UpstreamTLSRequired, and
 	// goes on in plain text otherwise (sslmode=prefer).
@@ -155,13 +167,16 @@ type Server struct {
 	log    *slog.Logger
 	nextID atomic.Uint64
 
-	mu       sync.Mutex
-	conns    map[net.Conn]*session // nil until startup is done
-	active   int                   // sessions past startup
+	mu sync.Mutex
+	// conns holds every client connection from accept to its end (nil
+	// until its startup is done): MaxClientConns bounds how many.
+	conns    map[net.Conn]*session
+	active   int // sessions past startup
 	closed   bool
 	draining atomic.Bool
 	wg       sync.WaitGroup
 	up       atomic.Pointer[Upstream] // where new sessions connect (see SetUpstream)
+	refusals refusals                 // paces the log of refusals over MaxClientConns (its own lock)
 
 	// loops relay the sessions (none with GoroutineRelay, or off Linux).
 	// loopSessions counts, under mu, the sessions each holds: those past
@@ -194,6 +209,9 @@ func New(cfg Config) (*Server, error) {
 		case cfg.GoroutineRelay || cfg.ForwardSettings || cfg.SettingSQL == "" || !haveEventLoop:
 			return nil, errors.New("proxy: Config.TransactionPooling needs the event loop (Linux, no GoroutineRelay) and answered settings (SettingSQL, no ForwardSettings)")
 		}
+	}
+	if cfg.RequireClientTLS && cfg.TLS == nil {
+		return nil, errors.New("proxy: Config.RequireClientTLS needs Config.TLS: the proxy cannot require TLS it does not offer")
 	}
 	if cfg.UpstreamNetwork == "" {
 		cfg.UpstreamNetwork = "tcp"
@@ -280,9 +298,13 @@ func (s *Server) Serve(ln net.Listener) error {
 			continue
 		}
 		delay = 0
-		if !s.track(conn) {
+		switch s.track(conn) {
+		case stopping:
 			conn.Close()
 			return nil
+		case full:
+			s.refuse(conn)
+			continue
 		}
 		go func() {
 			defer s.untrack(conn)
@@ -359,34 +381,112 @@ func (s *Server) Sessions() int {
 	return s.active
 }
 
+// Connections is the number of client connections open: the sessions, and
+// the connections still in startup or bringing a cancel request, which
+// Config.MaxClientConns bounds together.
+func (s *Server) Connections() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.conns)
+}
+
 func (s *Server) isClosed() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.closed
 }
 
-func (s *Server) track(c net.Conn) bool {
+// tracking is what track did with a connection just accepted.
+type tracking int
+
+const (
+	tracked  tracking = iota // counted until untrack: handle it
+	full                     // MaxClientConns are open: refuse it
+	stopping                 // the server closes or drains: stop accepting
+)
+
+// track counts a connection just accepted, from now to its untrack, if
+// the limit allows: a connection takes a descriptor from accept on,
+// whether it ever finishes startup or not (PgBouncer's max_client_conn
+// counts its clients so too).
+func (s *Server) track(c net.Conn) tracking {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.closed || s.draining.Load() {
-		return false
+	switch {
+	case s.closed || s.draining.Load():
+		return stopping
+	case s.cfg.MaxClientConns > 0 && len(s.conns) >= s.cfg.MaxClientConns:
+		return full
 	}
 	s.conns[c] = nil
 	s.wg.Add(1)
-	return true
+	return tracked
 }
 
-// admit registers a session past startup, unless the limit is reached.
-func (s *Server) admit(c net.Conn, sess *session) bool {
+// refuseWait bounds the write of a refusal: a new socket's send buffer
+// takes it at once; this is for an embedder's listener whose connections
+// block (or read, as a TLS one would for its handshake), which must not
+// hold up the accept loop for long.
+const refuseWait = 100 * time.Millisecond
+
+// refuse turns away a connection over MaxClientConns at once, from the
+// accept loop, with the FATAL 53300 a client over the limit gets: written
+// before anything of the connection is read, as Postgres writes the error
+// of a backend it cannot start, so that a flood of connections that send
+// nothing costs a descriptor each for no longer than this. A client that
+// opened with SSLRequest reads the 'E' as a refusal of TLS: libpq says
+// "server sent an error response during SSL exchange", pgx that the server
+// refused TLS.
+func (s *Server) refuse(conn net.Conn) {
+	addr := conn.RemoteAddr()
+	conn.SetDeadline(time.Now().Add(refuseWait))
+	writeError(conn, "FATAL", codeTooManyConnections, s.tooManyClients(), s.cfg.Hints.TooManyClients)
+	conn.Close()
+	if ok, unlogged := s.refusals.note(time.Now()); ok {
+		attrs := []any{"client", addr.String(), "max_client_conns", s.cfg.MaxClientConns}
+		if unlogged > 0 {
+			attrs = append(attrs, "unlogged", unlogged)
+		}
+		s.log.Warn("client refused: too many client connections", attrs...)
+	}
+}
+
+// tooManyClients is the message of a refusal over MaxClientConns.
+func (s *Server) tooManyClients() string {
+	return fmt.Sprintf("too many client connections: pgfence allows %d at once", s.cfg.MaxClientConns)
+}
+
+// refusals paces the log lines of refusals over MaxClientConns: the first
+// gets a line at once, then one a second at most, which says how many went
+// unlogged since the last (the flood of connections that fills the limit
+// must not flood the log as well).
+type refusals struct {
+	mu       sync.Mutex
+	last     time.Time // of the last line
+	unlogged int
+}
+
+// note counts a refusal at now, and reports whether it gets a line, and
+// how many refusals went without one before it.
+func (r *refusals) note(now time.Time) (ok bool, unlogged int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.last.IsZero() && now.Sub(r.last) < time.Second {
+		r.unlogged++
+		return false, 0
+	}
+	r.last, unlogged, r.unlogged = now, r.unlogged, 0
+	return true, unlogged
+}
+
+// admit registers a session past startup (its connection was counted
+// against MaxClientConns when it was accepted).
+func (s *Server) admit(c net.Conn, sess *session) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.cfg.MaxClientConns > 0 && s.active >= s.cfg.MaxClientConns {
-		return false
-	}
 	s.conns[c] = sess
 	s.active++
 	sess.c.loop = s.assignLoop()
-	return true
 }
 
 // assignLoop picks the loop with the fewest sessions for a new one and
@@ -450,8 +550,13 @@ func (s *Server) handle(conn net.Conn) {
 	cw := cc.w // after readStartup: TLS may have replaced it
 	if err != nil {
 		if !isClosed(err) {
+			code, hint := codeProtocolViolation, ""
+			var ce *clientError
+			if errors.As(err, &ce) {
+				code, hint = ce.code, ce.hint
+			}
 			log.Info("startup failed", "err", err)
-			writeFatal(cw, codeProtocolViolation, err.Error(), "")
+			writeFatal(cw, code, err.Error(), hint)
 			cw.Flush()
 		}
 		return
@@ -476,12 +581,7 @@ func (s *Server) handle(conn net.Conn) {
 	sess.via = sess
 	sess.startParts(settings.tokens)
 	c.answered, c.ended = sess.pipe.whenDrained, sess.pipe.ended
-	if !s.admit(conn, sess) {
-		log.Warn("client refused: too many client connections", "max_client_conns", s.cfg.MaxClientConns)
-		writeError(cw, "FATAL", codeTooManyConnections, fmt.Sprintf("too many client connections: pgfence allows %d at once", s.cfg.MaxClientConns), s.cfg.Hints.TooManyClients)
-		cw.Flush()
-		return
-	}
+	s.admit(conn, sess)
 	if s.cfg.Admit != nil {
 		if err := s.cfg.Admit(c); err != nil {
 			log.Warn("client refused", "database", c.Database, "user", c.User, "err", err)
@@ -613,7 +713,8 @@ func (s *Server) dialUpstream(up *Upstream) (net.Conn, error) {
 // readStartup reads startup packets until a StartupMessage, answering
 // SSLRequest (with TLS when configured) and GSSENCRequest ("no"), and
 // forwarding a CancelRequest. It returns the raw StartupMessage packet to
-// forward, and its decoded form (nil after a CancelRequest).
+// forward, and its decoded form (nil after a CancelRequest). Under
+// RequireClientTLS a StartupMessage in plain text is errTLSRequired.
 func (s *Server) readStartup(cc *clientConn) ([]byte, *pgproto3.StartupMessage, error) {
 	r, w := cc.r, cc.w
 	for {
@@ -672,6 +773,9 @@ func (s *Server) readStartup(cc *clientConn) ([]byte, *pgproto3.StartupMessage, 
 			s.forwardCancel(packet)
 			return nil, nil, nil
 		}
+		if s.cfg.RequireClientTLS && !cc.tls && !onUnixSocket(cc.Conn) {
+			return nil, nil, errTLSRequired
+		}
 		if major := code >> 16; major != 3 {
 			return nil, nil, fmt.Errorf("unsupported frontend protocol %d.%d: pgfence speaks protocol 3", major, code&0xffff)
 		}
@@ -686,6 +790,19 @@ func (s *Server) readStartup(cc *clientConn) ([]byte, *pgproto3.StartupMessage, 
 		}
 		return packet, &m, nil
 	}
+}
+
+// errTLSRequired refuses a startup in plain text under RequireClientTLS.
+var errTLSRequired = &clientError{
+	err:  errors.New("this connection is not encrypted, and pgfence requires TLS of its clients"),
+	code: codeInvalidAuthorization,
+	hint: "connect with sslmode=require (or verify-ca or verify-full)",
+}
+
+// onUnixSocket reports whether c came over a Unix socket, where drivers
+// never ask for TLS.
+func onUnixSocket(c net.Conn) bool {
+	return c.LocalAddr() != nil && c.LocalAddr().Network() == "unix"
 }
 
 // forwardCancel relays a CancelRequest to Postgres as is: sessions are

@@ -55,6 +55,7 @@ type serveOptions struct {
 	staleLogInterval time.Duration
 	tlsCert          string
 	tlsKey           string
+	clientTLS        string
 	initDomains      bool
 	backstop         string
 	exemptRoles      []string
@@ -93,6 +94,7 @@ func (o *serveOptions) addFlags(cmd *cobra.Command) {
 	f.StringArrayVar(&o.pooledRoles, "backstop-pooled-role", nil, "a login role that reaches Postgres only through pgfence behind a transaction pooler (the pooler's user for its server connections): the backstop counts its sessions' fencing token only in a transaction pgfence set it in, so that a token one client left on a shared server connection (in a function) never fences another's write (repeatable)")
 	f.StringVar(&o.tlsCert, "tls-cert", "", "PEM certificate (chain) for client TLS; with --tls-key, pgfence accepts sslmode=require/verify-full clients and terminates their TLS")
 	f.StringVar(&o.tlsKey, "tls-key", "", "PEM private key for --tls-cert")
+	f.StringVar(&o.clientTLS, "client-tls", clientTLSAllow, "allow (clients may use TLS, with --tls-cert, or plain text) or require (a client that does not use TLS is refused with SQLSTATE 28000; needs --tls-cert; cancel requests and Unix-socket clients are exempt)")
 	f.DurationVar(&o.drainTimeout, "drain-timeout", defaultDrainTimeout, "on SIGTERM, how long open transactions may go on before their sessions are closed; the runtime must give pgfence this plus 5s before it kills it (podman's and docker's stop timeout, 10s by default; Kubernetes' terminationGracePeriodSeconds)")
 	f.DurationVar(&o.staleLogInterval, "stale-log-interval", time.Second, "least time between two log lines of stale writes to one table (of one kind, path and mode): the first gets a line at once, then at most one per interval, which says how many it stands for (unlogged=N); the metrics count every one; 0 logs every stale write")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
@@ -191,6 +193,9 @@ func serveCmd() *cobra.Command {
 					log.Info("SIGHUP: reloading the guard configuration")
 					if fresh.upstream != o.upstream || fresh.listen != o.listen || fresh.metricsListen != o.metricsListen || fresh.eventLoops != o.eventLoops || fresh.coreGovernor != o.coreGovernor {
 						log.Warn("SIGHUP: --upstream, --listen, --metrics-listen, --event-loops and --core-governor take effect only after a restart")
+					}
+					if fresh.clientTLS != o.clientTLS {
+						log.Warn("SIGHUP: --client-tls takes effect only after a restart: clients are still held to the one pgfence started with", "client_tls", o.clientTLS)
 					}
 					inst.reload(cmd.Context(), fresh)
 				}
@@ -324,6 +329,27 @@ func clientTLS(certFile, keyFile string) (*tls.Config, error) {
 	return &tls.Config{Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12}, nil
 }
 
+// --client-tls's values.
+const (
+	clientTLSAllow   = "allow"
+	clientTLSRequire = "require"
+)
+
+// requireClientTLS reads --client-tls: whether clients must use TLS, which
+// needs a certificate to offer them.
+func requireClientTLS(mode string, serverTLS *tls.Config) (bool, error) {
+	switch mode {
+	case clientTLSAllow, "": // "": an embedder's or a test's serveOptions
+		return false, nil
+	case clientTLSRequire:
+		if serverTLS == nil {
+			return false, errors.New("--client-tls=require needs --tls-cert and --tls-key: pgfence cannot require TLS of clients without a certificate to offer them")
+		}
+		return true, nil
+	}
+	return false, fmt.Errorf("--client-tls %q: want allow or require", mode)
+}
+
 // start builds and starts the proxy and its metrics endpoint, and reads the
 // catalog (then every --discover-interval) in the background.
 func start(o serveOptions, log *slog.Logger) (*instance, error) {
@@ -334,6 +360,10 @@ func start(o serveOptions, log *slog.Logger) (*instance, error) {
 	up := ups.List[0].Upstream
 	addr := up.Addr
 	serverTLS, err := clientTLS(o.tlsCert, o.tlsKey)
+	if err != nil {
+		return nil, err
+	}
+	requireTLS, err := requireClientTLS(o.clientTLS, serverTLS)
 	if err != nil {
 		return nil, err
 	}
@@ -351,6 +381,9 @@ func start(o serveOptions, log *slog.Logger) (*instance, error) {
 	txPool, err := o.transactionPooling()
 	if err != nil {
 		return nil, err
+	}
+	if serverTLS != nil && !requireTLS && up.TLS != nil {
+		log.Warn("plaintext clients are accepted (--client-tls=allow) while pgfence reaches Postgres over TLS where it can (the --upstream URL's sslmode): Postgres's hostssl rules then see pgfence's connection, not the client's; set --client-tls=require to refuse plaintext clients")
 	}
 	if txPool && backstopOn && len(o.pooledRoles) == 0 {
 		log.Warn("behind a transaction pooler without --backstop-pooled-role: a fencing token one client leaves on a shared server connection (set in a function) fences the next client's writes that pgfence cannot see in the text; name the pooler's login role with --backstop-pooled-role (and run pgfence init with it)")
@@ -378,6 +411,7 @@ func start(o serveOptions, log *slog.Logger) (*instance, error) {
 		UpstreamTLSRequired: up.TLSRequired,
 		RequirePrimary:      ups.RequirePrimary,
 		TLS:                 serverTLS,
+		RequireClientTLS:    requireTLS,
 		MaxMessageSize:      o.maxMessageSize,
 		StartupTimeout:      o.startupTimeout,
 		MaxClientConns:      o.maxClientConns,
@@ -549,6 +583,7 @@ func (i *instance) options() serveOptions {
 // (one after the other) with it. Options that do not hold together are
 // not put in force.
 func (i *instance) reload(ctx context.Context, o serveOptions) {
+	i.verdict.forget()
 	if _, _, err := o.policyConfig(); err != nil {
 		i.log.Error("configuration not reloaded", "err", err)
 		return
