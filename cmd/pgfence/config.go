@@ -62,6 +62,11 @@ func applyConfigFile(cmd *cobra.Command, path string, also func(key string) bool
 	if err := yaml.Unmarshal(data, &raw); err != nil {
 		return fmt.Errorf("config file %s: %w", path, err)
 	}
+	if len(raw) == 0 {
+		// A file caught while it is written (truncated first) reads as
+		// no keys, and all defaults would drop every guard it names.
+		return fmt.Errorf("config file %s has no keys: refused, as a file caught while being written reads so (give every setting its key, or leave --config out)", path)
+	}
 	flags := cmd.Flags()
 	for key, v := range raw {
 		f := flags.Lookup(key)

@@ -12,6 +12,8 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -197,6 +199,7 @@ func serveCmd() *cobra.Command {
 					if fresh.clientTLS != o.clientTLS {
 						log.Warn("SIGHUP: --client-tls takes effect only after a restart: clients are still held to the one pgfence started with", "client_tls", o.clientTLS)
 					}
+					warnShrunk(log, inst.options(), fresh)
 					inst.reload(cmd.Context(), fresh)
 				}
 			}
@@ -204,6 +207,25 @@ func serveCmd() *cobra.Command {
 	}
 	o.addFlags(cmd)
 	return cmd
+}
+
+// warnShrunk warns when a reload from was to guards less than before: a
+// --guard it no longer names, or discovery turned off or pointed at
+// another column. Such a change may be meant, but one a half-written file
+// made would unguard tables silently (with --backstop off, unfenced).
+func warnShrunk(log *slog.Logger, was, now serveOptions) {
+	var gone []string
+	for _, g := range was.guards {
+		if !slices.Contains(now.guards, g) {
+			gone = append(gone, g)
+		}
+	}
+	if len(gone) > 0 {
+		log.Warn("SIGHUP: the new configuration no longer names guarded tables the old one did: their writes are no longer fenced by --guard", "no_longer_guarded", strings.Join(gone, ","))
+	}
+	if was.discover && (!now.discover || now.discoverColumn != was.discoverColumn) {
+		log.Warn("SIGHUP: the new configuration turns discovery off or looks for another epoch column: tables discovery guarded are no longer fenced unless named otherwise", "discover", now.discover, "discover_column", now.discoverColumn)
+	}
 }
 
 // commandLine records the flags given on the command line.
