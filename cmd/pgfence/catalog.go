@@ -56,18 +56,15 @@ func (d *database) noteUnfenceable(guards []sqlrewrite.Guard) {
 	d.unfenceable.Store(&u)
 }
 
-// unfenceable says, when some database has guarded tables that cannot
-// be fenced, that their writes are refused ("" when none has): the
-// tables and their fixes are in statusLines.
+// unfenceable says, when the --upstream database has guarded tables that
+// cannot be fenced, that their writes are refused ("" when it has none):
+// the tables and their fixes are in statusLines. /readyz answers for that
+// database alone: another's state is in its body and its metrics, as a
+// role that can create a table in one database must not take every
+// database's sessions out of service (red team 7b).
 func (i *instance) unfenceable() string {
-	var dbs []string
-	for _, d := range i.databases() {
-		if d.unfenceable.Load() != nil {
-			dbs = append(dbs, strconv.Quote(d.name))
-		}
-	}
-	if len(dbs) == 0 {
+	if i.main.unfenceable.Load() == nil {
 		return ""
 	}
-	return "guarded tables of database " + strings.Join(dbs, ", ") + " cannot be fenced, and pgfence refuses their writes (which tables, and the fix, below)"
+	return "guarded tables of database " + strconv.Quote(i.main.name) + " cannot be fenced, and pgfence refuses their writes (which tables, and the fix, below)"
 }

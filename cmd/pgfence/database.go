@@ -650,16 +650,15 @@ func (i *instance) databases() []*database {
 	return append([]*database{i.main}, out...)
 }
 
-// backstopGap says which databases have guarded tables without their
-// backstop, "" when none has (or --ready-without-backstop).
+// backstopGap says whether the --upstream database has guarded tables
+// without their backstop, "" when it has none (or with
+// --ready-without-backstop); another database's gap is in /readyz's body
+// and its metrics (see unfenceable).
 func (i *instance) backstopGap() string {
-	var gaps []string
-	for _, d := range i.databases() {
-		if g := d.gap.Load(); g != nil {
-			gaps = append(gaps, fmt.Sprintf("database %q: %s", d.name, *g))
-		}
+	if g := i.main.gap.Load(); g != nil {
+		return fmt.Sprintf("database %q: %s", i.main.name, *g)
 	}
-	return strings.Join(gaps, "\n")
+	return ""
 }
 
 // statusLines is each known database's state, for /readyz's body.
