@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // A config file with no keys (one caught while it is written reads so) is
@@ -58,5 +59,41 @@ func TestReloadWarnsWhenGuardsShrink(t *testing.T) {
 				t.Errorf("%s: log %q, want %q in it", c.name, buf.String(), w)
 			}
 		}
+	}
+}
+
+// A reload runs on a goroutine of its own: asking for one never waits for
+// one under way, and those asked for meanwhile fold into one more, with
+// the newest options.
+func TestReloaderDoesNotBlock(t *testing.T) {
+	release := make(chan struct{})
+	started := make(chan string, 10)
+	var ran []string
+	r := startReloader(func(o serveOptions) {
+		started <- o.mode
+		ran = append(ran, o.mode)
+		if o.mode == "first" {
+			<-release
+		}
+	})
+	r.request(serveOptions{policyOptions: policyOptions{mode: "first"}})
+	<-started // the first is under way, and blocked
+	asked := make(chan struct{})
+	go func() {
+		r.request(serveOptions{policyOptions: policyOptions{mode: "second"}})
+		r.request(serveOptions{policyOptions: policyOptions{mode: "third"}})
+		close(asked)
+	}()
+	select {
+	case <-asked:
+	case <-time.After(10 * time.Second):
+		t.Fatal("asking for a reload waited for the one under way")
+	}
+	close(release)
+	<-started
+	r.stop()
+	<-r.done
+	if got := strings.Join(ran, ","); got != "first,third" {
+		t.Fatalf("reloads ran %s, want first,third", got)
 	}
 }

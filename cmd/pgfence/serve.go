@@ -166,6 +166,8 @@ func serveCmd() *cobra.Command {
 				serving(inst)
 			}
 			inst.announce()
+			reloads := startReloader(func(fresh serveOptions) { inst.reload(cmd.Context(), fresh) })
+			defer reloads.stop()
 			var drained chan error // non-nil while draining
 			for {
 				select {
@@ -200,7 +202,7 @@ func serveCmd() *cobra.Command {
 						log.Warn("SIGHUP: --client-tls takes effect only after a restart: clients are still held to the one pgfence started with", "client_tls", o.clientTLS)
 					}
 					warnShrunk(log, inst.options(), fresh)
-					inst.reload(cmd.Context(), fresh)
+					reloads.request(fresh)
 				}
 			}
 		},
@@ -208,6 +210,42 @@ func serveCmd() *cobra.Command {
 	o.addFlags(cmd)
 	return cmd
 }
+
+// reloader runs reloads one at a time on a goroutine of its own, so that a
+// slow one (a database whose catalog read waits on a lock: each database
+// is read in turn) never keeps the signal loop from a SIGTERM (red team
+// 7b: a drain began 10-17 s late). Requests that come while one runs are
+// folded into one more, with the newest options.
+type reloader struct {
+	next chan serveOptions
+	done chan struct{} // closed once the goroutine has ended
+}
+
+func startReloader(run func(serveOptions)) *reloader {
+	r := &reloader{next: make(chan serveOptions, 1), done: make(chan struct{})}
+	go func() {
+		defer close(r.done)
+		for o := range r.next {
+			run(o)
+		}
+	}()
+	return r
+}
+
+// request asks for a reload with o, replacing one asked for before that
+// has not started. Only the signal loop calls it, so the send after the
+// drain never waits.
+func (r *reloader) request(o serveOptions) {
+	select {
+	case <-r.next:
+	default:
+	}
+	r.next <- o
+}
+
+// stop ends the goroutine once a reload under way, if any, is done; it
+// does not wait for that.
+func (r *reloader) stop() { close(r.next) }
 
 // warnShrunk warns when a reload from was to guards less than before: a
 // --guard it no longer names, or discovery turned off or pointed at
