@@ -139,13 +139,23 @@ func (r *recorded) options(o Options) Options {
 }
 
 // guard is g, the guard of the table oid, with its recorded configuration
-// in place of its own, unless o replaces it or none is recorded.
+// in place of its own, unless o replaces it or none is recorded. A lock
+// domain g has stays: serve hands guards over with the database's
+// membership (pgfence.domain_members) applied, which every instance's
+// rewrite follows, and which serve adds a --domain to where the table has
+// none. The recorded domain only stands in where g has none: the backstop
+// of a table put in a domain must claim it too, or the writes only it
+// fences (a DO block, a view, a direct session) would go on unclaimed
+// while the rewrite refused them (red team 7a).
 func (r *recorded) guard(g sqlrewrite.Guard, oid uint32, o Options) sqlrewrite.Guard {
 	t, ok := r.tables[oid]
 	if !ok || o.Replace {
 		return g
 	}
-	g.Column, g.Rollout, g.AllowMissingToken, g.Domain = t.column, t.rollout, t.allowMissing, t.domain
+	g.Column, g.Rollout, g.AllowMissingToken = t.column, t.rollout, t.allowMissing
+	if g.Domain == "" {
+		g.Domain = t.domain
+	}
 	return g
 }
 
