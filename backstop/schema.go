@@ -20,6 +20,9 @@ var setupSQL = slices.Concat(schemaSQL, guardSQL, []string{onDDLSQL})
 // the domain's row in the writer's own statement); domains_guard keeps
 // that UPDATE from ever lowering a token or renaming a domain, and keeps
 // rows from being deleted, except by the table's owner (pgfence's role).
+// A role that writes no table of a domain can still raise its token, or
+// hold its row: a DBA may grant the table to the writers alone, which
+// setup then leaves as it is.
 //
 // The schema is created only when it is missing: CREATE SCHEMA IF NOT
 // EXISTS asks for the CREATE privilege on the database even then, and a
@@ -32,8 +35,14 @@ var schemaSQL = []string{
   END IF;
 END $pgfence$`,
 	`GRANT USAGE ON SCHEMA pgfence TO PUBLIC`,
-	`CREATE TABLE IF NOT EXISTS pgfence.domains (domain text PRIMARY KEY, token bigint NOT NULL)`,
-	`GRANT SELECT, UPDATE ON pgfence.domains TO PUBLIC`,
+	// Granted when the table is made, not at every setup, so that a DBA's
+	// narrower grants stand (see docs/lock-domains.md).
+	`DO $pgfence$ BEGIN
+  IF pg_catalog.to_regclass('pgfence.domains') IS NULL THEN
+    CREATE TABLE pgfence.domains (domain text PRIMARY KEY, token bigint NOT NULL);
+    GRANT SELECT, UPDATE ON pgfence.domains TO PUBLIC;
+  END IF;
+END $pgfence$`,
 	`CREATE TABLE IF NOT EXISTS pgfence.domain_members (
 		relid regclass PRIMARY KEY,
 		domain text NOT NULL REFERENCES pgfence.domains)`,
