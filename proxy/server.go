@@ -176,7 +176,10 @@ type Server struct {
 	draining atomic.Bool
 	wg       sync.WaitGroup
 	up       atomic.Pointer[Upstream] // where new sessions connect (see SetUpstream)
-	refusals refusals                 // paces the log of refusals over MaxClientConns (its own lock)
+	// The log lines of connections that end before their session starts
+	// (refused over MaxClientConns, failed startups, refusals), which any
+	// client can make as fast as it connects, are paced (see logPace).
+	refusals, startups logPace
 
 	// loops relay the sessions (none with GoroutineRelay, or off Linux).
 	// loopSessions counts, under mu, the sessions each holds: those past
@@ -442,41 +445,12 @@ func (s *Server) refuse(conn net.Conn) {
 	conn.SetDeadline(time.Now().Add(refuseWait))
 	writeError(conn, "FATAL", codeTooManyConnections, s.tooManyClients(), s.cfg.Hints.TooManyClients)
 	conn.Close()
-	if ok, unlogged := s.refusals.note(time.Now()); ok {
-		attrs := []any{"client", addr.String(), "max_client_conns", s.cfg.MaxClientConns}
-		if unlogged > 0 {
-			attrs = append(attrs, "unlogged", unlogged)
-		}
-		s.log.Warn("client refused: too many client connections", attrs...)
-	}
+	s.refusals.log(s.log, slog.LevelWarn, "client refused: too many client connections", "client", addr.String(), "max_client_conns", s.cfg.MaxClientConns)
 }
 
 // tooManyClients is the message of a refusal over MaxClientConns.
 func (s *Server) tooManyClients() string {
 	return fmt.Sprintf("too many client connections: pgfence allows %d at once", s.cfg.MaxClientConns)
-}
-
-// refusals paces the log lines of refusals over MaxClientConns: the first
-// gets a line at once, then one a second at most, which says how many went
-// unlogged since the last (the flood of connections that fills the limit
-// must not flood the log as well).
-type refusals struct {
-	mu       sync.Mutex
-	last     time.Time // of the last line
-	unlogged int
-}
-
-// note counts a refusal at now, and reports whether it gets a line, and
-// how many refusals went without one before it.
-func (r *refusals) note(now time.Time) (ok bool, unlogged int) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if !r.last.IsZero() && now.Sub(r.last) < time.Second {
-		r.unlogged++
-		return false, 0
-	}
-	r.last, unlogged, r.unlogged = now, r.unlogged, 0
-	return true, unlogged
 }
 
 // admit registers a session past startup (its connection was counted
@@ -555,7 +529,7 @@ func (s *Server) handle(conn net.Conn) {
 			if errors.As(err, &ce) {
 				code, hint = ce.code, ce.hint
 			}
-			log.Info("startup failed", "err", err)
+			s.startups.log(log, slog.LevelInfo, "startup failed", "err", err)
 			writeFatal(cw, code, err.Error(), hint)
 			cw.Flush()
 		}
@@ -566,7 +540,7 @@ func (s *Server) handle(conn net.Conn) {
 	}
 	settings := s.checkStartup(packet)
 	if settings.internal != "" {
-		log.Warn("client refused: its startup packet sets one of pgfence's own settings", "setting", settings.internal)
+		s.startups.log(log, slog.LevelWarn, "client refused: its startup packet sets one of pgfence's own settings", "setting", settings.internal)
 		writeFatal(cw, codeInsufficientPrivilege, "the setting "+settings.internal+" is pgfence's own: no client may set it through pgfence",
 			"remove it from the connection's options and parameters")
 		cw.Flush()
@@ -584,7 +558,7 @@ func (s *Server) handle(conn net.Conn) {
 	s.admit(conn, sess)
 	if s.cfg.Admit != nil {
 		if err := s.cfg.Admit(c); err != nil {
-			log.Warn("client refused", "database", c.Database, "user", c.User, "err", err)
+			s.startups.log(log, slog.LevelWarn, "client refused", "database", c.Database, "user", truncateName(c.User), "err", err)
 			writeError(cw, "FATAL", codeRejected, err.Error(), "")
 			cw.Flush()
 			return
