@@ -11,8 +11,10 @@ import (
 // returns a channel closed once a read of the catalog that started after
 // the call is done. A text that may create,
 // rename, move, attach or inherit a table (sqlrewrite.ChangesTables)
-// holds the session's next Query or Parse until then; so does the first
-// text that ends the transaction it ran in, after which the change is
+// holds the session's next Query or Parse until then, unless the server's
+// answer leaves the session in a transaction block, where no read could
+// see the change yet (see committed); the first text that ends the
+// transaction it ran in holds the next one too, after which the change is
 // committed and visible to the read, and the proxy holds the first one
 // after the Sync of an extended-protocol batch the hold came in (see
 // Statement holds in package proxy). Other sessions are not held: a write
@@ -51,7 +53,7 @@ func (p *Policy) noteDDL(c *proxy.Client, sess *session, cl sqlrewrite.Class) bo
 	switch {
 	case cl.Has(sqlrewrite.ChangesTables):
 		sess.ddl = true
-		c.HoldNextStatement(*read)
+		c.HoldNextStatement(committed(c, *read))
 		return true
 	case sess.ddl && cl.Has(sqlrewrite.EndsTx):
 		sess.ddl = false
@@ -59,3 +61,28 @@ func (p *Policy) noteDDL(c *proxy.Client, sess *session, cl sqlrewrite.Class) bo
 	}
 	return false
 }
+
+// committed is read for a hold after DDL that may still be in a
+// transaction block when the hold starts (after the server answered it):
+// no catalog read can see uncommitted DDL, so there it reads nothing and
+// holds for nothing, and the hold of the text that ends the block reads
+// instead. Behind a transaction pooler such a read waited for a server
+// connection of the pool the client's own open block held: with every
+// one taken, the client's next statement waited out the read's timeout
+// three times (30 s each); and a migration's every DDL in one block
+// waited for a read of the whole catalog.
+func committed(c *proxy.Client, read func() <-chan struct{}) func() <-chan struct{} {
+	return func() <-chan struct{} {
+		if c.InTransactionBlock() {
+			return closedChan
+		}
+		return read()
+	}
+}
+
+// closedChan is a channel closed from the start.
+var closedChan = func() chan struct{} {
+	ch := make(chan struct{})
+	close(ch)
+	return ch
+}()

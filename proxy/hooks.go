@@ -321,6 +321,18 @@ type Client struct {
 	answered func() <-chan struct{}
 	// ended reports whether the session has ended.
 	ended func() bool
+	// lastReady is the transaction status of the server's last
+	// ReadyForQuery (0 before the first), written by the server side.
+	lastReady atomic.Uint32
+}
+
+// InTransactionBlock reports whether the server's last ReadyForQuery said
+// the session is in a transaction block (failed or not). Once the server
+// has answered all the client sent (as when a hold's start function runs,
+// see HoldNextStatement), that is where the next statement will run.
+func (c *Client) InTransactionBlock() bool {
+	st := txStatus(c.lastReady.Load())
+	return st == txInBlock || st == txFailed
 }
 
 // Loop is the index of the event loop that relays the session, from 0 to

@@ -559,6 +559,9 @@ func (s *session) wholeServerMessage(typ serverMsg) bool {
 func (s *session) ready(w *wait, n int, status txStatus) (done bool, err error) {
 	s.started, s.rt.ended = true, true
 	s.c.readyForQuery()
+	if status != 0 {
+		s.c.lastReady.Store(uint32(status))
+	}
 	if s.ranSinceReady.Load() {
 		s.ranSinceReady.Store(false)
 	}
