@@ -51,6 +51,13 @@ func (p *Policy) noteDDL(c *proxy.Client, sess *session, cl sqlrewrite.Class) bo
 		return false
 	}
 	switch {
+	case cl.Has(sqlrewrite.ChangesTables) && cl.Has(sqlrewrite.EndsTx):
+		// It may have committed its DDL, whatever block it leaves open
+		// (BEGIN; ALTER ...; COMMIT; BEGIN): read, as committed cannot
+		// tell (red team 8).
+		sess.ddl = true
+		c.HoldNextStatement(*read)
+		return true
 	case cl.Has(sqlrewrite.ChangesTables):
 		sess.ddl = true
 		c.HoldNextStatement(committed(c, *read))
@@ -62,8 +69,9 @@ func (p *Policy) noteDDL(c *proxy.Client, sess *session, cl sqlrewrite.Class) bo
 	return false
 }
 
-// committed is read for a hold after DDL that may still be in a
-// transaction block when the hold starts (after the server answered it):
+// committed is read for a hold after a text with DDL that ends no
+// transaction, which may still be in a transaction block when the hold
+// starts (after the server answered it):
 // no catalog read can see uncommitted DDL, so there it reads nothing and
 // holds for nothing, and the hold of the text that ends the block reads
 // instead. Behind a transaction pooler such a read waited for a server
