@@ -230,7 +230,10 @@ func (p *Policy) rewrite(st *state, c *proxy.Client, sess *session, sql string, 
 			return pl, nil
 		}
 	}
-	if mode == sqlrewrite.Simple && cs != nil && !forget && !sess.mayExecute(a.Class) && !c.SimpleOnly() {
+	// A text longer than --max-parse-size is not bound: its literals' scan
+	// may need Postgres's scanner, and the rewrite refuses it anyway.
+	if mode == sqlrewrite.Simple && cs != nil && !forget && !sess.mayExecute(a.Class) && !c.SimpleOnly() &&
+		(st.cfg.MaxParse <= 0 || len(sql) <= st.cfg.MaxParse) {
 		if pl, ok := cs.texts.Get(sql); ok {
 			p.m.cacheHits.Inc(shardOf(c))
 			return pl, pl.params

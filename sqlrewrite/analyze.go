@@ -165,6 +165,9 @@ func (a *Analysis) InternalChange() *Refusal {
 	if a.facts&fInternal == 0 {
 		return nil
 	}
+	if ref := a.tokens.tooLong(a.sql); ref != nil {
+		return ref // it may set one: refused unread
+	}
 	return internalChange(a.sql)
 }
 
@@ -186,9 +189,15 @@ func (a *Analysis) SessionChange() (form string, ok bool, unread *Refusal) {
 func (a *Analysis) TxStarts() ([]TxStart, *Refusal) {
 	switch {
 	case a.facts&fPooled == 0:
+		if ref := a.tokens.tooLong(a.sql); ref != nil {
+			return nil, ref
+		}
 		return TxStarts(a.sql) // not looked for: see Analyze
 	case a.facts&fTxStarts == 0:
 		return nil, nil
+	}
+	if ref := a.tokens.tooLong(a.sql); ref != nil {
+		return nil, ref
 	}
 	return txStarts(a.sql)
 }

@@ -55,3 +55,32 @@ func TestMaxParse(t *testing.T) {
 		t.Errorf("a template of %d bytes planned (%v, %v) with MaxParse 200", len(p.SQL), ok, err)
 	}
 }
+
+// The other parses a text's analysis makes besides the rewrite's are
+// bounded too (red team 8: a 3 MB SELECT naming pgfence.* took pgfence to
+// 550 MB): a text over the limit that may set one of pgfence's own
+// settings, or, behind a transaction pooler, change a token setting for
+// the session or end a transaction and go on, is refused with 54000.
+func TestMaxParseAnalysis(t *testing.T) {
+	rw, err := New(Config{Guards: []Guard{{Table: "accounts", Column: "fence_epoch"}}, TokenSetting: "fence.token", MaxParse: 200})
+	if err != nil {
+		t.Fatal(err)
+	}
+	long := "'" + strings.Repeat("x", 300) + "'"
+	internal := rw.Analyze("SELECT current_setting('pgfence.x', true), "+long, false)
+	if ref := internal.InternalChange(); ref == nil || ref.Code != CodeTooLarge {
+		t.Errorf("a long text naming pgfence.*: %v, want %s", ref, CodeTooLarge)
+	}
+	session := rw.Analyze("SELECT set_config('fence.token', '5', false), "+long, true)
+	if _, ok, ref := session.SessionChange(); !ok || ref == nil || ref.Code != CodeTooLarge {
+		t.Errorf("a long text that may set the token for the session, pooled: %v %v, want refused %s", ok, ref, CodeTooLarge)
+	}
+	starts := rw.Analyze("COMMIT; SELECT "+long, true)
+	if _, ref := starts.TxStarts(); ref == nil || ref.Code != CodeTooLarge {
+		t.Errorf("a long text that ends a transaction and goes on, pooled: %v, want %s", ref, CodeTooLarge)
+	}
+	short := rw.Analyze("SELECT current_setting('pgfence.x', true)", false)
+	if ref := short.InternalChange(); ref != nil {
+		t.Errorf("a short read of pgfence.x: %v", ref)
+	}
+}

@@ -126,6 +126,7 @@ func New(cfg Config) (*Rewriter, error) {
 		}
 	}
 	r.tokens = NewTokenSettings(cfg.TokenSetting, domains)
+	r.tokens.maxParse = cfg.MaxParse
 	return r, nil
 }
 

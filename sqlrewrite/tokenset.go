@@ -19,6 +19,20 @@ type TokenSettings struct {
 	// words are what Analyze's pass looks for, the token setting's
 	// spellings among them.
 	words *needles
+	// maxParse is Config.MaxParse, for the parses a text's analysis
+	// makes besides the rewrite's (see tooLong).
+	maxParse int
+}
+
+// tooLong refuses sql when it is longer than the rewriter parses
+// (Config.MaxParse): every parse of a client's text takes about 13 times
+// its size, the rewrite's or another (red team 8: a 3 MB SELECT naming
+// pgfence.* took pgfence to 550 MB).
+func (ts TokenSettings) tooLong(sql string) *Refusal {
+	if ts.maxParse > 0 && len(sql) > ts.maxParse {
+		return tooLarge(len(sql), ts.maxParse)
+	}
+	return nil
 }
 
 // NewTokenSettings returns the recognizer for token and the lock domains'
@@ -115,7 +129,7 @@ func (ts TokenSettings) match(sql string, i int) TokenSet {
 		return TokenSet{}
 	}
 	n, ok := ts.named(set.Name, set.quoted)
-	if !ok || set.quoted && !parsedAs(sql, n, pg_query.VariableSetKind_VAR_SET_VALUE, set.Local) {
+	if !ok || set.quoted && (ts.tooLong(sql) != nil || !parsedAs(sql, n, pg_query.VariableSetKind_VAR_SET_VALUE, set.Local)) {
 		return TokenSet{}
 	}
 	set.Name, set.quoted = n, false

@@ -118,6 +118,9 @@ func (ts TokenSettings) sessionChange(sql string) (form string, ok bool, unread 
 	if len(ts.names) == 0 {
 		return "", false, nil
 	}
+	if ref := ts.tooLong(sql); ref != nil {
+		return "a statement too long for pgfence to read", true, ref
+	}
 	counted("parse", sql)
 	tree, err := pg_query.Parse(sql)
 	if err != nil {

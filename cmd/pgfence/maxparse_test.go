@@ -30,6 +30,13 @@ func TestServeMaxParseSize(t *testing.T) {
 			t.Fatalf("a long read after the refusal: %s", got)
 		}
 	}
+	// A long text naming pgfence's own settings would be parsed to check
+	// it sets none: refused too (red team 8: 550 MB for a 3 MB SELECT).
+	_, err := c.Exec(context.Background(), "SELECT current_setting('pgfence.x', true) WHERE '"+long+"' <> ''", pgx.QueryExecModeSimpleProtocol)
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) || pe.Code != "54000" {
+		t.Fatalf("a long text naming pgfence.x: %v, want 54000", err)
+	}
 	if got := tag(t, c, "UPDATE big SET val = 'c' WHERE id = 1"); got != "UPDATE 1" {
 		t.Fatalf("a short write: %s", got)
 	}

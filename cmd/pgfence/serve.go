@@ -85,7 +85,7 @@ func (o *serveOptions) addFlags(cmd *cobra.Command) {
 	f.StringArrayVar(&o.excludeDatabases, "exclude-database", nil, "a database pgfence does not fence: its sessions are refused, saying so (repeatable; not the --upstream database). Every other database is fenced by its own catalog from its first session")
 	f.IntVar(&o.maxMessageSize, "max-message-size", 256<<20, "largest client message in bytes; a larger one ends that client's session")
 	f.DurationVar(&o.startupTimeout, "startup-timeout", 30*time.Second, "how long a new client may take to send its startup packet")
-	f.IntVar(&o.maxClientConns, "max-client-conns", 1000, "client sessions open at once; more are refused with SQLSTATE 53300 (0: no limit)")
+	f.IntVar(&o.maxClientConns, "max-client-conns", 1000, "client connections open at once, counted from accept (sessions, and connections in startup or bringing a cancel request); more are refused at once with SQLSTATE 53300 (0: no limit)")
 	f.IntVar(&o.eventLoops, "event-loops", 0, "event loops relaying the sessions, each on a core of its own at most; each new session goes to the loop holding the fewest (0: one per usable core, GOMAXPROCS)")
 	f.BoolVar(&o.coreGovernor, "core-governor", true, "size the Go runtime's Ps (threads running pgfence's code at once) to the load, from one up to the usable cores (GOMAXPROCS), so that the event loops share a core while one is enough; false keeps a P for every usable core")
 	f.BoolVar(&o.forwardTokenSets, "forward-token-sets", false, "send every SET of the fencing token to Postgres as the client sent it; by default pgfence answers a plain one at once and sets the token ahead of the next statement, in the same transaction when that is a fenced write (saves a round trip per transaction)")
