@@ -139,21 +139,23 @@ func (r *recorded) options(o Options) Options {
 }
 
 // guard is g, the guard of the table oid, with its recorded configuration
-// in place of its own, unless o replaces it or none is recorded. A lock
-// domain g has stays: serve hands guards over with the database's
-// membership (pgfence.domain_members) applied, which every instance's
-// rewrite follows, and which serve adds a --domain to where the table has
-// none. The recorded domain only stands in where g has none: the backstop
-// of a table put in a domain must claim it too, or the writes only it
-// fences (a DO block, a view, a direct session) would go on unclaimed
-// while the rewrite refused them (red team 7a).
+// in place of its own, unless o replaces it or none is recorded. Where
+// the table is recorded without a lock domain, the domain g has stands:
+// serve hands guards over with the database's membership
+// (pgfence.domain_members) applied, which every instance's rewrite
+// follows, and which serve adds a --domain to where the table has none;
+// the backstop of a table put in a domain so must claim it too, or the
+// writes only it fences (a DO block, a view, a direct session) would go
+// on unclaimed while the rewrite refused them (red team 7a). A recorded
+// domain stays: g's may be an instance's flag (red team 8), and moving a
+// table to another domain is pgfence init's.
 func (r *recorded) guard(g sqlrewrite.Guard, oid uint32, o Options) sqlrewrite.Guard {
 	t, ok := r.tables[oid]
 	if !ok || o.Replace {
 		return g
 	}
 	g.Column, g.Rollout, g.AllowMissingToken = t.column, t.rollout, t.allowMissing
-	if g.Domain == "" {
+	if t.domain != "" {
 		g.Domain = t.domain
 	}
 	return g

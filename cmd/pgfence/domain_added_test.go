@@ -29,3 +29,27 @@ func TestDomainAddedLaterReachesBackstop(t *testing.T) {
 		t.Fatalf("recorded domain %q, %v; want da_billing", domain, err)
 	}
 }
+
+// A table whose backstop is recorded with a lock domain, but that has no
+// membership row (one deleted by pgfence's role, say), is not moved to
+// another domain by an instance's --domain: its backstop keeps claiming
+// the recorded one (red team 8).
+func TestDomainFlagDoesNotMoveRecordedTable(t *testing.T) {
+	s := newServeTest(t)
+	s.exec("CREATE TABLE dm_t (id int PRIMARY KEY, v text, fence_epoch bigint NOT NULL DEFAULT 0); INSERT INTO dm_t VALUES (1, 'a', 0)")
+	s.serve(serveOptions{backstop: "install", initDomains: true, policyOptions: policyOptions{guards: []string{"dm_t"}, domains: []string{"dm_t=dm_a"}}})
+	s.exec("DELETE FROM pgfence.domain_members WHERE relid = 'dm_t'::regclass")
+	s.serve(serveOptions{backstop: "install", initDomains: true, policyOptions: policyOptions{guards: []string{"dm_t"}, domains: []string{"dm_t=dm_b"}}})
+	var member string
+	if err := s.db.QueryRow(context.Background(), "SELECT coalesce((SELECT domain FROM pgfence.domain_members WHERE relid = 'dm_t'::regclass), '')").Scan(&member); err != nil || member == "dm_b" {
+		t.Fatalf("membership %q, %v: an instance's --domain moved the table to its domain", member, err)
+	}
+	var rec string
+	if err := s.db.QueryRow(context.Background(), "SELECT coalesce(domain, '') FROM pgfence.guarded WHERE relid = 'dm_t'::regclass").Scan(&rec); err != nil || rec != "dm_a" {
+		t.Fatalf("recorded domain %q, %v; want dm_a kept", rec, err)
+	}
+	s.exec("UPDATE pgfence.domains SET token = 100 WHERE domain = 'dm_a'")
+	if got := tag(t, s.direct("50"), "UPDATE dm_t SET v = 'y' WHERE id = 1"); got != "UPDATE 0" {
+		t.Fatalf("a stale write straight to Postgres, dm_a at 100: %s, want UPDATE 0 (the backstop still claims dm_a)", got)
+	}
+}

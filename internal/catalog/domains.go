@@ -37,14 +37,19 @@ func AddDomains(ctx context.Context, conn *pgx.Conn, domains []string) error {
 
 // addMembers records the lock domains the flags give tables, where the
 // database has none for them yet: the database's membership is the one
-// every pgfence instance (and the backstop) applies.
+// every pgfence instance (and the backstop) applies. Nor where the
+// table's backstop is recorded with another domain (a membership row
+// gone, or from before there were any): an instance's flags must not move
+// a table out of its domain (red team 8).
 func addMembers(ctx context.Context, conn *pgx.Conn, tables []sqlrewrite.Guard) error {
 	for _, t := range tables {
 		if t.Domain == "" {
 			continue
 		}
 		_, err := conn.Exec(ctx, `INSERT INTO pgfence.domain_members (relid, domain)
-			VALUES (pg_catalog.format('%I.%I', $1::text, $2::text)::regclass, $3) ON CONFLICT (relid) DO NOTHING`, t.Schema, t.Table, t.Domain)
+			SELECT r.relid, $3 FROM (SELECT pg_catalog.format('%I.%I', $1::text, $2::text)::regclass AS relid) r
+			WHERE NOT EXISTS (SELECT 1 FROM pgfence.guarded g WHERE g.relid = r.relid::oid AND g.domain IS NOT NULL AND g.domain <> $3::text)
+			ON CONFLICT (relid) DO NOTHING`, t.Schema, t.Table, t.Domain)
 		if err != nil {
 			return fmt.Errorf("cannot record table %s in lock domain %q in pgfence.domain_members (other pgfence instances will not apply it; run 'pgfence init'): %w", t.Name(), t.Domain, err)
 		}
