@@ -20,11 +20,7 @@ func TestDDLInBlockReadsAfterCommit(t *testing.T) {
 	s := newServeTest(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	b, err := pgbouncer.Start(ctx, pgbouncer.Options{Upstream: s.pg.Addr(), PoolMode: "transaction", PoolSize: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.t.Cleanup(b.Stop)
+	b := s.bouncerWith(pgbouncer.Options{PoolMode: "transaction", PoolSize: 1})
 	inst := s.serve(serveOptions{upstream: "postgres://postgres@" + b.Addr() + "/postgres?sslmode=disable",
 		upstreamPooling: poolingTransaction, backstop: "off", discover: true, discoverInterval: time.Hour})
 	c, err := pgx.Connect(ctx, "postgres://postgres@"+inst.Addr()+"/postgres?sslmode=disable&default_query_exec_mode=exec")

@@ -26,11 +26,7 @@ func TestServePooledUnnamedStatementOfEarlierTransaction(t *testing.T) {
 	s.exec("CREATE TABLE accounts (id int PRIMARY KEY, val text, fence_epoch bigint NOT NULL DEFAULT 0); INSERT INTO accounts VALUES (1, 'a', 0)")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	b, err := pgbouncer.Start(ctx, pgbouncer.Options{Upstream: s.pg.Addr(), PoolMode: "transaction", PoolSize: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.t.Cleanup(b.Stop)
+	b := s.bouncerWith(pgbouncer.Options{PoolMode: "transaction", PoolSize: 1})
 	inst := s.serve(serveOptions{upstream: "postgres://postgres@" + b.Addr() + "/postgres?sslmode=disable",
 		upstreamPooling: poolingTransaction, backstop: "off", policyOptions: policyOptions{guards: []string{"accounts"}}})
 	connect := func(tok string) *pgconn.PgConn {

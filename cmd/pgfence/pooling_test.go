@@ -25,9 +25,17 @@ import (
 // of the test's Postgres.
 func (s *serveTest) bouncer(poolMode string) *pgbouncer.PgBouncer {
 	s.t.Helper()
+	return s.bouncerWith(pgbouncer.Options{PoolMode: poolMode, PoolSize: 2})
+}
+
+// bouncerWith runs PgBouncer with o in front of the test's Postgres,
+// stopped after the instances and clients the test starts later.
+func (s *serveTest) bouncerWith(o pgbouncer.Options) *pgbouncer.PgBouncer {
+	s.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	b, err := pgbouncer.Start(ctx, pgbouncer.Options{Upstream: s.pg.Addr(), PoolMode: poolMode, PoolSize: 2})
+	o.Upstream = s.pg.Addr()
+	b, err := pgbouncer.Start(ctx, o)
 	if err != nil {
 		s.t.Fatal(err)
 	}
@@ -272,17 +280,11 @@ func TestServeWarnsPoolerKeepsSessionState(t *testing.T) {
 		t.Run(fmt.Sprintf("keeps=%v", keeps), func(t *testing.T) {
 			s.exec("DELETE FROM accounts; INSERT INTO accounts VALUES (1, 'a', 50)")
 			// One server connection, which every client gets in turn.
-			o := pgbouncer.Options{Upstream: s.pg.Addr(), PoolMode: "transaction", PoolSize: 1}
+			o := pgbouncer.Options{PoolMode: "transaction", PoolSize: 1}
 			if !keeps {
 				o.Extra = []string{"server_reset_query = DISCARD ALL", "server_reset_query_always = 1"}
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			b, err := pgbouncer.Start(ctx, o)
-			if err != nil {
-				t.Fatal(err)
-			}
-			s.t.Cleanup(b.Stop) // after the instance and its clients, which s registers later
+			b := s.bouncerWith(o)
 			var log lockedBuffer
 			inst := s.serveLogged(serveOptions{upstream: "postgres://postgres@" + b.Addr() + "/postgres?sslmode=disable",
 				upstreamPooling: poolingTransaction, backstop: "install", policyOptions: policyOptions{guards: []string{"accounts"}}}, &log)
